@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Build the local cluster's binaries from the Go module proxy, once per pinned version.
+#
+# Everything lands in one cache folder outside the repository (KIMIK3_CACHE, default
+# ~/.cache/kimik3-e2e): bin/<component>-v<version>/ for binaries and go/{mod,build} for Go's
+# caches, so a rebuild after a version bump reuses every module that did not change.
+# A component whose binaries exist is skipped; each build prints its wall time.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+BIN="$CACHE/bin"
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
+export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false" GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
+TIMES="$CACHE/build-times.log"
+
+log() { printf '[build] %s\n' "$*" >&2; }
+
+timed() { # timed NAME CMD...: run a build step and record its wall time
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@"
+  local dt=$((SECONDS - t0))
+  if ((dt > 0)); then # a cache hit takes no measurable time and is not a build
+    printf '%s\t%s\t%ss\n' "$(date -u +%FT%TZ)" "$name" "$dt" >>"$TIMES"
+    log "$name built in ${dt}s"
+  else
+    log "$name cached"
+  fi
+}
+
+module_dir() { # module_dir MODULE@VERSION: where the module proxy unpacked it
+  (cd "$(mktemp -d)" && go mod download -json "$1") | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
+}
+
+build_etcd() {
+  local out="$BIN/etcd-v$ETCD_VERSION"
+  [[ -x "$out/etcd" ]] && return 0
+  local w; w="$(mktemp -d)"
+  (
+    cd "$w"
+    go mod init local/etcd-bin >/dev/null 2>&1
+    go mod edit -require="go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >tools.go
+    go mod tidy
+    go build -o "$w/etcd" -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  )
+  mkdir -p "$out" && mv "$w/etcd" "$out/etcd" && rm -rf "$w"
+  "$out/etcd" --version | head -1 >&2
+}
+
+build_k8s() {
+  local out="$BIN/k8s-v$K8S_VERSION"
+  local b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    [[ -x "$out/$b" ]] || break
+    [[ $b == kubectl ]] && return 0
+  done
+  local minor="${K8S_VERSION#1.}"; minor="${minor%%.*}"
+  local staging="v0.${K8S_VERSION#1.}"
+  local w; w="$(mktemp -d)"
+  (
+    cd "$w"
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging in
+    # its own go.mod; a consumer must replace each with the published tag. Read the list from the
+    # release's own go.mod so a new staging repo never breaks the build.
+    local info kmod kjson gover commit staged m
+    info="$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION")"
+    kmod="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["GoMod"])' "$info")"
+    commit="$(python3 -c 'import json,sys; print((json.loads(sys.argv[1]).get("Origin") or {}).get("Hash") or "unknown")' "$info")"
+    kjson="$(go mod edit -json "$kmod")"
+    gover="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["Go"])' "$kjson")"
+    staged="$(python3 -c '
+import json, sys
+for r in json.loads(sys.argv[1]).get("Replace") or []:
+    if r["New"]["Path"].startswith("./staging/"):
+        print(r["Old"]["Path"])' "$kjson")"
+    go mod init local/k8s-bins >/dev/null 2>&1
+    go mod edit -go="$gover"
+    for m in $staged; do go mod edit -replace="$m=$m@$staging"; done
+    go mod edit -require="k8s.io/kubernetes@v$K8S_VERSION"
+    cat >tools.go <<'EOF'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+EOF
+    go mod tidy
+    # Version stamping as upstream's hack/lib/version.sh does: without it /version reports
+    # v0.0.0-master and helm's kubeVersion checks and kubectl skew warnings go wrong.
+    local ldf="-s -w" p
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldf+=" -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+      ldf+=" -X $p.gitCommit=$commit -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+    done
+    # One go build for all four mains so shared packages compile once; -pgo=off because the
+    # apiserver's default.pgo would recompile the graph under a profile for no test benefit.
+    mkdir -p "$w/out"
+    go build -p 2 -pgo=off -ldflags "$ldf" -o "$w/out/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  )
+  mkdir -p "$out" && mv "$w"/out/* "$out/" && rm -rf "$w"
+  "$out/kube-apiserver" --version >&2
+  "$out/kube-apiserver" --version | grep -q "v$K8S_VERSION" || { log "kube-apiserver is not stamped v$K8S_VERSION"; exit 1; }
+}
+
+build_kwok() {
+  local out="$BIN/kwok-v$KWOK_VERSION"
+  [[ -x "$out/kwok" ]] && return 0
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
+build_lws() {
+  local out="$BIN/lws-v$LWS_VERSION"
+  [[ -x "$out/lws-manager" ]] && return 0
+  # A wrapper module, not `go install sigs.k8s.io/lws/cmd@vX`: `go install pkg@version` also reads
+  # the module's version list (for deprecation notices), and the proxy answers 403 for
+  # sigs.k8s.io/lws/@v/list, which makes go install fail even for a version it serves.
+  local w; w="$(mktemp -d)"
+  (
+    cd "$w"
+    go mod init local/lws-bin >/dev/null 2>&1
+    go mod edit -require="sigs.k8s.io/lws@v$LWS_VERSION"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/lws/cmd"\n' >tools.go
+    go mod tidy
+    go build -o "$w/lws-manager" -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=v$LWS_VERSION" \
+      sigs.k8s.io/lws/cmd
+  )
+  mkdir -p "$out" && mv "$w/lws-manager" "$out/lws-manager" && rm -rf "$w"
+  "$out/lws-manager" --version | head -1 >&2
+}
+
+build_helm() {
+  local out="$BIN/helm-v$HELM_VERSION"
+  [[ -x "$out/helm" ]] && return 0
+  mkdir -p "$out.tmp"
+  GOBIN="$out.tmp" go install -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  "$out/helm" version >&2
+}
+
+main() {
+  # One builder at a time: a second caller waits for the first and then finds everything cached.
+  exec 9>"$CACHE/.build.lock"
+  flock 9
+  local c t0=$SECONDS
+  (($#)) || set -- etcd kwok lws helm k8s
+  for c in "$@"; do timed "$c" "build_$c"; done
+  log "all components ready in $((SECONDS - t0))s under $BIN"
+}
+
+main "$@"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create (once) and print the path of the project's virtual environment.
+#
+# The venv lives in the cache folder outside the repo, keyed by the hash of constraints.txt and the declared dependencies, so a
+# pin change makes a fresh one and a clean checkout reuses a warm one. The project itself is
+# (re)installed editable every time because the checkout path may differ between runs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+PY="${PYTHON:-python3}"
+deps="$("$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; print(p["dependencies"], p["optional-dependencies"])' "$ROOT/pyproject.toml")"
+key="$( (cat "$ROOT/constraints.txt"; echo "$deps") | sha256sum | cut -c1-12)"
+VENV="$CACHE/venv/$key"
+if [[ ! -x "$VENV/bin/python" || ! -f "$VENV/.complete" ]]; then
+  echo "[venv] creating $VENV" >&2
+  rm -rf "$VENV"; mkdir -p "$CACHE/venv"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" setuptools -e "$ROOT[test]" >&2
+  touch "$VENV/.complete"
+fi
+"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
+echo "$VENV"
