@@ -1,0 +1,14 @@
+"""The KimiK3Deployment API: pydantic models that are the single source of truth for the CRD."""
+
+from .base import Rule, SpecModel, StatusModel
+from .meta import Condition, ObjectMeta
+from .v1alpha1 import (
+    GROUP, KIND, PLURAL, VERSION, KimiK3Deployment, KimiK3DeploymentSpec, KimiK3DeploymentStatus,
+    Parallelism, Pool, PoolStatus, Role, RoleName, RoleStatus,
+)
+
+__all__ = [
+    "GROUP", "KIND", "PLURAL", "VERSION", "Condition", "KimiK3Deployment", "KimiK3DeploymentSpec",
+    "KimiK3DeploymentStatus", "ObjectMeta", "Parallelism", "Pool", "PoolStatus", "Role", "RoleName",
+    "RoleStatus", "Rule", "SpecModel", "StatusModel",
+]

@@ -1,0 +1,106 @@
+"""Base model for the API and the cross-field rules that live both in CEL and in pydantic.
+
+A rule is written once, as a `Rule`: its CEL text goes into the CRD (so the API server rejects
+the object at `kubectl apply`) and its Python predicate runs as a pydantic validator (so the
+operator, `kimik3 plan` and the tests reject the same object with the same message). Tests feed
+a negative example per rule to both and compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import CoreSchema, core_schema
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field constraint: CEL for the API server, a predicate for pydantic."""
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    field_path: str | None = None  # CEL fieldPath: which field `kubectl` blames
+
+
+@dataclass(frozen=True)
+class list_map:  # noqa: N801 - used as an annotation, reads like one
+    """Annotation for a list of named things: a list-map keyed by `key` in the CRD (stable
+    identity under server-side apply), and unique keys in pydantic as the API server requires."""
+
+    key: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._unique, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        json_schema = handler(schema)
+        json_schema["x-kubernetes-list-type"] = "map"
+        json_schema["x-kubernetes-list-map-keys"] = [self.key]
+        return json_schema
+
+    def _unique(self, items: list[Any]) -> list[Any]:
+        keys = [getattr(item, self.key) for item in items]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate {self.key}: {', '.join(map(str, duplicates))}")
+        return items
+
+
+def _add_rules(cls: type[BaseModel], schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    json_schema = handler(schema)
+    target = handler.resolve_ref_schema(json_schema)
+    rules: tuple[Rule, ...] = getattr(cls, "rules", ())
+    if rules:
+        target["x-kubernetes-validations"] = [
+            {"rule": r.cel, "message": r.message, **({"fieldPath": r.field_path} if r.field_path else {})}
+            for r in rules
+        ]
+    return json_schema
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return _add_rules(cls, schema, handler)
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> "SpecModel":
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, unset fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class StatusModel(BaseModel):
+    """Base of status models: camelCase, tolerant of fields a newer operator wrote."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,401 @@
+"""KimiK3Deployment v1alpha1: the public contract users' manifests rely on.
+
+Field names follow design.md's API section; the CRD in crds/ is generated from these models
+(`kimik3 crd`), so attribute docstrings here are what `kubectl explain` prints.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import Rule, SpecModel, StatusModel, list_map
+from .meta import Condition, ObjectMeta
+
+GROUP = "serving.kimik3.dev"
+VERSION = "v1alpha1"
+KIND = "KimiK3Deployment"
+PLURAL = "kimik3deployments"
+SINGULAR = "kimik3deployment"
+SHORT_NAMES = ("k3",)
+
+# Kimi K3 has 96 KDA heads; tensor parallelism must split them evenly (vLLM asserts at model init).
+KDA_HEADS = 96
+
+RoleName = Literal["prefill", "decode", "aggregated"]
+ROLE_NAMES: tuple[RoleName, ...] = ("prefill", "decode", "aggregated")
+
+GpuProduct = Literal["Auto", "GB300", "B300", "GB200", "B200", "H200", "H100", "MI355X"]
+Interconnect = Literal["Auto", "NVLink", "RDMA", "xGMI"]
+PoolMode = Literal["Disaggregated", "Aggregated"]
+
+# Choices of vLLM 0.33.0's argument parser (config/parallel.py All2AllBackend, config/kernel.py
+# MoEBackend), minus `passthrough`, which argparse rejects. The planner narrows them per GPU.
+All2AllBackend = Literal[
+    "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+    "flashinfer_all2allv", "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "moonep",
+    "mori_high_throughput", "mori_low_latency", "naive", "nixl_ep", "pplx",
+]
+MoeBackend = Literal[
+    "aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "auto", "b12x",
+    "batched_triton", "cutlass", "deep_gemm", "deep_gemm_mega_moe", "emulation", "flashinfer_b12x",
+    "flashinfer_cutedsl", "flashinfer_cutlass", "flashinfer_moe_ep_cutedsl",
+    "flashinfer_moe_ep_mega_deep_gemm", "flashinfer_trtllm", "flydsl", "hpc", "humming", "marlin",
+    "rdna3", "triton", "triton_unfused",
+]
+
+DnsLabel = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+ShortString = Annotated[str, Field(max_length=253)]
+LabelValue = Annotated[str, Field(max_length=63)]
+Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
+ImageRef = Annotated[str, Field(max_length=512)]
+ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf|pvc|s3|oci)://[^\s]+$")]
+EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class SecretKeyRef(SpecModel):
+    """A key in a Secret of the deployment's namespace."""
+
+    name: ShortString
+    """Secret name."""
+    key: ShortString = "token"
+    """Key inside the Secret."""
+
+
+class ModelCache(SpecModel):
+    """The shared volume the weights are staged into once (~1.6 TB for Kimi K3)."""
+
+    storage_class_name: ShortString | None = None
+    """StorageClass of the ReadWriteMany claim; the cluster default when omitted."""
+    size: Quantity = "2Ti"
+    """Requested size of the claim."""
+
+
+class ModelSource(SpecModel):
+    """Where the checkpoint comes from and how it is served."""
+
+    uri: ModelUri
+    """Checkpoint location: hf://org/name, pvc://claim/path, s3://bucket/prefix or oci://image."""
+    revision: Annotated[str, Field(max_length=128)] = "main"
+    """Branch, tag or commit of the checkpoint (hf:// only)."""
+    served_name: Annotated[str, Field(max_length=128)] = "kimi-k3"
+    """Model name clients send in requests (--served-model-name)."""
+    auth_secret_ref: SecretKeyRef | None = None
+    """Secret with the token to read the checkpoint; never rendered into arguments."""
+    cache: ModelCache | None = None
+    """Shared weights volume; omitted means the default claim settings."""
+
+
+class Retention(SpecModel):
+    """How long KDA recurrent state is kept for prefix-cache reuse.
+
+    Interval checkpoints every intervalTokens (and at prompt boundaries); Selective keeps state
+    only where prefixes are really shared (Marconi-style); Dense keeps state at every block.
+    """
+
+    policy: Literal["Interval", "Selective", "Dense"] = "Selective"
+    """Interval | Selective | Dense."""
+    interval_tokens: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    """Checkpoint spacing in tokens; required for Interval, forbidden otherwise."""
+
+    rules = (
+        Rule(
+            cel="self.policy != 'Interval' || has(self.intervalTokens)",
+            message="retention policy Interval needs intervalTokens",
+            check=lambda r: r.policy != "Interval" or r.interval_tokens is not None,
+        ),
+        Rule(
+            cel="self.policy == 'Interval' || !has(self.intervalTokens)",
+            message="intervalTokens applies only to retention policy Interval",
+            check=lambda r: r.policy == "Interval" or r.interval_tokens is None,
+        ),
+    )
+
+
+class PrefixCaching(SpecModel):
+    """Prefix caching across paged MLA KV and KDA state (always rendered explicitly)."""
+
+    enabled: bool = True
+    """Render --enable-prefix-caching (true) or --no-enable-prefix-caching (false)."""
+    retention: Retention = Retention()
+    """KDA state retention policy."""
+
+
+class Speculative(SpecModel):
+    """Speculative decoding."""
+
+    method: Literal["DSpark", "MTP"] = "DSpark"
+    """DSpark (block-diffusion draft model) or MTP (the checkpoint's own MTP layers)."""
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = 7
+    """Draft tokens proposed per step."""
+    draft_model_uri: ModelUri | None = None
+    """Checkpoint of the DSpark draft (K3DSparkModel); required for DSpark, since vLLM would
+    otherwise pick another model's draft class."""
+
+    rules = (
+        Rule(
+            cel="self.method != 'DSpark' || has(self.draftModelUri)",
+            message="speculative method DSpark needs draftModelUri (a K3DSparkModel checkpoint)",
+            check=lambda s: s.method != "DSpark" or s.draft_model_uri is not None,
+        ),
+    )
+
+
+class EnvVar(SpecModel):
+    """A plain environment variable for the serving containers."""
+
+    name: EnvName
+    """Variable name."""
+    value: Annotated[str, Field(max_length=4096)] = ""
+    """Literal value (secrets belong in model.authSecretRef, never here)."""
+
+
+class Engine(SpecModel):
+    """vLLM engine settings shared by every pool and role."""
+
+    image: ImageRef | None = None
+    """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
+    max_model_len: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    """Context length (--max-model-len); the checkpoint's own limit when omitted."""
+    rust_frontend: bool = True
+    """Serve HTTP with vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1, leader pods only)."""
+    prefix_caching: PrefixCaching = PrefixCaching()
+    """Prefix caching and KDA state retention."""
+    speculative: Speculative | None = None
+    """Speculative decoding; off when omitted."""
+    extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = []
+    """Extra vLLM arguments; flags the planner owns are rejected."""
+    env: Annotated[list[EnvVar], Field(max_length=64), list_map("name")] = []
+    """Extra environment variables for serving containers."""
+
+
+class Parallelism(SpecModel):
+    """Parallel layout of one replica: GPUs per replica = tensor x pipeline x data."""
+
+    tensor: Annotated[int, Field(ge=1, le=KDA_HEADS)] = 1
+    """Tensor-parallel size; must divide the 96 KDA heads."""
+    pipeline: Annotated[int, Field(ge=1, le=16)] = 1
+    """Pipeline-parallel size."""
+    data: Annotated[int, Field(ge=1, le=256)] = 1
+    """Data-parallel ranks inside one replica (attention data parallelism)."""
+    expert: bool = False
+    """Expert parallelism across the replica's ranks (--enable-expert-parallel)."""
+
+    rules = (
+        Rule(
+            cel=f"{KDA_HEADS} % self.tensor == 0",
+            message=f"tensor parallel size must divide the {KDA_HEADS} KDA heads",
+            check=lambda p: KDA_HEADS % p.tensor == 0,
+            field_path=".tensor",
+        ),
+    )
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+
+class Role(SpecModel):
+    """One serving role in a pool. Omitted values are chosen by the planner."""
+
+    replicas: Annotated[int, Field(ge=0, le=1024)] | None = None
+    """Number of replicas (serving instances); planned when omitted."""
+    parallelism: Parallelism | None = None
+    """Layout of one replica; planned when omitted."""
+
+
+class Gpu(SpecModel):
+    """GPU facts of a pool; Auto reads them from node labels and capacity."""
+
+    product: GpuProduct = "Auto"
+    """Auto | GB300 | B300 | GB200 | B200 | H200 | H100 | MI355X."""
+    per_node: Annotated[int, Field(ge=1, le=16)] | None = None
+    """GPUs per node; node capacity when omitted."""
+
+
+class Backends(SpecModel):
+    """Overrides of the planner's kernel choices (validated against the pool's hardware)."""
+
+    all2all: All2AllBackend | None = None
+    """--all2all-backend."""
+    moe: MoeBackend | None = None
+    """--moe-backend."""
+
+
+class Toleration(SpecModel):
+    """A pod toleration (the core/v1 fields)."""
+
+    key: ShortString | None = None
+    """Taint key; empty with operator Exists tolerates everything."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """Exists | Equal (default Equal)."""
+    value: LabelValue | None = None
+    """Taint value for operator Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; all effects when empty."""
+    toleration_seconds: int | None = None
+    """How long a NoExecute taint is tolerated."""
+
+
+class Pool(SpecModel):
+    """A set of alike GPU nodes and the roles served on them."""
+
+    name: DnsLabel
+    """Pool name, unique in the deployment; part of every child's name."""
+    node_selector: Annotated[dict[str, LabelValue], Field(max_length=16)] = {}
+    """Labels that select the pool's nodes."""
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] = []
+    """Tolerations for the pool's pods."""
+    image: ImageRef | None = None
+    """Per-pool serving image (GB300 trays are arm64; MI355X needs ROCm)."""
+    gpu: Gpu = Gpu()
+    """GPU product and count per node."""
+    interconnect: Interconnect = "Auto"
+    """Fabric inside one replica: Auto | NVLink | RDMA | xGMI."""
+    backends: Backends | None = None
+    """Kernel overrides."""
+    mode: PoolMode | None = None
+    """Disaggregated (prefill and/or decode) or Aggregated; inferred from the roles present."""
+    prefill: Role | None = None
+    """Prefill role (disaggregated)."""
+    decode: Role | None = None
+    """Decode role (disaggregated)."""
+    aggregated: Role | None = None
+    """Aggregated role: prefill and decode in one engine."""
+
+    rules = (
+        Rule(
+            cel="has(self.prefill) || has(self.decode) || has(self.aggregated)",
+            message="a pool needs at least one role: prefill, decode or aggregated",
+            check=lambda p: any(r is not None for r in (p.prefill, p.decode, p.aggregated)),
+        ),
+        Rule(
+            cel="!has(self.aggregated) || !(has(self.prefill) || has(self.decode))",
+            message="a pool is either aggregated or disaggregated (prefill/decode), not both",
+            check=lambda p: p.aggregated is None or (p.prefill is None and p.decode is None),
+        ),
+        Rule(
+            cel="!has(self.mode) || self.mode != 'Aggregated' || has(self.aggregated)",
+            message="mode Aggregated needs the aggregated role",
+            check=lambda p: p.mode != "Aggregated" or p.aggregated is not None,
+        ),
+        Rule(
+            cel="!has(self.mode) || self.mode != 'Disaggregated' || !has(self.aggregated)",
+            message="mode Disaggregated takes prefill and/or decode roles, not aggregated",
+            check=lambda p: p.mode != "Disaggregated" or p.aggregated is None,
+        ),
+    )
+
+    @property
+    def effective_mode(self) -> PoolMode:
+        return self.mode or ("Aggregated" if self.aggregated is not None else "Disaggregated")
+
+    def roles(self) -> list[tuple[RoleName, Role]]:
+        """The roles present, in a fixed order (prefill, decode, aggregated)."""
+        return [(n, r) for n, r in (("prefill", self.prefill), ("decode", self.decode),
+                                    ("aggregated", self.aggregated)) if r is not None]
+
+
+class Router(SpecModel):
+    """The router in front of all roles (one endpoint for clients)."""
+
+    replicas: Annotated[int, Field(ge=0, le=64)] = 2
+    """Router replicas."""
+
+
+class Autoscaling(SpecModel):
+    """Autoscaling from serving metrics (settings arrive with the autoscaling release)."""
+
+
+class KimiK3DeploymentSpec(SpecModel):
+    """A Kimi K3 serving deployment across one or more GPU node pools."""
+
+    model: ModelSource
+    """The checkpoint and how it is named."""
+    engine: Engine = Engine()
+    """vLLM settings shared by all pools."""
+    pools: Annotated[list[Pool], Field(min_length=1, max_length=16), list_map("name")]
+    """Node pools and the roles each serves; every prefill role pairs with every decode role."""
+    router: Router = Router()
+    """Request router."""
+    autoscaling: Autoscaling | None = None
+    """Autoscaling settings."""
+
+    rules = (
+        Rule(
+            cel="self.pools.exists(p, has(p.prefill)) == self.pools.exists(p, has(p.decode))",
+            message="prefill and decode come together: a prefill role needs a decode role in the "
+            "same KimiK3Deployment, and a decode role needs a prefill role",
+            check=lambda s: any(p.prefill for p in s.pools) == any(p.decode for p in s.pools),
+            field_path=".pools",
+        ),
+    )
+
+
+# ---- status ---------------------------------------------------------------------------------
+
+
+class RoleStatus(StatusModel):
+    """What a role resolved to and how many replicas are up."""
+
+    role: RoleName
+    replicas: int = 0
+    """Desired replicas."""
+    ready_replicas: int = 0
+    """Replicas whose every pod is ready."""
+    updated_replicas: int = 0
+    """Replicas on the current revision."""
+    gpus_per_replica: int | None = None
+    nodes_per_replica: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    data_parallel: int | None = None
+    expert_parallel: bool | None = None
+    all2all_backend: str | None = None
+    moe_backend: str | None = None
+    compute_domain: bool | None = None
+    workload: str | None = None
+    """Name of the LeaderWorkerSet serving this role."""
+    endpoint: str | None = None
+    """In-cluster URL of the role's leader Service."""
+
+
+class PoolStatus(StatusModel):
+    """Resolved facts of one pool, under the keys of `kimik3 plan -o json`."""
+
+    name: str
+    gpu_product: str | None = None
+    interconnect: str | None = None
+    gpus_per_node: int | None = None
+    roles: Annotated[list[RoleStatus], Field(max_length=3), list_map("role")] = []
+
+
+class KimiK3DeploymentStatus(StatusModel):
+    """Observed state, written by the operator only when it changes."""
+
+    observed_generation: int | None = None
+    """The spec generation this status describes."""
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
+    """Summary: Pending | Progressing | Ready | Degraded | Failed."""
+    conditions: Annotated[list[Condition], Field(max_length=16), list_map("type")] = []
+    """Ready, Progressing and Degraded, with stable reasons."""
+    pools: Annotated[list[PoolStatus], Field(max_length=16), list_map("name")] = []
+    """Per pool: resolved facts and per-role replica counts."""
+    endpoint: str | None = None
+    """The URL clients send requests to."""
+    ready_summary: str | None = None
+    """Ready replicas over desired replicas, across roles ("3/3")."""
+    gpus: int | None = None
+    """GPUs requested by all roles at the desired replica counts."""
+
+
+
+class KimiK3Deployment(StatusModel):
+    """The whole resource as read from the API server."""
+
+    api_version: str = f"{GROUP}/{VERSION}"
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: KimiK3DeploymentSpec
+    status: KimiK3DeploymentStatus | None = None

@@ -1,0 +1,183 @@
+"""The only code that talks to the API server.
+
+Writes are server-side apply with one field manager (force, so a hand edit of a field we own
+is taken back) and deletes of objects we own; reads return plain dicts so the pure layers
+never see client types. Steady state costs zero writes: `apply` skips an object whose live copy
+carries the same desired-hash annotation and that nobody else has written since our last apply.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+from ..api import GROUP, KIND, VERSION
+from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "Service"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+)
+
+
+class TransientApiError(Exception):
+    """An API call failed in a way worth retrying (conflict, throttling, server error)."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    obj: dict[str, Any]
+    written: bool
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+    try:
+        return config.new_client_from_config(config_file=kubeconfig)
+    except config.ConfigException:
+        if kubeconfig:
+            raise
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+
+def _translate(exc: ApiException) -> Exception:
+    if exc.status in (409, 429) or (exc.status or 0) >= 500:
+        return TransientApiError(f"{exc.status} {exc.reason}: {exc.body}")
+    return exc
+
+
+class Cluster:
+    """Typed-dict access to the few resources the operator reads and writes."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._dyn = DynamicClient(api)
+        # uid -> newest foreign write to the main resource that a (no-op) apply already answered;
+        # without it a controller that touches e.g. an annotation would cost a PATCH every pass.
+        self._answered: dict[str, datetime] = {}
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self._dyn.resources.get(api_version=api_version, kind=kind)
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._resource(f"{GROUP}/{VERSION}", KIND).get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+
+    def list_deployments(self, namespace: str | None = None) -> list[tuple[str, str]]:
+        """(namespace, name) of every KimiK3Deployment, or of those in `namespace`."""
+        items = self._resource(f"{GROUP}/{VERSION}", KIND).get(namespace=namespace).items
+        return [(o.metadata.namespace, o.metadata.name) for o in items]
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return [n.to_dict() for n in self._resource("v1", "Node").get().items]
+
+    def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for api_version, kind in CHILD_KINDS:
+            try:
+                res = self._resource(api_version, kind)
+            except ResourceNotFoundError:
+                continue  # e.g. the LWS CRD is not installed: nothing of that kind exists
+            out += [o.to_dict() for o in res.get(namespace=namespace, label_selector=label_selector).items]
+        return out
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
+        """Server-side apply `desired` unless `live` already is what we last applied."""
+        if live is not None and unchanged_since_our_apply(
+                desired, live, self._answered.get(live["metadata"].get("uid", ""))):
+            return ApplyResult(live, written=False)
+        res = self._resource(desired["apiVersion"], desired["kind"])
+        try:
+            obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER,
+                                              force_conflicts=True)
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        result = obj.to_dict()
+        meta = result.get("metadata") or {}
+        foreign = _foreign_writes(meta.get("managedFields") or [])
+        if foreign:
+            self._answered[meta.get("uid", "")] = max(foreign)
+        log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
+                 desired["metadata"]["name"])
+        return ApplyResult(result, written=True)
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        res = self._resource(obj["apiVersion"], obj["kind"])
+        try:
+            # Precondition on uid: never delete a same-named object created after we listed.
+            res.delete(name=meta["name"], namespace=meta["namespace"],
+                       body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
+        except NotFoundError:
+            return
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+
+    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Server-side apply the whole status: fields we no longer send are removed."""
+        res = self._resource(f"{GROUP}/{VERSION}", KIND)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+        try:
+            self._dyn.server_side_apply(res.subresources["status"], body=body, name=name,
+                                        namespace=namespace, field_manager=FIELD_MANAGER,
+                                        force_conflicts=True)
+        except NotFoundError:
+            return  # deleted meanwhile: nothing to report on
+        except ApiException as exc:
+            raise _translate(exc) from exc
+
+
+def _time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
+                              answered: datetime | None = None) -> bool:
+    """True when `live` carries the hash of `desired` and no other manager wrote its main
+    resource (not status) after our last apply or after the foreign write we last answered."""
+    meta = live.get("metadata") or {}
+    want = ((desired.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
+    if want is None or (meta.get("annotations") or {}).get(ANNOTATION_HASH) != want:
+        return False
+    entries = meta.get("managedFields") or []
+    ours = [t for e in _main_resource_entries(entries)
+            if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
+            and (t := _time(e.get("time"))) is not None]
+    if not ours:
+        return False
+    # Times have one-second resolution: a foreign write in the same second as our apply is
+    # taken as older, which is what it almost always is (a controller reacting to our apply).
+    horizon = max([*ours, *([answered] if answered else [])])
+    return all(t <= horizon for t in _foreign_writes(entries))
+
+
+def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
+    return [t for e in _main_resource_entries(entries)
+            if not (e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
+            and (t := _time(e.get("time"))) is not None]
+
+
+def _main_resource_entries(entries: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    return (e for e in entries if not e.get("subresource"))

@@ -1,0 +1,10 @@
+"""Pure planning: spec + node facts -> Plan. No I/O, no Kubernetes client."""
+
+from .facts import PoolFacts, pool_facts
+from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
+from .topology import plan_deployment
+
+__all__ = [
+    "EngineSettings", "Layout", "Plan", "PlanningError", "PoolFacts", "PoolPlan", "RolePlan",
+    "plan_deployment", "pool_facts",
+]

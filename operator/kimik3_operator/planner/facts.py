@@ -1,0 +1,101 @@
+"""Node-pool facts: what the nodes a pool selects say about their GPUs and fabric.
+
+Input is plain Node objects as the API server returns them (`kubectl get nodes -o yaml`), so
+the same code serves the operator, `kimik3 plan --nodes` and table tests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .catalog import product_from_label
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+AMD_PRODUCT_LABELS = ("amd.com/gpu.product-name", "amd.com/gpu.device-id.name")
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+RDMA_RESOURCE_PREFIXES = ("rdma/", "nvidia.com/rdma", "mellanox.com/")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str]
+    gpu_resource: str | None
+    gpus: int
+    product: str | None
+    clique: str | None
+    rdma_resources: Mapping[str, int]
+    arch: str | None
+    schedulable: bool
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    """Summary of the nodes one pool selects."""
+
+    nodes: tuple[NodeFacts, ...] = ()
+    product: str | None = None
+    """Catalog product most nodes carry, None when no node names a known GPU."""
+    gpu_resource: str | None = None
+    gpus_per_node: int | None = None
+    """GPUs per node (the smallest count among the pool's nodes, so every pod fits anywhere)."""
+    cliques: Mapping[str, int] = field(default_factory=dict)
+    """NVLink clique id -> number of nodes in it (NVL72 racks)."""
+    rdma_resource: str | None = None
+    """An RDMA device resource every node advertises, if any."""
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node_facts(node: Mapping[str, Any]) -> NodeFacts:
+    meta = node.get("metadata") or {}
+    labels: dict[str, str] = dict(meta.get("labels") or {})
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+    gpu_resource = next((r for r in GPU_RESOURCES if _quantity(allocatable.get(r, 0)) > 0), None)
+    product_label = labels.get(GPU_PRODUCT_LABEL) or next(
+        (labels[k] for k in AMD_PRODUCT_LABELS if k in labels), None)
+    rdma = {k: _quantity(v) for k, v in allocatable.items()
+            if k.startswith(RDMA_RESOURCE_PREFIXES) and _quantity(v) > 0}
+    spec = node.get("spec") or {}
+    return NodeFacts(
+        name=meta.get("name", ""),
+        labels=labels,
+        gpu_resource=gpu_resource,
+        gpus=_quantity(allocatable.get(gpu_resource, 0)) if gpu_resource else 0,
+        product=product_from_label(product_label) if product_label else None,
+        clique=labels.get(CLIQUE_LABEL),
+        rdma_resources=rdma,
+        arch=labels.get("kubernetes.io/arch"),
+        schedulable=not spec.get("unschedulable", False),
+    )
+
+
+def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pool_facts(selector: Mapping[str, str], nodes: list[Mapping[str, Any]]) -> PoolFacts:
+    """Facts of the GPU nodes that `selector` picks (nodes without GPUs are ignored)."""
+    picked = tuple(f for f in map(node_facts, nodes)
+                   if f.gpu_resource and f.schedulable and selects(selector, f.labels))
+    if not picked:
+        return PoolFacts()
+    products = Counter(f.product for f in picked if f.product)
+    rdma_common = set.intersection(*(set(f.rdma_resources) for f in picked))
+    return PoolFacts(
+        nodes=picked,
+        product=products.most_common(1)[0][0] if products else None,
+        gpu_resource=Counter(f.gpu_resource for f in picked).most_common(1)[0][0],
+        gpus_per_node=min(f.gpus for f in picked),
+        cliques=dict(Counter(f.clique for f in picked if f.clique)),
+        rdma_resource=min(rdma_common) if rdma_common else None,
+    )

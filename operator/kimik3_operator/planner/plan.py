@@ -1,0 +1,108 @@
+"""The Plan: everything the renderer needs, decided; nothing left to guess downstream.
+
+Frozen dataclasses so a plan can be compared, hashed into labels and printed by `kimik3 plan`.
+The planning function fills these types; renderers only read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..api import RoleName
+
+
+class PlanningError(Exception):
+    """The spec cannot be served as asked (or not yet on the nodes present).
+
+    `reason` is a stable CamelCase status reason; the message names what to change.
+    """
+
+    def __init__(self, reason: str, message: str, *, depends_on_nodes: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.depends_on_nodes = depends_on_nodes
+        """True when the same spec may plan once nodes change (a condition, not a rejection)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout of one replica."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    expert: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """vLLM settings shared by every role of a deployment; the values that must match between
+    prefill and decode live here so one hash covers them."""
+
+    model_path: str
+    served_name: str
+    max_model_len: int | None
+    prefix_caching: bool
+    retention_interval: int | None
+    """--prefix-cache-retention-interval; None renders dense retention."""
+    speculative_config: Mapping[str, Any] | None
+    rust_frontend: bool
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: RoleName
+    replicas: int
+    layout: Layout
+    gpus_per_pod: int
+    """GPUs each pod requests: the node's GPUs when a replica spans nodes."""
+    nodes_per_replica: int
+    """Pods per replica = LeaderWorkerSet group size."""
+    all2all_backend: str | None = None
+    moe_backend: str | None = None
+    compute_domain: bool = False
+    """Multi-node NVLink replica that needs a DRA ComputeDomain."""
+    group_topology_key: str | None = None
+    """Node label every pod of one replica must share (the NVLink clique on NVL72 racks)."""
+    predicted: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.layout.gpus
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    name: str
+    gpu_product: str | None
+    interconnect: str
+    gpus_per_node: int
+    gpu_resource: str
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    image: str
+    roles: tuple[RolePlan, ...]
+    rdma_resource: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    pools: tuple[PoolPlan, ...]
+    engine: EngineSettings
+    compat_hash: str
+    """Hash over every setting prefill and decode must share; stamped on both roles."""
+
+    def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
+        return [(pool, role) for pool in self.pools for role in pool.roles]
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.replicas * r.gpus_per_replica for _, r in self.role_plans())

@@ -1,0 +1,123 @@
+"""kopf wiring: thin handlers that hand every trigger to the one reconcile function.
+
+Create, spec update and resume run the pass in the handler, so kopf's retry semantics apply
+(PermanentError for a spec that cannot be served as written, TemporaryError for API trouble).
+Child events and the periodic resync go through a de-duplicating queue drained by one worker,
+so a burst of LeaderWorkerSet updates costs one pass. There is no kopf timer: timers make kopf
+add a finalizer, which would block deleting a deployment while the operator is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import kopf
+
+from ..api import GROUP, KIND, PLURAL, VERSION
+from ..k8s import Cluster, TransientApiError, api_client
+from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS
+from ..render.names import MANAGED_BY
+from .queue import WorkQueue
+from .reconciler import Outcome, reconcile
+from .settings import OperatorConfig
+
+log = logging.getLogger(__name__)
+
+
+class State:
+    """What the handlers share, kept in kopf's memo rather than module globals."""
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.cluster = Cluster(api_client())
+        self.queue = WorkQueue()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.worker: asyncio.Task[None] | None = None
+
+    def run(self, namespace: str, name: str) -> Outcome:
+        """Reconcile one deployment; passes for the same deployment never overlap."""
+        with self._guard:
+            lock = self._locks.setdefault((namespace, name), threading.Lock())
+        with lock:
+            started, result = time.monotonic(), "error"
+            try:
+                outcome = reconcile(self.cluster, namespace, name)
+                result = outcome.error.reason if outcome.error else "ok"
+            except TransientApiError:
+                RECONCILE_ERRORS.labels("TransientApiError").inc()
+                raise
+            finally:
+                RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
+            if outcome.error:
+                RECONCILE_ERRORS.labels(outcome.error.reason).inc()
+            for action, keys in (("apply", outcome.applied), ("delete", outcome.deleted)):
+                for key in keys:
+                    APPLIES.labels(key.split("/", 1)[0], action).inc()
+            return outcome
+
+
+def _state(memo: kopf.Memo) -> State:
+    return memo["state"]  # type: ignore[no-any-return]
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = OperatorConfig.from_env()
+    config.apply(settings)
+    state = State(config)
+    memo["state"] = state
+    state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    state = memo.get("state")
+    if state is not None and state.worker is not None:
+        state.worker.cancel()
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        outcome = _state(memo).run(namespace, name)
+    except TransientApiError as exc:
+        raise kopf.TemporaryError(str(exc), delay=5) from exc
+    if outcome.error is not None and not outcome.error.depends_on_nodes:
+        # The status already says why; retrying the same spec cannot help. The periodic
+        # resync still revisits it, so a node-dependent problem clears on its own.
+        raise kopf.PermanentError(f"{outcome.error.reason}: {outcome.error.message}")
+
+
+@kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets",
+               labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            _state(memo).queue.put((body.metadata["namespace"], ref["name"]))
+
+
+async def _drain(state: State) -> None:
+    """Reconcile queued deployments; every resync interval, queue all of them."""
+    while True:
+        keys = await state.queue.take(timeout=state.config.resync_seconds)
+        if keys is None:
+            try:
+                keys = set(await asyncio.to_thread(state.cluster.list_deployments,
+                                                   state.config.namespace))
+            except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
+                log.exception("Listing KimiK3Deployments for resync failed")
+                continue
+        for namespace, name in sorted(keys):
+            try:
+                await asyncio.to_thread(state.run, namespace, name)
+            except Exception:  # noqa: BLE001 - one deployment's failure must not stop the others
+                log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name,
+                              state.config.retry_seconds)
+                state.queue.put_later((namespace, name), state.config.retry_seconds)

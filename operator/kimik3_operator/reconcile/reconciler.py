@@ -1,0 +1,123 @@
+"""One reconcile pass: read -> plan -> render -> apply -> prune -> status (written on change).
+
+Every trigger (create, spec update, resume, a child's event, the periodic resync) runs this
+same level-based function, so the result depends only on what is in the cluster now.
+A spec that cannot be planned changes nothing that runs: its children stay as they were and
+only the status says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta
+from ..k8s import Cluster
+from ..planner import PlanningError, plan_deployment, pool_facts
+from ..render import Owner, render_children
+from ..render.names import selector
+from .status import compute_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What one pass did; handlers turn `error` into kopf's retry semantics."""
+
+    applied: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    status_written: bool = False
+    error: PlanningError | None = None
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def _owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid and ref.get("controller")
+               for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _invalid_spec(exc: ValidationError) -> PlanningError:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return PlanningError("InvalidSpec", f"spec.{where}: {first['msg']}" if where else first["msg"])
+
+
+def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now) -> Outcome:
+    outcome = Outcome()
+    body = cluster.get_deployment(namespace, name)
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return outcome  # gone or going: garbage collection removes the children
+    meta = ObjectMeta.model_validate(body["metadata"])
+    owner = Owner(name=meta.name, namespace=meta.namespace, uid=meta.uid)
+    previous = _previous_status(body)
+    try:
+        cr = KimiK3Deployment.model_validate(body)
+    except ValidationError as exc:
+        outcome.error = _invalid_spec(exc)
+        _write_status(cluster, owner, body, outcome, compute_status(
+            owner=owner, generation=meta.generation, previous=previous, plan=None,
+            error=outcome.error, workloads={}, now=now()))
+        return outcome
+
+    nodes = cluster.list_nodes()
+    facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
+    live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
+    try:
+        plan = plan_deployment(cr.spec, facts)
+    except PlanningError as exc:
+        outcome.error = exc
+        workloads = {n: o for (k, n), o in live.items() if k == "LeaderWorkerSet"}
+        _write_status(cluster, owner, body, outcome, compute_status(
+            owner=owner, generation=meta.generation, previous=previous, plan=None, error=exc,
+            workloads=workloads, now=now()))
+        return outcome
+
+    desired = render_children(owner, plan)
+    current: dict[tuple[str, str], dict[str, Any]] = {}
+    for obj in desired:
+        result = cluster.apply(obj, live.get(_key(obj)))
+        current[_key(obj)] = result.obj
+        if result.written:
+            outcome.applied.append("/".join(_key(obj)))
+    wanted = {_key(o) for o in desired}
+    for key, obj in live.items():
+        if key not in wanted and _owned_by(obj, meta.uid):
+            cluster.delete(obj)
+            outcome.deleted.append("/".join(key))
+
+    workloads = {n: o for (k, n), o in current.items() if k == "LeaderWorkerSet"}
+    _write_status(cluster, owner, body, outcome, compute_status(
+        owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
+        workloads=workloads, now=now()))
+    return outcome
+
+
+def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
+    raw = body.get("status")
+    if not raw:
+        return None
+    try:
+        return KimiK3DeploymentStatus.model_validate(raw)
+    except ValidationError:
+        return None  # written by something else: replace it wholesale
+
+
+def _write_status(cluster: Cluster, owner: Owner, body: dict[str, Any], outcome: Outcome,
+                  status: KimiK3DeploymentStatus) -> None:
+    if _previous_status(body) == status:
+        return
+    cluster.apply_status(owner.namespace, owner.name, status.wire())
+    outcome.status_written = True
+    log.info("Updated status of %s/%s: phase %s", owner.namespace, owner.name, status.phase)

@@ -1,0 +1,40 @@
+"""Operator settings from the environment, and how they map onto kopf's settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import kopf
+
+from ..api import GROUP
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    resync_seconds: float = 30.0
+    """Every deployment is reconciled at least this often (drift repair, node changes)."""
+    retry_seconds: float = 10.0
+    """Delay before retrying a pass that failed on an API error."""
+    namespace: str | None = None
+    """Watch one namespace; all namespaces when None."""
+
+    @classmethod
+    def from_env(cls) -> "OperatorConfig":
+        return cls(
+            resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
+            retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
+            namespace=os.environ.get("KIMIK3_NAMESPACE") or None,
+        )
+
+    def apply(self, settings: kopf.OperatorSettings) -> None:
+        # Handler progress and the diff base live in annotations, so status stays ours alone.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=f"kopf.{GROUP}")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=f"kopf.{GROUP}", key="last-handled-configuration")
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        # kopf would post handler logs as Kubernetes Events: a write per log line.
+        settings.posting.enabled = False
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.execution.max_workers = 8

@@ -1,0 +1,116 @@
+"""Status as a pure function of the deployment, its plan and its live children.
+
+Conditions follow metav1.Condition: `lastTransitionTime` moves only when a condition's status
+flips, and the caller writes the status only when the computed one differs from the stored one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
+from ..planner import Plan, PlanningError
+from ..render.names import Owner, workload_name
+from ..render.services import service_url
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+
+
+def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
+    """Replace the condition of `new.type`, keeping its transition time if status is unchanged."""
+    out: list[Condition] = []
+    for old in conditions:
+        if old.type == new.type:
+            if old.status == new.status:
+                new = new.model_copy(update={"last_transition_time": old.last_transition_time})
+            continue
+        out.append(old)
+    return sorted([*out, new], key=lambda c: c.type)
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int, now: str) -> Condition:
+    return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message,
+                     last_transition_time=now, observed_generation=generation)
+
+
+def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]]) -> list[PoolStatus]:
+    pools = []
+    for pool in plan.pools:
+        roles = []
+        for role in pool.roles:
+            name = workload_name(owner, pool.name, role.role)
+            live = (workloads.get(name) or {}).get("status") or {}
+            roles.append(RoleStatus(
+                role=role.role,
+                replicas=role.replicas,
+                ready_replicas=min(int(live.get("readyReplicas") or 0), role.replicas),
+                updated_replicas=min(int(live.get("updatedReplicas") or 0), role.replicas),
+                gpus_per_replica=role.gpus_per_replica,
+                nodes_per_replica=role.nodes_per_replica,
+                tensor_parallel=role.layout.tensor,
+                pipeline_parallel=role.layout.pipeline,
+                data_parallel=role.layout.data,
+                expert_parallel=role.layout.expert,
+                all2all_backend=role.all2all_backend,
+                moe_backend=role.moe_backend,
+                compute_domain=role.compute_domain,
+                workload=name,
+                endpoint=service_url(owner, pool.name, role.role),
+            ))
+        pools.append(PoolStatus(name=pool.name, gpu_product=pool.gpu_product, interconnect=pool.interconnect,
+                                gpus_per_node=pool.gpus_per_node, roles=roles))
+    return pools
+
+
+def entry_endpoint(pools: list[PoolStatus]) -> str | None:
+    """Where clients go until the router lands: the first aggregated role, else the first
+    decode role (decode-first routing, as llm-d does: decode pulls the prompt's KV from prefill)."""
+    for wanted in ("aggregated", "decode"):
+        for pool in pools:
+            for role in pool.roles:
+                if role.role == wanted:
+                    return role.endpoint
+    return None
+
+
+def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentStatus | None,
+                   plan: Plan | None, error: PlanningError | None,
+                   workloads: Mapping[str, Mapping[str, Any]], now: str) -> KimiK3DeploymentStatus:
+    """The status to store. `error` (a spec or planning problem) wins over `plan`."""
+    conditions = list(previous.conditions) if previous else []
+    if error is not None or plan is None:
+        reason = error.reason if error else "InvalidSpec"
+        message = error.message if error else "the deployment could not be planned"
+        conditions = set_condition(conditions, _condition(READY, False, reason, message, generation, now))
+        conditions = set_condition(conditions, _condition(PROGRESSING, False, reason, message, generation, now))
+        return KimiK3DeploymentStatus(
+            observed_generation=generation, phase="Failed", conditions=conditions,
+            pools=list(previous.pools) if previous else [],
+            endpoint=previous.endpoint if previous else None,
+            ready_summary=previous.ready_summary if previous else None,
+            gpus=previous.gpus if previous else None,
+        )
+    pools = role_statuses(owner, plan, workloads)
+    roles = [(p.name, r) for p in pools for r in p.roles]
+    lagging = [f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
+               for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas]
+    ready = sum(r.ready_replicas for _, r in roles)
+    desired = sum(r.replicas for _, r in roles)
+    if lagging:
+        message = "; ".join(lagging)
+        conditions = set_condition(conditions, _condition(READY, False, "PodsNotReady", message, generation, now))
+        conditions = set_condition(conditions, _condition(PROGRESSING, True, "Updating", message, generation, now))
+    else:
+        message = f"{ready}/{desired} replicas ready"
+        conditions = set_condition(conditions, _condition(READY, True, "AllReplicasReady", message, generation, now))
+        conditions = set_condition(conditions, _condition(PROGRESSING, False, "Stable", message, generation, now))
+    return KimiK3DeploymentStatus(
+        observed_generation=generation,
+        phase="Progressing" if lagging else "Ready",
+        conditions=conditions,
+        pools=pools,
+        endpoint=entry_endpoint(pools),
+        ready_summary=f"{ready}/{desired}",
+        gpus=plan.gpus,
+    )

@@ -1,0 +1,30 @@
+"""The ClusterIP Service in front of a role's leader pods (the role's endpoint)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planner import PoolPlan, RolePlan
+from .engine import HTTP_PORT
+from .names import Owner, object_meta, service_name, workload_name
+from .workloads import LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
+
+
+def leader_service(owner: Owner, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(owner, service_name(owner, pool.name, role.role), pool.name, role.role),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {
+                LWS_NAME_LABEL: workload_name(owner, pool.name, role.role),
+                LWS_WORKER_INDEX_LABEL: "0",
+            },
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def service_url(owner: Owner, pool: str, role: str) -> str:
+    return f"http://{service_name(owner, pool, role)}.{owner.namespace}.svc:{HTTP_PORT}"

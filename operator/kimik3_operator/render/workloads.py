@@ -1,0 +1,89 @@
+"""One LeaderWorkerSet per (pool, role): a group per replica, one pod per node.
+
+The group size is the replica's node count; every pod requests the GPUs of a whole node (or of
+the whole replica when it fits in one node). On NVL72 racks the pods of one group must share an
+NVLink clique: required pod affinity on the clique label, scoped to the group with
+`matchLabelKeys: [group-key]`, so many groups can share a rack (LWS exclusive topology would
+allow one group per clique).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
+from .engine import HTTP_PORT, engine_args, engine_env
+from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+# Loading 1.6 TB of weights and JIT warm-up takes far longer than default probes allow.
+STARTUP_PROBE_SECONDS = 3600
+PROBE_PERIOD_SECONDS = 10
+
+
+def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+    name = workload_name(owner, pool.name, role.role)
+    group: dict[str, Any] = {
+        "size": role.nodes_per_replica,
+        "restartPolicy": "RecreateGroupOnPodRestart",
+        "workerTemplate": pod_template(owner, plan, pool, role, name, worker=role.nodes_per_replica > 1),
+    }
+    if role.nodes_per_replica > 1:
+        group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, worker=False)
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": object_meta(owner, name, pool.name, role.role),
+        "spec": {
+            "replicas": role.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            "leaderWorkerTemplate": group,
+        },
+    }
+
+
+def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str,
+                 *, worker: bool) -> dict[str, Any]:
+    pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
+    spec: dict[str, Any] = {
+        "containers": [container(plan.engine, pool, role, worker=worker)],
+        "terminationGracePeriodSeconds": 600,
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}],
+    }
+    if pool.node_selector:
+        spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.tolerations:
+        spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    if role.group_topology_key:
+        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {LWS_NAME_LABEL: lws_name}},
+            "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+            "topologyKey": role.group_topology_key,
+        }]}}
+    return {"metadata": {"labels": pod_labels}, "spec": spec}
+
+
+def container(engine: EngineSettings, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
+    gpus = {pool.gpu_resource: str(role.gpus_per_pod)}
+    out: dict[str, Any] = {
+        "name": "vllm",
+        "image": pool.image,
+        "command": engine_args(role, engine, worker=worker),
+        "env": engine_env(role, engine, worker=worker),
+        "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if not worker:
+        out["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+        health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS}
+        out["startupProbe"] = {**health, "failureThreshold": STARTUP_PROBE_SECONDS // PROBE_PERIOD_SECONDS}
+        out["readinessProbe"] = {**health, "failureThreshold": 3}
+    return out

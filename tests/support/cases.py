@@ -1,0 +1,84 @@
+"""Shared test inputs: a valid base deployment and one negative example per cross-field rule.
+
+The unit tests feed the negative examples to pydantic, the e2e tests to the real API server
+(CEL); both must answer with the rule's own message.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from kimik3_operator.api import SpecModel
+from kimik3_operator.api import v1alpha1 as v1
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def base_deployment(name: str = "k3-test", namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{v1.GROUP}/{v1.VERSION}",
+        "kind": v1.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"uri": "hf://moonshotai/Kimi-K3"},
+            "pools": [{
+                "name": "gb300",
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+                "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}},
+            }],
+        },
+    }
+
+
+def _pool(d: dict[str, Any]) -> dict[str, Any]:
+    return d["spec"]["pools"][0]
+
+
+def _edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[], dict[str, Any]]:
+    def build() -> dict[str, Any]:
+        d = copy.deepcopy(base_deployment())
+        fn(d)
+        return d
+    return build
+
+
+INVALID: dict[str, Callable[[], dict[str, Any]]] = {
+    "retention policy Interval needs intervalTokens": _edit(
+        lambda d: d["spec"].update(engine={"prefixCaching": {"retention": {"policy": "Interval"}}})),
+    "intervalTokens applies only to retention policy Interval": _edit(
+        lambda d: d["spec"].update(engine={"prefixCaching": {"retention": {"policy": "Dense", "intervalTokens": 4096}}})),
+    "speculative method DSpark needs draftModelUri (a K3DSparkModel checkpoint)": _edit(
+        lambda d: d["spec"].update(engine={"speculative": {"method": "DSpark"}})),
+    "tensor parallel size must divide the 96 KDA heads": _edit(
+        lambda d: _pool(d)["aggregated"].update(parallelism={"tensor": 5})),
+    "a pool needs at least one role: prefill, decode or aggregated": _edit(
+        lambda d: _pool(d).pop("aggregated")),
+    "a pool is either aggregated or disaggregated (prefill/decode), not both": _edit(
+        lambda d: _pool(d).update(prefill={"replicas": 1}, decode={"replicas": 1})),
+    "mode Aggregated needs the aggregated role": _edit(
+        lambda d: (_pool(d).pop("aggregated"), _pool(d).update(mode="Aggregated", decode={"replicas": 1}),
+                   d["spec"]["pools"].append({"name": "p", "prefill": {"replicas": 1}}))),
+    "mode Disaggregated takes prefill and/or decode roles, not aggregated": _edit(
+        lambda d: _pool(d).update(mode="Disaggregated")),
+    "prefill and decode come together: a prefill role needs a decode role in the same "
+    "KimiK3Deployment, and a decode role needs a prefill role": _edit(
+        lambda d: (_pool(d).pop("aggregated"), _pool(d).update(prefill={"replicas": 1}))),
+}
+
+
+def all_rules() -> list[tuple[type, str]]:
+    """Every (model, rule message) declared anywhere in the API."""
+    out = []
+    for obj in vars(v1).values():
+        if isinstance(obj, type) and issubclass(obj, SpecModel) and obj is not SpecModel:
+            out += [(obj, r.message) for r in obj.__dict__.get("rules", ())]
+    return out
+
+
+def load_examples() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.name, yaml.safe_load(p.read_text())) for p in EXAMPLES]

@@ -1,0 +1,34 @@
+"""Node objects as the API server returns them, for pure planner tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def node(name: str, product: str, gpus: int, *, clique: str | None = None, rdma: str | None = None,
+         arch: str = "amd64", resource: str = "nvidia.com/gpu", unschedulable: bool = False) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/arch": arch}
+    if resource == "nvidia.com/gpu":
+        labels["nvidia.com/gpu.product"] = product
+    else:
+        labels["amd.com/gpu.product-name"] = product
+    if clique:
+        labels["nvidia.com/gpu.clique"] = clique
+    capacity = {"cpu": "128", "memory": "2Ti", resource: str(gpus)}
+    if rdma:
+        capacity[rdma] = "8"
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"unschedulable": True} if unschedulable else {},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def gb300_rack(rack: str = "a", trays: int = 18) -> list[dict[str, Any]]:
+    return [node(f"gb300-{rack}-{i}", "NVIDIA-GB300", 4, clique=f"cluster.{rack}", arch="arm64")
+            for i in range(trays)]
+
+
+def b200_nodes(count: int = 4) -> list[dict[str, Any]]:
+    return [node(f"b200-{i}", "NVIDIA-B200", 8, rdma="rdma/ib") for i in range(count)]

@@ -1,0 +1,126 @@
+"""Walking-skeleton planning rules, one table row per rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
+from kimik3_operator.planner.catalog import product_from_label
+from tests.support.cases import base_deployment
+from tests.support.nodes import b200_nodes, gb300_rack, node
+
+
+@pytest.mark.parametrize(("label", "product"), [
+    ("NVIDIA-GB300", "GB300"), ("NVIDIA-B300-SXM6-AC", "B300"), ("NVIDIA-GB200", "GB200"),
+    ("NVIDIA-B200", "B200"), ("NVIDIA-H200", "H200"), ("NVIDIA-H100-80GB-HBM3", "H100"),
+    ("AMD_Instinct_MI355X", "MI355X"), ("NVIDIA-A100-SXM4-80GB", None), ("Tesla-T4", None),
+])
+def test_product_from_label(label: str, product: str | None) -> None:
+    assert product_from_label(label) == product
+
+
+def test_pool_facts_read_labels_and_capacity() -> None:
+    nodes = gb300_rack("a", 3) + gb300_rack("b", 2) + b200_nodes(2)
+    facts = pool_facts({"nvidia.com/gpu.product": "NVIDIA-GB300"}, nodes)
+    assert (facts.product, facts.gpus_per_node, facts.gpu_resource) == ("GB300", 4, "nvidia.com/gpu")
+    assert facts.cliques == {"cluster.a": 3, "cluster.b": 2}
+    assert facts.rdma_resource is None
+    b200 = pool_facts({"nvidia.com/gpu.product": "NVIDIA-B200"}, nodes)
+    assert (b200.product, b200.gpus_per_node, b200.rdma_resource, b200.cliques) == ("B200", 8, "rdma/ib", {})
+
+
+def test_pool_facts_skip_unschedulable_and_gpu_less_nodes() -> None:
+    nodes = [node("cpu", "none", 0), node("cordoned", "NVIDIA-H200", 8, unschedulable=True),
+             node("h200", "NVIDIA-H200", 8)]
+    facts = pool_facts({}, nodes)
+    assert [n.name for n in facts.nodes] == ["h200"]
+
+
+def test_pool_facts_gpus_per_node_is_the_smallest() -> None:
+    facts = pool_facts({}, [node("a", "NVIDIA-H200", 8), node("b", "NVIDIA-H200", 4)])
+    assert facts.gpus_per_node == 4
+
+
+def _plan(body: dict[str, Any], nodes: list[dict[str, Any]]):  # noqa: ANN202
+    spec = KimiK3Deployment.model_validate(body).spec
+    return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+
+
+def _with_pool(**pool: Any) -> dict[str, Any]:
+    body = base_deployment()
+    body["spec"]["pools"] = [{"name": "p", **pool}]
+    return body
+
+
+@pytest.mark.parametrize(("pool", "nodes", "expect"), [
+    # GB300 TP8: 2 trays of 4 GPUs, kept in one clique
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+      "aggregated": {"replicas": 2, "parallelism": {"tensor": 8}}},
+     gb300_rack(), {"nodes": 2, "gpus_per_pod": 4, "key": "nvidia.com/gpu.clique", "interconnect": "NVLink"}),
+    # GB300 TP4 fits one tray: single node, no clique constraint needed
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 4}}},
+     gb300_rack(), {"nodes": 1, "gpus_per_pod": 4, "key": None, "interconnect": "NVLink"}),
+    # B200 TP8 x PP2: 2 nodes over RDMA
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8, "pipeline": 2}}},
+     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "interconnect": "RDMA"}),
+    # B200 DEP16: 2 nodes
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+      "aggregated": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
+     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "interconnect": "RDMA"}),
+    # explicit perNode plans without nodes (scale-from-zero pools)
+    ({"nodeSelector": {"pool": "later"}, "gpu": {"perNode": 8},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}},
+     [], {"nodes": 1, "gpus_per_pod": 8, "key": None, "interconnect": "NVLink"}),
+])
+def test_layout_to_groups(pool: dict[str, Any], nodes: list[dict[str, Any]], expect: dict[str, Any]) -> None:
+    plan = _plan(_with_pool(**pool), nodes)
+    (pool_plan,) = plan.pools
+    (role,) = pool_plan.roles
+    assert role.nodes_per_replica == expect["nodes"]
+    assert role.gpus_per_pod == expect["gpus_per_pod"]
+    assert role.group_topology_key == expect["key"]
+    assert pool_plan.interconnect == expect["interconnect"]
+    assert role.gpus_per_replica == role.nodes_per_replica * role.gpus_per_pod or role.nodes_per_replica == 1
+
+
+@pytest.mark.parametrize(("pool", "nodes", "reason", "needle", "node_dependent"), [
+    ({"aggregated": {"replicas": 1}}, gb300_rack(), "PlanningNotImplemented", "parallelism not given", False),
+    ({"aggregated": {"parallelism": {"tensor": 8}}}, gb300_rack(), "PlanningNotImplemented", "replicas not given", False),
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 12}}}, b200_nodes(), "InvalidSpec",
+     "12 GPUs per replica do not fill whole 8-GPU nodes", False),
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100"},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), "NoMatchingNodes",
+     "no schedulable GPU node matches", True),
+])
+def test_planning_errors(pool: dict[str, Any], nodes: list[dict[str, Any]], reason: str, needle: str,
+                         node_dependent: bool) -> None:
+    with pytest.raises(PlanningError) as info:
+        _plan(_with_pool(**pool), nodes)
+    assert info.value.reason == reason
+    assert needle in info.value.message
+    assert info.value.depends_on_nodes is node_dependent
+
+
+def test_retention_policy_maps_to_interval() -> None:
+    for retention, interval in (({"policy": "Interval", "intervalTokens": 32768}, 32768),
+                                ({"policy": "Selective"}, 0), ({"policy": "Dense"}, None)):
+        body = base_deployment()
+        body["spec"]["engine"] = {"prefixCaching": {"retention": retention}}
+        assert _plan(body, gb300_rack()).engine.retention_interval == interval
+
+
+def test_compat_hash_follows_shared_engine_settings() -> None:
+    a = _plan(base_deployment(), gb300_rack())
+    body = base_deployment()
+    body["spec"]["engine"] = {"speculative": {"method": "MTP", "numSpeculativeTokens": 1}}
+    b = _plan(body, gb300_rack())
+    body["spec"]["model"]["servedName"] = "other"
+    c = _plan(body, gb300_rack())
+    assert a.compat_hash != b.compat_hash
+    assert b.compat_hash == c.compat_hash  # the served name is not part of the KV handshake

@@ -1,0 +1,136 @@
+"""Rendering: one LeaderWorkerSet and one leader Service per (pool, role), with the group shape,
+GPU requests, clique affinity, labels, owner references and hash that the rules ask for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import plan_deployment, pool_facts
+from kimik3_operator.render import Owner, render_children
+from kimik3_operator.render.names import (ANNOTATION_HASH, LABEL_COMPAT, MAX_WORKLOAD_NAME, bounded,
+                                          desired_hash, workload_name)
+from tests.support.cases import EXAMPLES, load_examples
+from tests.support.nodes import b200_nodes, gb300_rack
+
+OWNER = Owner(name="k3-pd", namespace="inference", uid="0000-1111")
+NODES = gb300_rack() + b200_nodes()
+
+
+def _render(body: dict[str, Any], owner: Owner = OWNER) -> list[dict[str, Any]]:
+    spec = KimiK3Deployment.model_validate(body).spec
+    plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, NODES) for p in spec.pools})
+    return render_children(owner, plan)
+
+
+def _example(name: str) -> dict[str, Any]:
+    return dict(load_examples())[name]
+
+
+def _by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def test_pd_example_renders_one_workload_and_service_per_role() -> None:
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    assert sorted(_by_kind(objs, "LeaderWorkerSet")) == ["k3-pd-b200-prefill-prefill", "k3-pd-gb300-decode-decode"]
+    assert sorted(_by_kind(objs, "Service")) == ["k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader"]
+    assert [o["kind"] for o in objs] == ["Service", "Service", "LeaderWorkerSet", "LeaderWorkerSet"]
+
+
+def test_group_size_and_gpu_requests() -> None:
+    lws = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "LeaderWorkerSet")
+    decode = lws["k3-pd-gb300-decode-decode"]["spec"]
+    prefill = lws["k3-pd-b200-prefill-prefill"]["spec"]
+    assert decode["replicas"] == 2 and decode["leaderWorkerTemplate"]["size"] == 2
+    assert prefill["replicas"] == 1 and prefill["leaderWorkerTemplate"]["size"] == 2
+    for spec, gpus in ((decode, "4"), (prefill, "8")):
+        for template in ("leaderTemplate", "workerTemplate"):
+            (c,) = spec["leaderWorkerTemplate"][template]["spec"]["containers"]
+            assert c["resources"]["limits"] == {"nvidia.com/gpu": gpus} == c["resources"]["requests"]
+
+
+def test_multi_node_nvlink_group_stays_in_one_clique() -> None:
+    lws = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "LeaderWorkerSet")
+    for template in ("leaderTemplate", "workerTemplate"):
+        pod = lws["k3-pd-gb300-decode-decode"]["spec"]["leaderWorkerTemplate"][template]["spec"]
+        (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "nvidia.com/gpu.clique"
+        assert term["matchLabelKeys"] == ["leaderworkerset.sigs.k8s.io/group-key"]
+        assert term["labelSelector"]["matchLabels"] == {"leaderworkerset.sigs.k8s.io/name": "k3-pd-gb300-decode-decode"}
+    b200 = lws["k3-pd-b200-prefill-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    assert "affinity" not in b200
+
+
+def test_single_node_replica_has_only_a_leader_template() -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"]["pools"][0]["aggregated"]["parallelism"] = {"tensor": 4}
+    (lws,) = _by_kind(_render(body), "LeaderWorkerSet").values()
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 1 and "leaderTemplate" not in group
+    (c,) = group["workerTemplate"]["spec"]["containers"]
+    assert "--headless" not in c["command"] and c["ports"][0]["containerPort"] == 8000
+
+
+def test_leader_serves_http_and_workers_run_headless() -> None:
+    lws = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "LeaderWorkerSet")
+    group = lws["k3-pd-gb300-decode-decode"]["spec"]["leaderWorkerTemplate"]
+    (leader,) = group["leaderTemplate"]["spec"]["containers"]
+    (worker,) = group["workerTemplate"]["spec"]["containers"]
+    assert "--headless" in worker["command"] and "--headless" not in leader["command"]
+    assert leader["command"][leader["command"].index("--node-rank") + 1] == "0"
+    assert worker["command"][worker["command"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+    assert "startupProbe" in leader and "ports" not in worker
+    env = {e["name"] for e in leader["env"]}
+    assert "VLLM_USE_RUST_FRONTEND" in env and "VLLM_USE_RUST_FRONTEND" not in {e["name"] for e in worker["env"]}
+
+
+def test_leader_service_selects_leaders_of_its_workload() -> None:
+    svc = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "Service")["k3-pd-gb300-decode-decode-leader"]
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": "k3-pd-gb300-decode-decode",
+                                       "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "design-reference.yaml"])
+def test_every_child_is_owned_labelled_and_hashed(example: str) -> None:
+    for obj in _render(_example(example)):
+        meta = obj["metadata"]
+        assert meta["namespace"] == OWNER.namespace
+        (ref,) = meta["ownerReferences"]
+        assert ref["uid"] == OWNER.uid and ref["controller"] is True and ref["blockOwnerDeletion"] is True
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kimik3-operator"
+        assert meta["labels"]["serving.kimik3.dev/deployment"] == OWNER.name
+        assert meta["annotations"][ANNOTATION_HASH] == desired_hash(obj)
+
+
+def test_prefill_and_decode_carry_the_same_compat_hash() -> None:
+    lws = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "LeaderWorkerSet")
+    hashes = {t["metadata"]["labels"][LABEL_COMPAT] for o in lws.values()
+              for t in o["spec"]["leaderWorkerTemplate"].values() if isinstance(t, dict)}
+    assert len(hashes) == 1
+
+
+def test_rendering_is_deterministic() -> None:
+    body = _example("pd-gb300-decode-b200-prefill.yaml")
+    assert _render(body) == _render(body)
+
+
+def test_long_names_are_bounded_with_a_stable_hash() -> None:
+    owner = Owner(name="a-very-long-deployment-name-for-kimi-k3-serving", namespace="ns", uid="u")
+    name = workload_name(owner, "gb300-rack-with-a-long-name", "aggregated")
+    assert len(name) <= MAX_WORKLOAD_NAME
+    assert name == workload_name(owner, "gb300-rack-with-a-long-name", "aggregated")
+    assert name != workload_name(owner, "gb300-rack-with-a-long-name", "decode")
+    assert bounded("short", 45) == "short"
+
+
+def test_changing_replicas_changes_only_that_workload_hash() -> None:
+    body = _example("pd-gb300-decode-b200-prefill.yaml")
+    before = {o["metadata"]["name"]: o["metadata"]["annotations"][ANNOTATION_HASH] for o in _render(body)}
+    body["spec"]["pools"][1]["decode"]["replicas"] = 3
+    after = {o["metadata"]["name"]: o["metadata"]["annotations"][ANNOTATION_HASH] for o in _render(body)}
+    changed = {n for n in before if before[n] != after[n]}
+    assert changed == {"k3-pd-gb300-decode-decode"}
