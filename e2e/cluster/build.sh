@@ -8,7 +8,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
+# shellcheck source-path=SCRIPTDIR source=versions.env
 source "$HERE/versions.env"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 BIN="$CACHE/bin"

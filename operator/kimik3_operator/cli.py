@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.namespace:
         os.environ["KIMIK3_NAMESPACE"] = args.namespace
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(namespace=args.namespace, liveness=args.liveness)
     return 0
 

@@ -69,7 +69,7 @@ def _state(memo: kopf.Memo) -> State:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
     config.apply(settings)
-    state = State(config)
+    state = await asyncio.to_thread(State, config)  # API discovery blocks: keep it off the loop
     memo["state"] = state
     state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")
 

@@ -1,0 +1,778 @@
+#!/usr/bin/env bash
+# The local real cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake
+# GPU nodes and pod lifecycle) and the LeaderWorkerSet manager, all as host processes on 127.0.0.1.
+#
+#   cluster.sh up       build (cached), start what is not running, create the fake node pools;
+#                       prints the kubeconfig path as the last line of stdout, all else to stderr
+#   cluster.sh down     stop what `up` started (by pidfile) and delete the cluster's data
+#   cluster.sh status   which components run (exit 1 unless all are healthy)
+#   cluster.sh env      `export KUBECONFIG=...` and `export PATH=...` lines: eval "$(cluster.sh env)"
+#
+# Environment:
+#   KIMIK3_CACHE       binaries and Go caches (default ~/.cache/kimik3-e2e; shared with build.sh)
+#   KIMIK3_STATE       pki, kubeconfigs, etcd data, logs, pidfiles (default $KIMIK3_CACHE/state)
+#   KIMIK3_PORT_BASE   if set, ports are BASE+0..6 in the order of the list below; otherwise the
+#                      usual defaults. One port can also be set alone:
+#                      KIMIK3_ETCD_PORT (2379) KIMIK3_ETCD_PEER_PORT (2380) KIMIK3_APISERVER_PORT (6443)
+#                      KIMIK3_KCM_PORT (10257) KIMIK3_SCHEDULER_PORT (10259)
+#                      KIMIK3_LWS_WEBHOOK_PORT (9443) KIMIK3_LWS_HEALTH_PORT (8081)
+#                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
+#                      later calls need no variables.
+#   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
+#
+# In $KIMIK3_STATE: kubeconfig (the admin, O=system:masters; `up` prints its path),
+# kubeconfigs/operator.kubeconfig (also system:masters, user "kimik3-e2e:operator", so that audit
+# counts tell the operator's writes from the test driver's), audit.log (JSON lines, one Metadata
+# event per request), logs/<component>.log. The fake GPU nodes are nodes/*.yaml (nodes/generate.py).
+#
+# `up` is idempotent: a component that runs with the wanted command line and configuration is left
+# alone, one whose flags or config changed is restarted, bootstrap objects are only created when
+# missing, so a second `up` makes no writes to the API server (the audit log stays quiet).
+# Network rule: everything listens on and talks to 127.0.0.1 only; pod and Service IPs are fake.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source-path=SCRIPTDIR source=versions.env
+source "$HERE/versions.env"
+
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+STATE="${KIMIK3_STATE:-$CACHE/state}"
+BIN_K8S="$CACHE/bin/k8s-v$K8S_VERSION"
+BIN_ETCD="$CACHE/bin/etcd-v$ETCD_VERSION"
+BIN_KWOK="$CACHE/bin/kwok-v$KWOK_VERSION"
+BIN_LWS="$CACHE/bin/lws-v$LWS_VERSION"
+BIN_HELM="$CACHE/bin/helm-v$HELM_VERSION"
+# build.sh puts the module cache here; its copies of kwok and LWS carry the stage and CRD YAMLs.
+KWOK_SRC="$CACHE/go/mod/sigs.k8s.io/kwok@v$KWOK_VERSION"
+LWS_SRC="$CACHE/go/mod/sigs.k8s.io/lws@v$LWS_VERSION"
+
+PKI="$STATE/pki"
+CONF="$STATE/config"
+RUN="$STATE/run"
+LOGS="$STATE/logs"
+KUBECONFIG_FILE="$STATE/kubeconfig"
+PORTS_FILE="$STATE/ports.env"
+AUDIT_LOG="$STATE/audit.log"
+KUBECTL="$BIN_K8S/kubectl"
+
+# Start order; `down` stops in reverse.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager)
+declare -A BINARY=(
+  [etcd]="$BIN_ETCD/etcd"
+  [kube-apiserver]="$BIN_K8S/kube-apiserver"
+  [kube-controller-manager]="$BIN_K8S/kube-controller-manager"
+  [kube-scheduler]="$BIN_K8S/kube-scheduler"
+  [kwok]="$BIN_KWOK/kwok"
+  [lws-manager]="$BIN_LWS/lws-manager"
+)
+# Components to restart because a file they read at start changed (filled by write_file).
+declare -A STALE=()
+
+FAKE_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
+FIELD_MANAGER="kimik3-e2e"
+HASH_ANNOTATION="e2e.kimik3.dev/config-hash"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+now_ms() { date +%s%3N; }
+
+# ---------------------------------------------------------------------------------------------
+# Ports
+
+declare -A PORT=()
+PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT)
+declare -A PORT_DEFAULT=(
+  [ETCD_PORT]=2379 [ETCD_PEER_PORT]=2380 [APISERVER_PORT]=6443 [KCM_PORT]=10257
+  [SCHEDULER_PORT]=10259 [LWS_WEBHOOK_PORT]=9443 [LWS_HEALTH_PORT]=8081
+)
+
+# Precedence per port: KIMIK3_<KEY> > KIMIK3_PORT_BASE + offset > ports.env of the running cluster
+# > default. Remembering the running cluster's ports keeps `status`/`env`/`down` right without
+# the caller repeating the variables.
+resolve_ports() {
+  local -A recorded=()
+  local key value i=0 var
+  if [[ -f $PORTS_FILE ]]; then
+    while IFS='=' read -r key value; do
+      [[ -n $key ]] && recorded[$key]=$value
+    done <"$PORTS_FILE"
+  fi
+  for key in "${PORT_KEYS[@]}"; do
+    var="KIMIK3_$key"
+    if [[ -n ${!var:-} ]]; then
+      PORT[$key]=${!var}
+    elif [[ -n ${KIMIK3_PORT_BASE:-} ]]; then
+      PORT[$key]=$((KIMIK3_PORT_BASE + i))
+    elif [[ -n ${recorded[$key]:-} ]]; then
+      PORT[$key]=${recorded[$key]}
+    else
+      PORT[$key]=${PORT_DEFAULT[$key]}
+    fi
+    [[ ${PORT[$key]} =~ ^[0-9]+$ ]] || die "port $key=${PORT[$key]} is not a number"
+    i=$((i + 1))
+  done
+}
+
+record_ports() {
+  local key
+  write_file "$PORTS_FILE" 644 < <(for key in "${PORT_KEYS[@]}"; do printf '%s=%s\n' "$key" "${PORT[$key]}"; done)
+}
+
+component_ports() { # the ports a component listens on, for port-clash checks and `status`
+  case $1 in
+    etcd) echo "${PORT[ETCD_PORT]} ${PORT[ETCD_PEER_PORT]}" ;;
+    kube-apiserver) echo "${PORT[APISERVER_PORT]}" ;;
+    kube-controller-manager) echo "${PORT[KCM_PORT]}" ;;
+    kube-scheduler) echo "${PORT[SCHEDULER_PORT]}" ;;
+    kwok) echo "" ;; # no server: --server-address/--node-port stay unset
+    lws-manager) echo "${PORT[LWS_WEBHOOK_PORT]} ${PORT[LWS_HEALTH_PORT]}" ;;
+  esac
+}
+
+port_in_use() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+# write_file FILE MODE [COMPONENT...] < content: replace FILE only when the content differs, so a
+# second `up` touches nothing; a changed file marks the components that read it (STALE) for a
+# restart. Feed it with a redirection, not a pipe: in a pipeline it runs in a subshell and the
+# STALE marks are lost.
+write_file() {
+  local file=$1 mode=$2 tmp
+  shift 2
+  tmp="$(mktemp "$file.XXXXXX")"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$file" 2>/dev/null; then
+    rm -f "$tmp"
+    return 0
+  fi
+  chmod "$mode" "$tmp"
+  mv -f "$tmp" "$file"
+  local c
+  for c in "$@"; do STALE[$c]=1; done
+}
+
+# One CA; one admin certificate (O=system:masters, SANs localhost/127.0.0.1) that is both the
+# serving certificate of everything that serves TLS and the admin's client certificate; one client
+# certificate per component so the audit log attributes every write to who made it; the service
+# account signing key. Existing files are kept: regenerating would invalidate running processes.
+ensure_pki() {
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  if [[ ! -s $PKI/ca.crt || ! -s $PKI/ca.key ]]; then
+    log "creating CA in $PKI"
+    rm -f "$PKI"/*.crt # leaves of an old CA are void
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kimik3-e2e-ca" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout "$PKI/ca.key.tmp" -out "$PKI/ca.crt.tmp" 2>/dev/null
+    mv -f "$PKI/ca.key.tmp" "$PKI/ca.key"
+    mv -f "$PKI/ca.crt.tmp" "$PKI/ca.crt"
+  fi
+  issue admin "/O=system:masters/CN=kimik3-e2e-admin" serving
+  issue kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager"
+  issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
+  issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
+  issue lws-manager "/O=system:masters/CN=kimik3-e2e:lws-manager"
+  # For the operator under test, so its writes are told apart from the test driver's kubectl.
+  issue operator "/O=system:masters/CN=kimik3-e2e:operator"
+  if [[ ! -s $PKI/sa.key || ! -s $PKI/sa.pub ]]; then
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key.tmp" 2>/dev/null
+    openssl pkey -in "$PKI/sa.key.tmp" -pubout -out "$PKI/sa.pub"
+    mv -f "$PKI/sa.key.tmp" "$PKI/sa.key"
+  fi
+  chmod 600 "$PKI"/*.key
+}
+
+issue() { # issue NAME SUBJECT [serving]: a CA-signed client (and optionally serving) certificate
+  local name=$1 subject=$2 kind=${3:-client}
+  # The certificate is moved into place last, so its presence means the pair is complete.
+  [[ -s $PKI/$name.crt && -s $PKI/$name.key ]] && return 0
+  local ext="$PKI/$name.ext"
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    if [[ $kind == serving ]]; then
+      echo "extendedKeyUsage=serverAuth,clientAuth"
+      echo "subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    else
+      echo "extendedKeyUsage=clientAuth"
+    fi
+  } >"$ext"
+  openssl req -new -newkey rsa:2048 -nodes -subj "$subject" \
+    -keyout "$PKI/$name.key" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+    -CAcreateserial -CAserial "$PKI/ca.srl" -days 825 -extfile "$ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
+  mv -f "$PKI/$name.crt.tmp" "$PKI/$name.crt"
+  rm -f "$PKI/$name.csr" "$ext"
+}
+
+kubeconfig() { # kubeconfig CERT_NAME: a kubeconfig with absolute paths (kopf does not resolve relative ones)
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kimik3-e2e
+  cluster:
+    server: https://127.0.0.1:${PORT[APISERVER_PORT]}
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $PKI/$1.crt
+    client-key: $PKI/$1.key
+contexts:
+- name: kimik3-e2e
+  context:
+    cluster: kimik3-e2e
+    user: $1
+current-context: kimik3-e2e
+EOF
+}
+
+# kwok needs its stages in its config (standalone kwok has no defaults and exits with "no stages
+# found"); take them from the kwok module so they match the kwok binary. The file holds only
+# Stages: options go in flags, because a KwokConfiguration document read from a file is not
+# defaulted (kwok v0.8.0 then fails with "node leases parallelism must be greater than 0").
+kwok_config() { # kwok_config STAGE_DIR
+  local f first=1
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml \
+    volume/fast/pvc-provision.yaml volume/fast/pv-bind.yaml volume/fast/pv-delete.yaml \
+    volume/fast/pvc-delete.yaml; do
+    ((first)) || echo "---"
+    first=0
+    if [[ $f == pod/fast/pod-ready.yaml ]]; then
+      # Hold pod readiness back for a moment, as a real engine start would, so tests can see a
+      # workload that exists but is not ready yet (KIMIK3_POD_READY_DELAY_MS, 0 disables it).
+      sed "s/^spec:$/spec:\n  delay:\n    durationMilliseconds: ${KIMIK3_POD_READY_DELAY_MS:-3000}/" "$1/$f"
+    else
+      cat "$1/$f"
+    fi
+  done
+}
+
+write_configs() {
+  mkdir -p "$CONF" "$STATE/kubeconfigs" "$RUN" "$LOGS" "$STATE/kwok" "$STATE/apiserver"
+  write_file "$KUBECONFIG_FILE" 600 < <(kubeconfig admin)
+  local c
+  for c in kube-controller-manager kube-scheduler kwok lws-manager; do
+    write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
+  done
+  write_file "$STATE/kubeconfigs/operator.kubeconfig" 600 < <(kubeconfig operator)
+
+  # Metadata for every request (who, verb, resource, response code, no bodies): enough to count
+  # writes per user. RequestReceived is omitted so each request is one line, not two.
+  write_file "$CONF/audit-policy.yaml" 644 kube-apiserver <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+EOF
+
+  local stage_dir="$KWOK_SRC/kustomize/stage"
+  [[ -d $stage_dir ]] || die "kwok stages not found at $stage_dir (did build.sh run?)"
+  write_file "$CONF/kwok.yaml" 644 kwok < <(kwok_config "$stage_dir")
+
+  # LWS out of the cluster: no leader election, our certificate instead of its self-managed one,
+  # webhook and health on loopback, metrics off ("0" disables controller-runtime's server).
+  mkdir -p "$PKI/lws-webhook"
+  write_file "$PKI/lws-webhook/tls.crt" 644 lws-manager <"$PKI/admin.crt"
+  write_file "$PKI/lws-webhook/tls.key" 600 lws-manager <"$PKI/admin.key"
+  write_file "$CONF/lws.yaml" 644 lws-manager <<EOF
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: ${PORT[LWS_WEBHOOK_PORT]}
+  certDir: $PKI/lws-webhook
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:${PORT[LWS_HEALTH_PORT]}
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+# The full command line of a component; `up` compares it with /proc/PID/cmdline to decide
+# whether a running process is current.
+command_of() {
+  local kc="$STATE/kubeconfigs/$1.kubeconfig"
+  # KCM and the scheduler serve /healthz with our serving cert, so health checks verify TLS.
+  local secure=(
+    --bind-address=127.0.0.1 --tls-cert-file="$PKI/admin.crt" --tls-private-key-file="$PKI/admin.key"
+    --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
+    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+  )
+  case $1 in
+    etcd)
+      CMD=("${BINARY[etcd]}" --name=kimik3-e2e --data-dir="$STATE/etcd"
+        --listen-client-urls="http://127.0.0.1:${PORT[ETCD_PORT]}"
+        --advertise-client-urls="http://127.0.0.1:${PORT[ETCD_PORT]}"
+        --listen-peer-urls="http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
+        --initial-advertise-peer-urls="http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
+        --initial-cluster="kimik3-e2e=http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
+        --unsafe-no-fsync=true --quota-backend-bytes=4294967296 --log-level=warn)
+      ;;
+    kube-apiserver)
+      # --endpoint-reconciler-type=none: Endpoints validation rejects the loopback address.
+      # Service and pod CIDRs are labels only: nothing routes them, never connect to them.
+      CMD=("${BINARY[kube-apiserver]}" --etcd-servers="http://127.0.0.1:${PORT[ETCD_PORT]}"
+        --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${PORT[APISERVER_PORT]}"
+        --cert-dir="$STATE/apiserver"
+        --tls-cert-file="$PKI/admin.crt" --tls-private-key-file="$PKI/admin.key"
+        --client-ca-file="$PKI/ca.crt" --authorization-mode=RBAC
+        --service-account-issuer=https://kubernetes.default.svc.cluster.local
+        --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key"
+        --service-cluster-ip-range=10.96.0.0/16 --allow-privileged=true
+        --endpoint-reconciler-type=none --profiling=false
+        --audit-policy-file="$CONF/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
+        --audit-log-format=json --audit-log-mode=blocking
+        --audit-log-maxsize=200 --audit-log-maxbackup=5)
+      ;;
+    kube-controller-manager)
+      # Leader election off: a restarted process would otherwise wait for its old lease.
+      CMD=("${BINARY[kube-controller-manager]}" --kubeconfig="$kc" "${secure[@]}"
+        --secure-port="${PORT[KCM_PORT]}" --leader-elect=false --cluster-name=kimik3-e2e
+        --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key"
+        --use-service-account-credentials=false)
+      ;;
+    kube-scheduler)
+      CMD=("${BINARY[kube-scheduler]}" --kubeconfig="$kc" "${secure[@]}"
+        --secure-port="${PORT[SCHEDULER_PORT]}" --leader-elect=false)
+      ;;
+    kwok)
+      # The lease duration makes kwok renew node Leases (the heartbeat-with-lease stage relies on
+      # them; without leases KCM marks nodes NotReady after ~50 s). The pod CIDR must not overlap
+      # the service CIDR. No --node-ip: nothing ever tries to reach a fake kubelet.
+      CMD=("${BINARY[kwok]}" --kubeconfig="$kc" --config="$CONF/kwok.yaml"
+        --manage-all-nodes=false --manage-nodes-with-annotation-selector="$FAKE_NODE_ANNOTATION"
+        --cidr=10.244.0.0/16 --node-lease-duration-seconds=40)
+      ;;
+    lws-manager)
+      CMD=("${BINARY[lws-manager]}" --kubeconfig="$kc" --config="$CONF/lws.yaml" --zap-log-level=info)
+      ;;
+  esac
+}
+
+pid_of() { # pid_of NAME: the pid of our running process, or fail
+  local pidfile="$RUN/$1.pid" pid argv0
+  [[ -s $pidfile ]] || return 1
+  pid="$(<"$pidfile")"
+  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+  # The pid must still be our binary (pids are reused); a zombie has an empty cmdline.
+  IFS= read -r -d '' argv0 <"/proc/$pid/cmdline" || true
+  [[ $argv0 == "${BINARY[$1]}" ]] || return 1
+  echo "$pid"
+}
+
+is_current() { # is_current NAME: running with exactly the command line `up` would use
+  local pid want have
+  pid="$(pid_of "$1")" || return 1
+  command_of "$1"
+  want="$(printf '%s\n' "${CMD[@]}")"
+  have="$(tr '\0' '\n' <"/proc/$pid/cmdline")"
+  [[ $want == "$have" ]]
+}
+
+start() { # start NAME: detached (own session), so it outlives the calling shell and its job control
+  local name=$1 port
+  command_of "$name"
+  for port in $(component_ports "$name"); do
+    port_in_use "$port" && die "port $port (for $name) is in use by another process; choose ports with KIMIK3_PORT_BASE"
+  done
+  [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev"
+  rm -f "$RUN/$name.pid"
+  # The child closes every inherited descriptor above 2 (our lock, the caller's stdout kept on
+  # fd 3, pipes of whoever called us: a daemon holding them would make `$(cluster.sh up)` or the
+  # next `up` hang), writes its own pid (right even if setsid forks), then becomes the binary.
+  # KWOK_WORKDIR keeps kwok from reading a user's ~/.kwok/kwok.yaml.
+  # shellcheck disable=SC2016 # expanded by the child shell
+  KWOK_WORKDIR="$STATE/kwok" setsid bash -c '
+    for fd in /proc/$$/fd/*; do fd=${fd##*/}; ((fd > 2)) && eval "exec $fd>&-"; done
+    echo $$ >"$0"; exec "$@"' "$RUN/$name.pid" "${CMD[@]}" </dev/null >"$LOGS/$name.log" 2>&1 &
+  # Wait until the pid is the binary (after exec), so a later pid_of failure means it died.
+  local i pid=""
+  for i in $(seq 100); do
+    pid="$(pid_of "$name")" && break
+    sleep 0.02
+  done
+  [[ -n $pid ]] || { tail -n 20 "$LOGS/$name.log" >&2; die "$name did not start"; }
+  log "started $name (pid $pid, log $LOGS/$name.log)"
+}
+
+stop() { # stop NAME...: TERM, wait, then KILL what is left; only pids from our pidfiles
+  local name pid left=() i
+  for name in "$@"; do
+    if pid="$(pid_of "$name")"; then
+      kill -TERM "$pid" 2>/dev/null || true
+      left+=("$name")
+    fi
+  done
+  for i in $(seq 100); do # up to 20 s
+    local still=()
+    for name in "${left[@]}"; do pid_of "$name" >/dev/null && still+=("$name"); done
+    left=("${still[@]}")
+    ((${#left[@]})) || break
+    if ((i == 75)); then
+      for name in "${left[@]}"; do
+        log "$name did not stop after 15 s, killing it"
+        kill -KILL "$(pid_of "$name")" 2>/dev/null || true
+      done
+    fi
+    sleep 0.2
+  done
+  ((${#left[@]} == 0)) || die "could not stop: ${left[*]}"
+  for name in "$@"; do rm -f "$RUN/$name.pid"; done
+}
+
+CURL=(curl -sS --noproxy '*' --max-time 3)
+
+healthy() { # healthy NAME: the component answers its health endpoint
+  case $1 in
+    etcd) "${CURL[@]}" -f "http://127.0.0.1:${PORT[ETCD_PORT]}/health" 2>/dev/null | grep -q '"health":"true"' ;;
+    kube-apiserver)
+      "${CURL[@]}" -f --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+        "https://127.0.0.1:${PORT[APISERVER_PORT]}/readyz" >/dev/null 2>&1 ;;
+    kube-controller-manager)
+      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[KCM_PORT]}/healthz" >/dev/null 2>&1 ;;
+    kube-scheduler)
+      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[SCHEDULER_PORT]}/healthz" >/dev/null 2>&1 ;;
+    kwok) pid_of kwok >/dev/null ;; # no server; its work shows as Ready nodes
+    lws-manager)
+      # readyz is a plain ping in LWS; the webhooks register later, so also ask the webhook
+      # server: 404 means the handlers are not there yet.
+      "${CURL[@]}" -f "http://127.0.0.1:${PORT[LWS_HEALTH_PORT]}/readyz" >/dev/null 2>&1 || return 1
+      local code
+      code="$("${CURL[@]}" -o /dev/null -w '%{http_code}' --cacert "$PKI/ca.crt" -X POST \
+        -H 'Content-Type: application/json' -d '{}' \
+        "https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
+      [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
+  esac
+}
+
+wait_healthy() { # wait_healthy NAME TIMEOUT_S
+  local name=$1 deadline=$(($(date +%s) + $2))
+  until healthy "$name"; do
+    if ! pid_of "$name" >/dev/null; then
+      log "$name exited; last lines of $LOGS/$name.log:"
+      tail -n 30 "$LOGS/$name.log" >&2 || true
+      die "$name failed to start"
+    fi
+    if (($(date +%s) >= deadline)); then
+      tail -n 30 "$LOGS/$name.log" >&2 || true
+      die "$name not healthy after $2 s"
+    fi
+    sleep 0.2
+  done
+}
+
+wait_until() { # wait_until TIMEOUT_S WHAT CMD...: poll CMD until it succeeds
+  local timeout=$1 what=$2 deadline
+  deadline=$(($(date +%s) + timeout))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    (($(date +%s) < deadline)) || die "timed out after $timeout s waiting for $what"
+    sleep 0.2
+  done
+}
+
+STARTED=()
+
+# Each kwok process holds the node Leases under a new random identity, and a new process waits for
+# its predecessor's Leases to expire (~40 s) before it handles any node or pod. The predecessor is
+# gone when we start kwok, and no real kubelet exists here, so hand all node Leases over at once.
+release_node_leases() {
+  healthy kube-apiserver || return 0
+  [[ -n $(kc -n kube-node-lease get leases -o name 2>/dev/null) ]] || return 0
+  kc -n kube-node-lease delete leases --all --wait=false >/dev/null
+}
+
+ensure_running() { # ensure_running NAME: start unless it runs current; restart if stale
+  local name=$1
+  if pid_of "$name" >/dev/null; then
+    if is_current "$name" && [[ -z ${STALE[$name]:-} ]]; then
+      return 0
+    fi
+    log "$name runs with an old command line or config; restarting it"
+    stop "$name"
+  fi
+  [[ $name == kwok ]] && release_node_leases
+  start "$name"
+  STARTED+=("$name")
+}
+
+# ---------------------------------------------------------------------------------------------
+# Cluster objects (created only when missing, so a warm `up` writes nothing)
+
+kc() { "$KUBECTL" --kubeconfig="$KUBECONFIG_FILE" --cache-dir="$STATE/kubectl-cache" "$@"; }
+
+CHANGED=()
+
+# All LWS CRD bases (the DisaggregatedSet controller starts unconditionally and fails without its
+# kind), server-side because the LWS CRD is too big for the last-applied annotation. Not the
+# kustomized CRDs: their conversion webhook points at an in-cluster Service.
+ensure_lws_crds() {
+  local f names=()
+  for f in "$LWS_SRC"/config/crd/bases/*.yaml; do
+    names+=("crd/$(awk '/^  name:/ {print $2; exit}' "$f")")
+  done
+  ((${#names[@]})) || die "no LWS CRDs under $LWS_SRC/config/crd/bases (did build.sh run?)"
+  if ! kc get "${names[@]}" >/dev/null 2>&1; then
+    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$LWS_SRC/config/crd/bases" >&2
+    CHANGED+=(lws-crds)
+  fi
+  kc wait --for=condition=Established --timeout=60s "${names[@]}" >/dev/null
+}
+
+# The LWS webhooks as upstream's config/webhook (with its mutating/validating patches), but with
+# loopback URLs and our CA instead of a Service and cert-manager. Applied only once the manager
+# serves them: failurePolicy Fail would otherwise block every LWS object and LWS pod.
+lws_webhooks_yaml() {
+  local ca base="https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}"
+  ca="$(base64 -w0 <"$PKI/ca.crt")"
+  local common="admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Fail
+  timeoutSeconds: 10"
+  local pods="objectSelector:
+    matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]"
+  cat <<EOF
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: lws-mutating-webhook-configuration
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+webhooks:
+- name: mleaderworkerset.kb.io
+  $common
+  clientConfig: {url: "$base/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
+  rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]
+- name: mpod.kb.io
+  $common
+  clientConfig: {url: "$base/mutate--v1-pod", caBundle: "$ca"}
+  $pods
+  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: lws-validating-webhook-configuration
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+webhooks:
+- name: vleaderworkerset.kb.io
+  $common
+  clientConfig: {url: "$base/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
+  rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]
+- name: vpod.kb.io
+  $common
+  clientConfig: {url: "$base/validate--v1-pod", caBundle: "$ca"}
+  $pods
+  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [pods]}]
+- name: vdisaggregatedset.kb.io
+  $common
+  clientConfig: {url: "$base/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset", caBundle: "$ca"}
+  rules: [{apiGroups: [disaggregatedset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [disaggregatedsets]}]
+EOF
+}
+
+ensure_lws_webhooks() {
+  local yaml hash have
+  yaml="$(lws_webhooks_yaml)"
+  hash="$(printf '%s' "$yaml" | sha256sum | cut -c1-16)"
+  have="$(kc get mutatingwebhookconfiguration/lws-mutating-webhook-configuration \
+    validatingwebhookconfiguration/lws-validating-webhook-configuration \
+    -o jsonpath="{range .items[*]}{.metadata.annotations.${HASH_ANNOTATION//./\\.}}{' '}{end}" 2>/dev/null)" || true
+  [[ $have == "$hash $hash " ]] && return 0
+  printf '%s\n' "${yaml//@HASH@/$hash}" |
+    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - >&2
+  CHANGED+=(lws-webhooks)
+}
+
+# kwok's fake provisioner binds PVCs of this class (the volume stages); it is the default class.
+ensure_storage_class() {
+  local f="$KWOK_SRC/kustomize/stage/volume/fast/storage-class.yaml"
+  [[ -f $f ]] || { log "no kwok StorageClass at $f; skipping"; return 0; }
+  kc get storageclass kwok-volume >/dev/null 2>&1 && return 0
+  kc create -f "$f" >&2
+  CHANGED+=(storageclass)
+}
+
+# `create`, not `apply`: Node create keeps status (capacity), updates drop it. Nodes that exist are
+# left alone; change a fixture with `down` + `up` (or patch the node's status).
+ensure_nodes() {
+  local want have out
+  want="$(cat "$HERE"/nodes/*.yaml | grep -c '^kind: Node$')"
+  have="$(kc get nodes -l type=kwok -o name | wc -l)"
+  ((have >= want)) && return 0
+  if ! out="$(kc create -f "$HERE/nodes" 2>&1)"; then
+    if grep -v 'AlreadyExists' <<<"$out" | grep -q 'Error'; then
+      printf '%s\n' "$out" >&2
+      die "creating the fake nodes failed"
+    fi
+  fi
+  log "created $((want - have)) fake GPU nodes"
+  CHANGED+=(nodes)
+}
+
+# Ready nodes without the not-ready/unreachable taints (KCM removes those after kwok reports Ready;
+# until then the scheduler will not place pods).
+nodes_ready() {
+  local want
+  want="$(cat "$HERE"/nodes/*.yaml | grep -c '^kind: Node$')"
+  kc get nodes -l type=kwok -o json | python3 -c '
+import json, sys
+ready = 0
+for n in json.load(sys.stdin)["items"]:
+    conds = n.get("status", {}).get("conditions") or []
+    taints = n.get("spec", {}).get("taints") or []
+    if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not any(
+        t["key"].startswith("node.kubernetes.io/") for t in taints
+    ):
+        ready += 1
+sys.exit(0 if ready >= int(sys.argv[1]) else 1)
+' "$want"
+}
+
+wait_nodes_ready() { # like wait_until, but a dead kwok fails at once with its log
+  local deadline=$(($(date +%s) + $1))
+  until nodes_ready 2>/dev/null; do
+    if ! pid_of kwok >/dev/null; then
+      tail -n 30 "$LOGS/kwok.log" >&2 || true
+      die "kwok exited"
+    fi
+    (($(date +%s) < deadline)) || die "fake nodes not Ready after $1 s"
+    sleep 0.2
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# Subcommands
+
+cmd_up() {
+  local t0 name
+  t0="$(now_ms)"
+  "$HERE/build.sh"
+  for name in "${COMPONENTS[@]}"; do
+    [[ -x ${BINARY[$name]} ]] || die "${BINARY[$name]} missing after build.sh"
+  done
+  [[ -x $KUBECTL ]] || die "$KUBECTL missing after build.sh"
+
+  mkdir -p "$STATE"
+  exec 8>"$STATE/.lock"
+  flock 8 # one up/down at a time
+  resolve_ports
+  ensure_pki
+  write_configs
+  record_ports
+
+  ensure_running etcd
+  wait_healthy etcd 30
+  ensure_running kube-apiserver
+  wait_healthy kube-apiserver 120
+  # These three only need the API server; start them together and wait for them later.
+  ensure_running kube-controller-manager
+  ensure_running kube-scheduler
+  ensure_running kwok
+
+  ensure_lws_crds # before the manager: it fails on unknown kinds
+  ensure_running lws-manager
+  ensure_storage_class
+  ensure_nodes
+  wait_healthy lws-manager 60
+  ensure_lws_webhooks # only now: the manager serves them
+
+  wait_healthy kube-controller-manager 60
+  wait_healthy kube-scheduler 60
+  wait_nodes_ready 120
+  wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
+
+  local dt
+  dt="$(now_ms)"
+  dt=$((dt - t0))
+  if ((${#STARTED[@]} + ${#CHANGED[@]} == 0)); then
+    log "already up; checked in $((dt / 1000)).$(printf '%03d' $((dt % 1000)))s"
+  else
+    log "up in $((dt / 1000)).$(printf '%03d' $((dt % 1000)))s (started: ${STARTED[*]:-none}; created: ${CHANGED[*]:-none})"
+  fi
+  log "kubeconfig: $KUBECONFIG_FILE   (eval \"\$($HERE/cluster.sh env)\" for kubectl/helm on PATH)"
+  printf '%s\n' "$KUBECONFIG_FILE" >&3
+}
+
+cmd_down() {
+  mkdir -p "$STATE"
+  exec 8>"$STATE/.lock"
+  flock 8
+  log "stopping"
+  stop lws-manager kwok kube-scheduler kube-controller-manager
+  stop kube-apiserver
+  stop etcd
+  # The next `up` starts from an empty cluster; the audit log belongs to this cluster's life.
+  # PKI, kubeconfigs and component logs stay (reused, and useful after a failed run).
+  rm -rf "$STATE/etcd" "$STATE/kubectl-cache" "$PORTS_FILE"
+  rm -f "$AUDIT_LOG" "$STATE"/audit-*.log
+  log "down; etcd data and audit log removed"
+}
+
+cmd_status() {
+  resolve_ports
+  local name pid state all=0
+  printf '%-24s %-8s %-12s %s\n' COMPONENT PID PORTS STATE
+  for name in "${COMPONENTS[@]}"; do
+    if pid="$(pid_of "$name")"; then
+      if ! healthy "$name"; then
+        state="running, not healthy"; all=1
+      elif ! is_current "$name"; then
+        state="healthy (old command line: next up restarts it)"
+      else
+        state="healthy"
+      fi
+    else
+      pid="-"; state="stopped"; all=1
+    fi
+    local ports
+    ports="$(component_ports "$name")"
+    printf '%-24s %-8s %-12s %s\n' "$name" "$pid" "${ports// /,}" "$state"
+  done
+  if healthy kube-apiserver; then
+    local total ready=0
+    total="$(kc get nodes -l type=kwok -o name 2>/dev/null | wc -l)"
+    ready="$(kc get nodes -l type=kwok --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)"
+    printf 'fake nodes: %s/%s Ready\n' "$ready" "$total"
+  fi
+  printf 'kubeconfig: %s\n' "$KUBECONFIG_FILE"
+  return "$all"
+}
+
+cmd_env() {
+  # Plain `export NAME="value"` lines, easy to eval and to parse (e2e/tests reads them too).
+  printf 'export KUBECONFIG="%s"\n' "$KUBECONFIG_FILE"
+  # shellcheck disable=SC2016 # $PATH expands where the output is eval'ed
+  printf 'export PATH="%s:%s:%s:%s:%s:$PATH"\n' "$BIN_K8S" "$BIN_ETCD" "$BIN_KWOK" "$BIN_LWS" "$BIN_HELM"
+}
+
+main() {
+  local cmd=${1:-}
+  case $cmd in
+    up)
+      exec 3>&1 1>&2 # stdout carries only the kubeconfig path
+      cmd_up
+      ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    env) cmd_env ;;
+    *)
+      sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Write the fake GPU node pools of the local e2e cluster (one YAML file per pool, next to this script).
+
+The YAML files are committed so that tests and `kimik3 plan --nodes` can read them directly; this
+script is their source. Edit the POOLS table and run `python3 e2e/cluster/nodes/generate.py`.
+
+Why each field is there:
+- annotation kwok.x-k8s.io/node=fake: kwok only manages nodes matching this selector (cluster.sh
+  starts it with --manage-nodes-with-annotation-selector), so it never touches anything else.
+- label type=kwok: one selector for "all fake nodes" (cluster.sh waits on it).
+- nvidia.com/gpu.* labels: the names GPU Feature Discovery publishes; the operator reads pool facts
+  from them (product, count, memory in MiB as nvidia-smi reports it, compute capability, and the
+  NVLink clique "<clusterUUID>.<cliqueID>" that only NVL72 racks have).
+- status.capacity/allocatable: Node create keeps status, and kwok's node-initialize stage keeps the
+  capacity it finds, so the scheduler sees nvidia.com/gpu and rdma/ib as extended resources.
+  Node *updates* drop status: change capacity later with `kubectl patch --subresource=status`.
+- No taints: workloads need no toleration to land here.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# Two GB300 racks (two NVLink cliques) so tests can check a replica never straddles racks.
+# name prefix, file, node count, GPUs per node, product label, MiB per GPU, compute capability,
+# GPU family, CPU arch, CPUs, memory, NVLink clique of the whole pool (NVL72 racks only).
+POOLS = [
+    dict(
+        file="gb300-nvl72-rack0.yaml",
+        comment="GB300 NVL72 rack 0: 18 compute trays x 4 GPUs, one NVLink domain (clique).",
+        prefix="gb300-rack0-",
+        count=18,
+        digits=2,
+        gpus=4,
+        product="NVIDIA-GB300",
+        memory_mib=284208,
+        cc=(10, 3),
+        family="blackwell",
+        arch="arm64",  # Grace CPUs
+        cpu="144",
+        memory="960Gi",
+        instance_type="gb300-nvl72-tray",
+        # A fixed clusterUUID (uuid5 of "gb300-rack0.e2e.kimik3.dev") keeps the label stable across runs.
+        clique="1b468d57-da77-5206-843e-577da47130e9.0",
+    ),
+    dict(
+        file="gb300-nvl72-rack1.yaml",
+        comment="GB300 NVL72 rack 1: 18 compute trays x 4 GPUs, one NVLink domain (clique).",
+        prefix="gb300-rack1-",
+        count=18,
+        digits=2,
+        gpus=4,
+        product="NVIDIA-GB300",
+        memory_mib=284208,
+        cc=(10, 3),
+        family="blackwell",
+        arch="arm64",  # Grace CPUs
+        cpu="144",
+        memory="960Gi",
+        instance_type="gb300-nvl72-tray",
+        # A fixed clusterUUID (uuid5 of "gb300-rack1.e2e.kimik3.dev") keeps the label stable across runs.
+        clique="15f0419e-0dca-5e51-9d8a-15f44a66fae5.0",
+    ),
+    dict(
+        file="b200-hgx.yaml",
+        comment="Four HGX B200 nodes: 8 GPUs each, NVLink inside a node, InfiniBand (rdma/ib) between nodes.",
+        prefix="b200-hgx-",
+        count=4,
+        digits=1,
+        gpus=8,
+        product="NVIDIA-B200",
+        memory_mib=183359,
+        cc=(10, 0),
+        family="blackwell",
+        arch="amd64",
+        cpu="224",
+        memory="2Ti",
+        instance_type="hgx-b200",
+        clique=None,
+    ),
+    dict(
+        file="h200-hgx.yaml",
+        comment="Two HGX H200 nodes: 8 GPUs each, NVLink inside a node, InfiniBand (rdma/ib) between nodes.",
+        prefix="h200-hgx-",
+        count=2,
+        digits=1,
+        gpus=8,
+        product="NVIDIA-H200",
+        memory_mib=143771,
+        cc=(9, 0),
+        family="hopper",
+        arch="amd64",
+        cpu="192",
+        memory="2Ti",
+        instance_type="hgx-h200",
+        clique=None,
+    ),
+]
+
+# Shared-device RDMA resource as k8s-rdma-shared-dev-plugin / the NVIDIA Network Operator publish it:
+# a count of pods that may share the HCAs, not a NIC count.
+RDMA_RESOURCE = "rdma/ib"
+RDMA_SHARES = "64"
+
+
+def node(pool: dict, index: int) -> str:
+    name = f"{pool['prefix']}{index:0{pool['digits']}d}"
+    labels = {
+        "type": "kwok",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": pool["arch"],
+        "node.kubernetes.io/instance-type": pool["instance_type"],
+        "topology.kubernetes.io/region": "e2e",
+        "topology.kubernetes.io/zone": "e2e-a",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": pool["product"],
+        "nvidia.com/gpu.count": str(pool["gpus"]),
+        "nvidia.com/gpu.memory": str(pool["memory_mib"]),
+        "nvidia.com/gpu.family": pool["family"],
+        "nvidia.com/gpu.compute.major": str(pool["cc"][0]),
+        "nvidia.com/gpu.compute.minor": str(pool["cc"][1]),
+    }
+    if pool["clique"]:
+        labels["nvidia.com/gpu.clique"] = pool["clique"]
+    resources = {
+        "cpu": pool["cpu"],
+        "memory": pool["memory"],
+        "ephemeral-storage": "3Ti",
+        "pods": "110",
+        "nvidia.com/gpu": str(pool["gpus"]),
+        RDMA_RESOURCE: RDMA_SHARES,
+    }
+    out = [
+        "apiVersion: v1",
+        "kind: Node",
+        "metadata:",
+        f"  name: {name}",
+        "  annotations:",
+        "    kwok.x-k8s.io/node: fake",
+        '    node.alpha.kubernetes.io/ttl: "0"',
+        "  labels:",
+    ]
+    out += [f'    {k}: "{v}"' for k, v in labels.items()]
+    out += ["status:", "  capacity:"]
+    out += [f'    {k}: "{v}"' for k, v in resources.items()]
+    out += ["  allocatable:"]
+    out += [f'    {k}: "{v}"' for k, v in resources.items()]
+    out += [
+        "  nodeInfo:",
+        f"    architecture: {pool['arch']}",
+        "    operatingSystem: linux",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    for pool in POOLS:
+        docs = [node(pool, i) for i in range(pool["count"])]
+        header = (
+            f"# {pool['comment']}\n"
+            "# Generated by generate.py in this folder: edit that and rerun, do not edit by hand.\n"
+        )
+        (HERE / pool["file"]).write_text(header + "---\n".join(docs))
+
+
+if __name__ == "__main__":
+    main()

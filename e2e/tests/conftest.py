@@ -1,0 +1,93 @@
+"""e2e fixtures: the local real cluster (started if needed), the CRD, the operator as a process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+# Loopback only, never through a proxy from the environment.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_env() -> dict[str, str]:
+    up = subprocess.run([str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=5400)
+    if up.returncode != 0:
+        raise RuntimeError(f"cluster.sh up failed ({up.returncode}):\n{up.stderr[-4000:]}")
+    env_lines = subprocess.run([str(CLUSTER_SH), "env"], capture_output=True, text=True, check=True).stdout
+    env: dict[str, str] = {}
+    for line in env_lines.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = os.path.expandvars(value.strip("'\""))
+    env["KUBECONFIG"] = up.stdout.strip().splitlines()[-1]
+    return env
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    env = _cluster_env()
+    os.environ.update(env)
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=kimik3-installer", "-f", str(ROOT / "crds"))
+    kubectl("wait", "--for=condition=Established", "crd/kimik3deployments.serving.kimik3.dev", "--timeout=60s")
+    yield env
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`kimik3 run` as a separate process, as users run it outside the cluster."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    # The cluster gives the operator its own identity, so the audit log tells its requests apart.
+    operator_kubeconfig = Path(cluster["KUBECONFIG"]).parent / "kubeconfigs" / "operator.kubeconfig"
+    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig),
+           "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
+    kimik3 = Path(sys.executable).with_name("kimik3")
+    port = free_port()
+    liveness = f"http://127.0.0.1:{port}/healthz"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    try:
+        def alive() -> bool:
+            assert proc.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
+            try:
+                with NO_PROXY_OPENER.open(liveness, timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+        wait_for("the operator's liveness endpoint", alive, timeout=60)
+        yield log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        print(f"operator log: {log}")
+
+
+@pytest.fixture
+def namespace(cluster: dict[str, str]) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    wait_for(f"default ServiceAccount in {name}",
+             lambda: kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0)
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)

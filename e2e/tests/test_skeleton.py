@@ -1,0 +1,120 @@
+"""The walking skeleton end to end: a KimiK3Deployment becomes LeaderWorkerSets whose pods land on
+the fake GPU nodes with the right shape, status follows readiness, deletion removes everything."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cases import base_deployment
+
+from .kube import apply, condition, get_json, kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+
+GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+
+
+def pd_deployment(namespace: str, name: str = "k3") -> dict[str, Any]:
+    body = base_deployment(name=name, namespace=namespace)
+    body["spec"]["pools"] = [
+        # TP8 on 4-GPU trays: 2 trays per replica, 3 replicas (6 trays across the two racks)
+        {"name": "gb300", "nodeSelector": GB300, "decode": {"replicas": 3, "parallelism": {"tensor": 8}}},
+        # DEP16 on 8-GPU HGX nodes: 2 nodes per replica
+        {"name": "b200", "nodeSelector": B200,
+         "prefill": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
+    ]
+    return body
+
+
+def _pods(namespace: str, name: str) -> list[dict[str, Any]]:
+    return get_json("pods", "-n", namespace, "-l", f"serving.kimik3.dev/deployment={name}")["items"]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
+
+
+def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -> None:
+    apply(pd_deployment(namespace))
+
+    # Status: first PodsNotReady (pods exist, kwok holds readiness back for a moment), then Ready.
+    seen: list[tuple[str, str]] = []
+    pods_waiting_while_not_ready = False
+
+    def observe() -> dict[str, Any] | None:
+        nonlocal pods_waiting_while_not_ready
+        cr = get_json("k3", "k3", "-n", namespace)
+        ready = condition(cr, "Ready")
+        if ready and (not seen or seen[-1] != (ready["status"], ready["reason"])):
+            seen.append((ready["status"], ready["reason"]))
+        if ready and ready["status"] == "False":
+            pods = _pods(namespace, "k3")
+            pods_waiting_while_not_ready |= bool(pods) and not all(map(_ready, pods))
+        return cr if ready and ready["status"] == "True" else None
+
+    cr = wait_for("Ready=True", observe, timeout=180, interval=0.2)
+    assert seen[0] == ("False", "PodsNotReady"), seen
+    assert pods_waiting_while_not_ready, "never saw Ready=False while pods were still starting"
+    assert seen[-1] == ("True", "AllReplicasReady")
+    assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]
+    assert cr["status"]["phase"] == "Ready"
+    assert cr["status"]["readySummary"] == "4/4"
+    assert cr["status"]["gpus"] == 3 * 8 + 16
+
+    # Pods: replicas x nodes per replica per role, one pod per node, each takes the node's GPUs.
+    pods = _pods(namespace, "k3")
+    by_role: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for pod in pods:
+        by_role[pod["metadata"]["labels"]["serving.kimik3.dev/role"]].append(pod)
+    assert {r: len(p) for r, p in by_role.items()} == {"decode": 3 * 2, "prefill": 1 * 2}
+    node_names = [p["spec"]["nodeName"] for p in pods]
+    assert len(set(node_names)) == len(node_names), "two serving pods share a node"
+    nodes = {n["metadata"]["name"]: n for n in get_json("nodes")["items"]}
+    for pod in pods:
+        node = nodes[pod["spec"]["nodeName"]]
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == node["status"]["capacity"]["nvidia.com/gpu"]
+        assert all(node["metadata"]["labels"].get(k) == v for k, v in pod["spec"]["nodeSelector"].items())
+
+    # Every GB300 group sits in one NVLink clique.
+    cliques: dict[str, set[str]] = defaultdict(set)
+    for pod in by_role["decode"]:
+        clique = nodes[pod["spec"]["nodeName"]]["metadata"]["labels"]["nvidia.com/gpu.clique"]
+        cliques[pod["metadata"]["labels"][LWS_GROUP_KEY]].add(clique)
+    assert len(cliques) == 3 and all(len(c) == 1 for c in cliques.values()), cliques
+
+    # The endpoint names the leader Service of the entry role.
+    svc = get_json("service", "k3-gb300-decode-leader", "-n", namespace)
+    assert cr["status"]["endpoint"] == f"http://k3-gb300-decode-leader.{namespace}.svc:8000"
+    assert svc["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    printed = kubectl("get", "k3", "k3", "-n", namespace).stdout
+    assert "Ready" in printed and "4/4" in printed and "40" in printed, printed
+
+    # Deleting the deployment garbage-collects every child.
+    kubectl("delete", "k3", "k3", "-n", namespace, "--wait=true", "--timeout=60s")
+
+    def children_gone() -> bool:
+        lws = get_json("leaderworkersets", "-n", namespace)["items"]
+        svcs = get_json("services", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3")["items"]
+        return not lws and not svcs and not _pods(namespace, "k3")
+
+    wait_for("every child to be garbage-collected", children_gone, timeout=120)
+
+
+def test_pool_without_parallelism_reports_planning_not_implemented(operator: Path, namespace: str) -> None:
+    body = base_deployment(name="k3-auto", namespace=namespace)
+    body["spec"]["pools"][0]["aggregated"] = {"replicas": 1}
+    apply(body)
+    cr = wait_for("Ready condition", lambda: (c := get_json("k3", "k3-auto", "-n", namespace)) and
+                  condition(c, "Ready") and c, timeout=60)
+    ready = condition(cr, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PlanningNotImplemented")
+    assert "pool gb300 role aggregated: parallelism not given" in ready["message"]
+    assert cr["status"]["phase"] == "Failed"
+    assert get_json("leaderworkersets", "-n", namespace)["items"] == []

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The main job on one machine: bring up the local real cluster (fake GB300/B200/H200 GPU nodes),
+# install the CRD, run the operator, apply an example KimiK3Deployment and show what it became.
+#
+#   scripts/demo.sh [EXAMPLE.yaml]   default: manifests/examples/pd-gb300-decode-b200-prefill.yaml
+#   scripts/demo.sh down             stop the operator and the cluster
+#
+# The operator keeps running in the background (log: $KIMIK3_STATE/logs/operator.log), so you can
+# keep using kubectl: eval "$(e2e/cluster/cluster.sh env)"; kubectl get k3 -A
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+STATE="${KIMIK3_STATE:-$CACHE/state}"
+PIDFILE="$STATE/run/operator.pid"
+OPLOG="$STATE/logs/operator.log"
+
+stop_operator() {
+  if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    kill "$(cat "$PIDFILE")"
+    for _ in $(seq 30); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 1; done
+  fi
+  rm -f "$PIDFILE"
+}
+
+if [[ "${1:-}" == down ]]; then
+  stop_operator
+  exec "$ROOT/e2e/cluster/cluster.sh" down
+fi
+EXAMPLE="${1:-$ROOT/manifests/examples/pd-gb300-decode-b200-prefill.yaml}"
+
+VENV="$("$ROOT/scripts/venv.sh")"
+t0=$SECONDS
+"$ROOT/e2e/cluster/cluster.sh" up >/dev/null
+eval "$("$ROOT/e2e/cluster/cluster.sh" env)"
+echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
+
+kubectl apply --server-side --force-conflicts --field-manager=kimik3-installer -f "$ROOT/crds"
+kubectl wait --for=condition=Established crd/kimik3deployments.serving.kimik3.dev --timeout=60s
+
+stop_operator
+mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$OPLOG")"
+setsid "$VENV/bin/kimik3" run >"$OPLOG" 2>&1 </dev/null &
+echo $! >"$PIDFILE"
+echo "== operator running (pid $(cat "$PIDFILE"), log $OPLOG)"
+
+read -r ns name < <("$VENV/bin/python" -c '
+import sys, yaml
+meta = yaml.safe_load(open(sys.argv[1]))["metadata"]
+print(meta.get("namespace", "default"), meta["name"])' "$EXAMPLE")
+kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl apply -f "$EXAMPLE"
+echo "== waiting for $ns/$name to become Ready"
+if ! kubectl -n "$ns" wait --for=condition=Ready "k3/$name" --timeout=180s; then
+  echo "not Ready in time; status:" >&2
+fi
+echo
+kubectl -n "$ns" get k3 "$name"
+echo
+kubectl -n "$ns" describe k3 "$name" | sed -n '/^Status:/,$p'
+echo
+kubectl -n "$ns" get leaderworkersets,services -l "serving.kimik3.dev/deployment=$name"
+echo
+kubectl -n "$ns" get pods -o wide -l "serving.kimik3.dev/deployment=$name"
+echo
+echo "Stop everything with: scripts/demo.sh down"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every test: import contracts, unit/schema/golden tests, then the e2e suite on the local real
+# cluster (built from the Go module proxy on first use, cached in ~/.cache/kimik3-e2e).
+#
+#   scripts/test.sh            all of it; stops the cluster it started at the end
+#   KIMIK3_KEEP_CLUSTER=1      leave the cluster running afterwards
+#   scripts/test.sh -k NAME    extra arguments go to both pytest runs
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+mkdir -p "$CACHE"
+t0=$SECONDS
+
+# The cold build of the cluster binaries is the long pole: start it first, test while it runs.
+"$ROOT/e2e/cluster/build.sh" >"$CACHE/build.log" 2>&1 &
+build_pid=$!
+
+VENV="$("$ROOT/scripts/venv.sh")"
+export PATH="$VENV/bin:$PATH"
+
+echo "== import contracts"
+lint-imports
+echo "== unit, schema and render tests"
+python -m pytest tests -q "$@" || { rc=$?; [[ $rc == 5 && $# -gt 0 ]] || exit "$rc"; }
+
+echo "== building the local cluster (log: $CACHE/build.log)"
+if ! wait "$build_pid"; then
+  tail -n 40 "$CACHE/build.log" >&2
+  echo "FAILED: building the cluster binaries (see $CACHE/build.log)" >&2
+  exit 1
+fi
+grep -E '^\[build\]' "$CACHE/build.log" || true
+
+started_cluster=0
+if ! "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_cluster=1; fi
+cleanup() {
+  if [[ $started_cluster == 1 && "${KIMIK3_KEEP_CLUSTER:-0}" != 1 ]]; then
+    "$ROOT/e2e/cluster/cluster.sh" down || true
+  fi
+}
+trap cleanup EXIT
+"$ROOT/e2e/cluster/cluster.sh" up >/dev/null
+# Tell a broken cluster apart from a broken operator before the operator's tests run.
+"$ROOT/e2e/cluster/smoke.sh"
+
+echo "== e2e tests on the local real cluster"
+e2e_t0=$SECONDS
+rc=0
+python -m pytest e2e/tests -q -p no:cacheprovider "$@" || rc=$?
+if [[ $rc == 5 ]]; then
+  echo "FAILED: no e2e test was collected" >&2
+  exit 1
+fi
+echo "== e2e took $((SECONDS - e2e_t0))s; everything took $((SECONDS - t0))s"
+exit "$rc"

@@ -1,0 +1,111 @@
+"""The reconcile pass against an in-memory cluster: what it applies, prunes and writes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kimik3_operator.k8s import ApplyResult
+from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.render.names import ANNOTATION_HASH
+from tests.support.cases import base_deployment
+from tests.support.nodes import b200_nodes, gb300_rack
+
+
+class MemoryCluster:
+    """Implements the Cluster methods reconcile uses; an apply of an identical object is a no-op."""
+
+    def __init__(self, deployment: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+        self.deployment = copy.deepcopy(deployment)
+        self.deployment["metadata"].update(uid="uid-1", generation=1)
+        self.nodes = nodes
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[str] = []
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.deployment)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.nodes
+
+    def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for o in self.objects.values()]
+
+    def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
+        key = (desired["kind"], desired["metadata"]["name"])
+        if live is not None and live["metadata"]["annotations"][ANNOTATION_HASH] == \
+                desired["metadata"]["annotations"][ANNOTATION_HASH]:
+            return ApplyResult(live, written=False)
+        self.objects[key] = {**copy.deepcopy(desired), "status": {"readyReplicas": 0}}
+        self.writes.append(f"apply {key}")
+        return ApplyResult(self.objects[key], written=True)
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        del self.objects[(obj["kind"], obj["metadata"]["name"])]
+        self.writes.append(f"delete {obj['kind']}/{obj['metadata']['name']}")
+
+    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.deployment["status"] = status
+        self.writes.append("status")
+
+
+def _pd() -> dict[str, Any]:
+    body = base_deployment(name="k3", namespace="ns")
+    body["spec"]["pools"] = [
+        {"name": "gb300", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+         "decode": {"replicas": 1, "parallelism": {"tensor": 8}}},
+        {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+         "prefill": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
+    ]
+    return body
+
+
+NODES = gb300_rack() + b200_nodes()
+
+
+def test_first_pass_applies_children_and_status_second_pass_writes_nothing() -> None:
+    cluster = MemoryCluster(_pd(), NODES)
+    first = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:00:00Z")
+    assert len(first.applied) == 4 and first.status_written
+    cluster.writes.clear()
+    second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
+    assert (second.applied, second.deleted, second.status_written) == ([], [], False)
+    assert cluster.writes == []
+
+
+def test_removed_pool_is_pruned_and_foreign_objects_are_kept() -> None:
+    cluster = MemoryCluster(_pd(), NODES)
+    reconcile(cluster, "ns", "k3")
+    foreign = {"kind": "Service", "apiVersion": "v1", "metadata": {
+        "name": "someone-elses", "namespace": "ns", "annotations": {},
+        "ownerReferences": [{"uid": "other", "controller": True}]}}
+    cluster.objects[("Service", "someone-elses")] = foreign
+    body = _pd()
+    body["spec"]["pools"] = [{"name": "gb300", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+                              "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
+    cluster.deployment["spec"] = body["spec"]
+    outcome = reconcile(cluster, "ns", "k3")
+    assert sorted(outcome.deleted) == ["LeaderWorkerSet/k3-b200-prefill", "LeaderWorkerSet/k3-gb300-decode",
+                                       "Service/k3-b200-prefill-leader", "Service/k3-gb300-decode-leader"]
+    assert ("Service", "someone-elses") in cluster.objects
+
+
+def test_unplannable_spec_changes_nothing_that_runs() -> None:
+    cluster = MemoryCluster(_pd(), NODES)
+    reconcile(cluster, "ns", "k3")
+    before = copy.deepcopy(cluster.objects)
+    cluster.deployment["spec"]["pools"][0]["decode"].pop("parallelism")
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is not None and outcome.error.reason == "PlanningNotImplemented"
+    assert outcome.applied == [] and outcome.deleted == [] and cluster.objects == before
+    ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "PlanningNotImplemented"
+
+
+def test_schema_invalid_body_gets_invalid_spec_status() -> None:
+    cluster = MemoryCluster(_pd(), NODES)
+    cluster.deployment["spec"]["pools"][0]["decode"]["parallelism"]["tensor"] = 5
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is not None and outcome.error.reason == "InvalidSpec"
+    assert "96 KDA heads" in outcome.error.message
+    assert cluster.objects == {}
