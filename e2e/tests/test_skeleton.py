@@ -27,7 +27,7 @@ def pd_deployment(namespace: str, name: str = "k3") -> dict[str, Any]:
         {"name": "gb300", "nodeSelector": GB300, "decode": {"replicas": 3, "parallelism": {"tensor": 8}}},
         # DEP16 on 8-GPU HGX nodes: 2 nodes per replica
         {"name": "b200", "nodeSelector": B200,
-         "prefill": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
+         "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
     ]
     return body
 
@@ -107,14 +107,16 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
     wait_for("every child to be garbage-collected", children_gone, timeout=120)
 
 
-def test_pool_without_parallelism_reports_planning_not_implemented(operator: Path, namespace: str) -> None:
-    body = base_deployment(name="k3-auto", namespace=namespace)
-    body["spec"]["pools"][0]["aggregated"] = {"replicas": 1}
+def test_unservable_layout_is_reported_and_deploys_nothing(operator: Path, namespace: str) -> None:
+    body = base_deployment(name="k3-small", namespace=namespace)
+    body["spec"]["pools"] = [{"name": "b200", "nodeSelector": B200,
+                              "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
     apply(body)
-    cr = wait_for("Ready condition", lambda: (c := get_json("k3", "k3-auto", "-n", namespace)) and
+    cr = wait_for("Ready condition", lambda: (c := get_json("k3", "k3-small", "-n", namespace)) and
                   condition(c, "Ready") and c, timeout=60)
     ready = condition(cr, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "PlanningNotImplemented")
-    assert "pool gb300 role aggregated: parallelism not given" in ready["message"]
+    assert (ready["status"], ready["reason"]) == ("False", "InsufficientMemory")
+    assert "pool b200 role aggregated: 8 x B200 (TP8) needs 205.9 GB of weights" in ready["message"]
+    assert "the smallest aggregated layout that fits is TP8 x PP2 (16 GPUs)" in ready["message"]
     assert cr["status"]["phase"] == "Failed"
     assert get_json("leaderworkersets", "-n", namespace)["items"] == []

@@ -56,26 +56,31 @@ def _with_pool(**pool: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("pool", "nodes", "expect"), [
-    # GB300 TP8: 2 trays of 4 GPUs, kept in one clique
+    # GB300 TP8: 2 trays of 4 GPUs, kept in one clique, with a ComputeDomain for multi-node NVLink
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
       "aggregated": {"replicas": 2, "parallelism": {"tensor": 8}}},
-     gb300_rack(), {"nodes": 2, "gpus_per_pod": 4, "key": "nvidia.com/gpu.clique", "interconnect": "NVLink"}),
-    # GB300 TP4 fits one tray: single node, no clique constraint needed
-    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
-      "aggregated": {"replicas": 1, "parallelism": {"tensor": 4}}},
-     gb300_rack(), {"nodes": 1, "gpus_per_pod": 4, "key": None, "interconnect": "NVLink"}),
-    # B200 TP8 x PP2: 2 nodes over RDMA
+     gb300_rack(), {"nodes": 2, "gpus_per_pod": 4, "key": "nvidia.com/gpu.clique", "cd": True,
+                    "interconnect": "NVLink"}),
+    # GB300 layout chosen by the planner: the same TP8
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}, "aggregated": {"replicas": 1}},
+     gb300_rack(), {"nodes": 2, "gpus_per_pod": 4, "key": "nvidia.com/gpu.clique", "cd": True,
+                    "interconnect": "NVLink"}),
+    # B200 TP8 x PP2: 2 nodes over RDMA, no clique, no ComputeDomain
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
       "aggregated": {"replicas": 1, "parallelism": {"tensor": 8, "pipeline": 2}}},
-     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "interconnect": "RDMA"}),
-    # B200 DEP16: 2 nodes
+     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "cd": False, "interconnect": "RDMA"}),
+    # B200 DEP16 (TP8 x DP2, EP16): 2 nodes
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-      "aggregated": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
-     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "interconnect": "RDMA"}),
-    # explicit perNode plans without nodes (scale-from-zero pools)
-    ({"nodeSelector": {"pool": "later"}, "gpu": {"perNode": 8},
-      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}},
-     [], {"nodes": 1, "gpus_per_pod": 8, "key": None, "interconnect": "NVLink"}),
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
+     b200_nodes(), {"nodes": 2, "gpus_per_pod": 8, "key": None, "cd": False, "interconnect": "RDMA"}),
+    # explicit product and perNode plan without nodes (scale-from-zero pools)
+    ({"nodeSelector": {"pool": "later"}, "gpu": {"product": "B300", "perNode": 8},
+      "aggregated": {"replicas": 1}},
+     [], {"nodes": 1, "gpus_per_pod": 8, "key": None, "cd": False, "interconnect": "NVLink"}),
+    # GB300 told its replicas cross RDMA: TP stays inside a tray, pipeline stages between trays
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"}, "interconnect": "RDMA",
+      "aggregated": {"replicas": 1}},
+     gb300_rack(), {"nodes": 2, "gpus_per_pod": 4, "key": None, "cd": False, "interconnect": "RDMA"}),
 ])
 def test_layout_to_groups(pool: dict[str, Any], nodes: list[dict[str, Any]], expect: dict[str, Any]) -> None:
     plan = _plan(_with_pool(**pool), nodes)
@@ -84,19 +89,23 @@ def test_layout_to_groups(pool: dict[str, Any], nodes: list[dict[str, Any]], exp
     assert role.nodes_per_replica == expect["nodes"]
     assert role.gpus_per_pod == expect["gpus_per_pod"]
     assert role.group_topology_key == expect["key"]
+    assert role.compute_domain is expect["cd"]
     assert pool_plan.interconnect == expect["interconnect"]
-    assert role.gpus_per_replica == role.nodes_per_replica * role.gpus_per_pod or role.nodes_per_replica == 1
+    assert role.nodes_per_replica * role.gpus_per_pod == role.gpus_per_replica
 
 
 @pytest.mark.parametrize(("pool", "nodes", "reason", "needle", "node_dependent"), [
-    ({"aggregated": {"replicas": 1}}, gb300_rack(), "PlanningNotImplemented", "parallelism not given", False),
-    ({"aggregated": {"parallelism": {"tensor": 8}}}, gb300_rack(), "PlanningNotImplemented", "replicas not given", False),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
       "aggregated": {"replicas": 1, "parallelism": {"tensor": 12}}}, b200_nodes(), "InvalidSpec",
-     "12 GPUs per replica do not fill whole 8-GPU nodes", False),
+     "tensor parallel size 12 would span the RDMA boundary", False),
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), "InsufficientMemory",
+     "pool p role aggregated: 8 x B200 (TP8) needs 205.9 GB of weights", False),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100"},
       "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), "NoMatchingNodes",
      "no schedulable GPU node matches", True),
+    ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, "aggregated": {"replicas": 1}},
+     [node("a100", "NVIDIA-A100-SXM4-80GB", 8)], "HardwareUnsupported", "is not one Kimi K3 supports", True),
 ])
 def test_planning_errors(pool: dict[str, Any], nodes: list[dict[str, Any]], reason: str, needle: str,
                          node_dependent: bool) -> None:

@@ -55,7 +55,7 @@ def _pd() -> dict[str, Any]:
         {"name": "gb300", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
          "decode": {"replicas": 1, "parallelism": {"tensor": 8}}},
         {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-         "prefill": {"replicas": 1, "parallelism": {"data": 16, "expert": True}}},
+         "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
     ]
     return body
 
@@ -66,7 +66,7 @@ NODES = gb300_rack() + b200_nodes()
 def test_first_pass_applies_children_and_status_second_pass_writes_nothing() -> None:
     cluster = MemoryCluster(_pd(), NODES)
     first = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:00:00Z")
-    assert len(first.applied) == 4 and first.status_written
+    assert len(first.applied) == 5 and first.status_written  # 2 Services, 1 ComputeDomain, 2 LWS
     cluster.writes.clear()
     second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
     assert (second.applied, second.deleted, second.status_written) == ([], [], False)
@@ -85,8 +85,9 @@ def test_removed_pool_is_pruned_and_foreign_objects_are_kept() -> None:
                               "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
     cluster.deployment["spec"] = body["spec"]
     outcome = reconcile(cluster, "ns", "k3")
-    assert sorted(outcome.deleted) == ["LeaderWorkerSet/k3-b200-prefill", "LeaderWorkerSet/k3-gb300-decode",
-                                       "Service/k3-b200-prefill-leader", "Service/k3-gb300-decode-leader"]
+    assert sorted(outcome.deleted) == ["ComputeDomain/k3-gb300-decode-cd", "LeaderWorkerSet/k3-b200-prefill",
+                                       "LeaderWorkerSet/k3-gb300-decode", "Service/k3-b200-prefill-leader",
+                                       "Service/k3-gb300-decode-leader"]
     assert ("Service", "someone-elses") in cluster.objects
 
 
@@ -94,12 +95,12 @@ def test_unplannable_spec_changes_nothing_that_runs() -> None:
     cluster = MemoryCluster(_pd(), NODES)
     reconcile(cluster, "ns", "k3")
     before = copy.deepcopy(cluster.objects)
-    cluster.deployment["spec"]["pools"][0]["decode"].pop("parallelism")
+    cluster.deployment["spec"]["pools"][0]["decode"]["parallelism"] = {"tensor": 4}  # 400 GB of weights per GPU
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "PlanningNotImplemented"
+    assert outcome.error is not None and outcome.error.reason == "InsufficientMemory"
     assert outcome.applied == [] and outcome.deleted == [] and cluster.objects == before
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "PlanningNotImplemented"
+    assert ready["reason"] == "InsufficientMemory"
 
 
 def test_schema_invalid_body_gets_invalid_spec_status() -> None:

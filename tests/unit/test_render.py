@@ -37,7 +37,23 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
     assert sorted(_by_kind(objs, "LeaderWorkerSet")) == ["k3-pd-b200-prefill-prefill", "k3-pd-gb300-decode-decode"]
     assert sorted(_by_kind(objs, "Service")) == ["k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader"]
-    assert [o["kind"] for o in objs] == ["Service", "Service", "LeaderWorkerSet", "LeaderWorkerSet"]
+    assert [o["kind"] for o in objs] == ["Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet"]
+
+
+def test_multi_tray_nvlink_replicas_claim_a_compute_domain_channel() -> None:
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    (cd,) = _by_kind(objs, "ComputeDomain").values()
+    assert cd["metadata"]["name"] == "k3-pd-gb300-decode-decode-cd"
+    assert cd["spec"] == {"numNodes": 0, "channel": {
+        "resourceClaimTemplate": {"name": "k3-pd-gb300-decode-decode-cd-channel"}, "allocationMode": "Single"}}
+    lws = _by_kind(objs, "LeaderWorkerSet")
+    for template in ("leaderTemplate", "workerTemplate"):
+        pod = lws["k3-pd-gb300-decode-decode"]["spec"]["leaderWorkerTemplate"][template]["spec"]
+        assert pod["resourceClaims"] == [{"name": "compute-domain-channel",
+                                          "resourceClaimTemplateName": "k3-pd-gb300-decode-decode-cd-channel"}]
+        assert pod["containers"][0]["resources"]["claims"] == [{"name": "compute-domain-channel"}]
+    rdma_pod = lws["k3-pd-b200-prefill-prefill"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    assert "resourceClaims" not in rdma_pod
 
 
 def test_group_size_and_gpu_requests() -> None:
@@ -66,7 +82,7 @@ def test_multi_node_nvlink_group_stays_in_one_clique() -> None:
 
 def test_single_node_replica_has_only_a_leader_template() -> None:
     body = _example("gb300-aggregated-tp8.yaml")
-    body["spec"]["pools"][0]["aggregated"]["parallelism"] = {"tensor": 4}
+    body["spec"]["pools"][0].update(nodeSelector={"pool": "b300"}, gpu={"product": "B300", "perNode": 8})
     (lws,) = _by_kind(_render(body), "LeaderWorkerSet").values()
     group = lws["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 1 and "leaderTemplate" not in group

@@ -158,6 +158,9 @@ class Engine(SpecModel):
     """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
     max_model_len: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_ds_mla"] = "auto"
+    """--kv-cache-dtype for the MLA layers: auto (BF16), bfloat16, fp8 or fp8_ds_mla; fp8 halves
+    KV memory. Prefill and decode always share it."""
     rust_frontend: bool = True
     """Serve HTTP with vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1, leader pods only)."""
     prefix_caching: PrefixCaching = PrefixCaching()
@@ -304,6 +307,29 @@ class Router(SpecModel):
     """Router replicas."""
 
 
+class Workload(SpecModel):
+    """The traffic to size for: used to choose replicas the spec leaves out."""
+
+    input_tokens: Annotated[int, Field(ge=1, le=1 << 20)] = 8192
+    """Typical prompt length in tokens."""
+    output_tokens: Annotated[int, Field(ge=1, le=1 << 20)] = 1024
+    """Typical completion length in tokens."""
+    requests_per_second: Annotated[float, Field(gt=0, le=100000)] = 1.0
+    """Sustained request rate across the deployment."""
+    acceptance_length: Annotated[float, Field(ge=1, le=17)] | None = None
+    """Measured speculative acceptance length (tokens per verify step); 2.61 (creative writing)
+    when omitted, the pessimistic end of DSpark's published range."""
+
+
+class Slo(SpecModel):
+    """Latency targets the replica counts and the autoscaler aim for."""
+
+    ttft_milliseconds: Annotated[int, Field(ge=1, le=3600000)] | None = None
+    """Time to first token at the typical prompt length."""
+    itl_milliseconds: Annotated[int, Field(ge=1, le=60000)] | None = None
+    """Inter-token latency during decode."""
+
+
 class Autoscaling(SpecModel):
     """Autoscaling from serving metrics (settings arrive with the autoscaling release)."""
 
@@ -319,6 +345,10 @@ class KimiK3DeploymentSpec(SpecModel):
     """Node pools and the roles each serves; every prefill role pairs with every decode role."""
     router: Router = Router()
     """Request router."""
+    workload: Workload | None = None
+    """Expected traffic; sizes the replicas the pools leave out."""
+    slo: Slo | None = None
+    """Latency targets (TTFT, ITL)."""
     autoscaling: Autoscaling | None = None
     """Autoscaling settings."""
 

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
 )
 

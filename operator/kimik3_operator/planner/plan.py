@@ -48,13 +48,38 @@ class EngineSettings:
     model_path: str
     served_name: str
     max_model_len: int | None
+    kv_cache_dtype: str
     prefix_caching: bool
+    retention_policy: str
     retention_interval: int | None
     """--prefix-cache-retention-interval; None renders dense retention."""
     speculative_config: Mapping[str, Any] | None
     rust_frontend: bool
+    draft_path: str | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kv_dtype_family(self) -> str:
+        return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
+
+    @property
+    def speculative_tokens(self) -> int:
+        return int((self.speculative_config or {}).get("num_speculative_tokens", 0))
+
+    def pd_contract(self) -> dict[str, Any]:
+        """What prefill and decode must agree on for NIXL to hand over MLA KV and KDA state:
+        the model and draft paths, KV cache dtype, prefix caching and retention (the KDA
+        checkpoint layout), and the speculative config (hashed by vLLM's NIXL handshake)."""
+        return {
+            "model_path": self.model_path,
+            "draft_path": self.draft_path,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "max_model_len": self.max_model_len,
+            "prefix_caching": self.prefix_caching,
+            "retention_interval": self.retention_interval,
+            "speculative_config": dict(self.speculative_config) if self.speculative_config else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,10 @@ class RolePlan:
     """Multi-node NVLink replica that needs a DRA ComputeDomain."""
     group_topology_key: str | None = None
     """Node label every pod of one replica must share (the NVLink clique on NVL72 racks)."""
+    crosses_rdma: bool = False
+    """The replica's GPUs talk over RDMA between nodes (HGX multi-node)."""
+    replicas_source: str = "spec"
+    """Where `replicas` came from: spec | workload (rate matching) | default."""
     predicted: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -91,6 +120,8 @@ class PoolPlan:
     image: str
     roles: tuple[RolePlan, ...]
     rdma_resource: str | None = None
+    vendor: str = "nvidia"
+    arch: str = "amd64"
 
 
 @dataclass(frozen=True)

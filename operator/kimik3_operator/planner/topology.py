@@ -1,9 +1,10 @@
-"""Turn a spec plus node facts into a Plan.
+"""Turn a spec plus node facts into a Plan: hardware per pool, layout and backends per role.
 
-Walking-skeleton rules: a pool's roles must carry explicit parallelism and replicas (otherwise
-the pool gets reason PlanningNotImplemented); GPUs per node come from `gpu.perNode` or the
-nodes; a replica larger than a node spans whole nodes (one LeaderWorkerSet group), and on
-NVL72 racks its pods share one NVLink clique.
+The pool's GPU comes from `gpu.product` or the nodes' labels; GPUs per node from `gpu.perNode`
+or node capacity; the NVLink domain from the catalog and the nodes' clique labels (NVL72) or
+`interconnect`. Each role's layout is chosen (layout.py) or, when given, checked; a replica
+larger than a node becomes one LeaderWorkerSet group, which on NVL72 racks stays inside one
+clique and gets a DRA ComputeDomain for multi-node NVLink.
 """
 
 from __future__ import annotations
@@ -12,126 +13,119 @@ import hashlib
 import json
 from typing import Mapping
 
-from ..api import KimiK3DeploymentSpec, Pool
-from ..api.v1alpha1 import Speculative
-from .catalog import CATALOG
+from ..api import KimiK3DeploymentSpec, Pool, Role
+from .backends import choose_backends
+from .catalog import CATALOG, GpuSpec
+from .engine_settings import engine_settings
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
+from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
-
-MODEL_PATH = "/models/kimi-k3"
-DRAFT_PATH = "/models/kimi-k3-draft"
+from .split import assign_replicas
 
 
 def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) -> Plan:
     """Plan every pool; raise PlanningError naming the first pool that cannot be planned."""
     engine = engine_settings(spec)
-    pools = tuple(plan_pool(spec, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
+    pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
+    omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
+    pools = assign_replicas(spec, engine, pools, omitted)
     return Plan(pools=pools, engine=engine, compat_hash=compat_hash(engine))
 
 
-def plan_pool(spec: KimiK3DeploymentSpec, pool: Pool, facts: PoolFacts) -> PoolPlan:
+def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
     product = pool.gpu.product if pool.gpu.product != "Auto" else facts.product
-    gpus_per_node = pool.gpu.per_node or facts.gpus_per_node
-    if gpus_per_node is None:
+    if product is None:
+        if not facts.nodes:
+            raise PlanningError(
+                "NoMatchingNodes",
+                f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)}; "
+                "set gpu.product (and gpu.perNode) to plan before the nodes exist",
+                depends_on_nodes=True)
+        labels = sorted({n.labels.get("nvidia.com/gpu.product", "?") for n in facts.nodes})
         raise PlanningError(
-            "NoMatchingNodes",
-            f"pool {pool.name}: no schedulable GPU node matches nodeSelector "
-            f"{dict(pool.node_selector)} and gpu.perNode is not set",
-            depends_on_nodes=True,
-        )
-    gpu = CATALOG.get(product) if product else None
-    roles = tuple(plan_role(pool, name, role, gpus_per_node, facts) for name, role in pool.roles())
+            "HardwareUnsupported",
+            f"pool {pool.name}: GPU {', '.join(labels)} is not one Kimi K3 supports "
+            f"({', '.join(CATALOG)}); set gpu.product if the label is unusual",
+            depends_on_nodes=True)
+    return CATALOG[product]
+
+
+def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:
+    per_node = pool.gpu.per_node or facts.gpus_per_node or gpu.gpus_per_node
+    if pool.interconnect == "RDMA" or not gpu.multi_node_nvlink:
+        nvlink = per_node  # the NVLink domain ends at the node
+    elif facts.cliques:
+        nvlink = max(facts.cliques.values()) * per_node
+    elif facts.nodes:
+        nvlink = per_node  # NVL72 GPUs without clique labels: no proof of a multi-node domain
+    else:
+        nvlink = gpu.nvlink_domain  # planning ahead of the nodes: a full rack
+    return Fabric(gpu=gpu, gpus_per_node=per_node, nvlink_gpus=nvlink)
+
+
+def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, facts: PoolFacts) -> PoolPlan:
+    gpu = pool_gpu(pool, facts)
+    fabric = pool_fabric(pool, gpu, facts)
+    disaggregated = pool.effective_mode == "Disaggregated"
+    mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
+                       spec_tokens=engine.speculative_tokens)
+    roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
     return PoolPlan(
         name=pool.name,
-        gpu_product=product,
-        interconnect=interconnect(pool, facts),
-        gpus_per_node=gpus_per_node,
-        gpu_resource=facts.gpu_resource or ("amd.com/gpu" if gpu and gpu.vendor == "amd" else "nvidia.com/gpu"),
+        gpu_product=gpu.product,
+        interconnect=pool_interconnect(gpu, fabric, roles),
+        gpus_per_node=fabric.gpus_per_node,
+        gpu_resource=facts.gpu_resource or ("amd.com/gpu" if gpu.vendor == "amd" else "nvidia.com/gpu"),
         node_selector=dict(pool.node_selector),
         tolerations=tuple(t.wire() for t in pool.tolerations),
         image=pool.image or spec.engine.image or serving_image(gpu),
         roles=roles,
         rdma_resource=facts.rdma_resource,
+        vendor=gpu.vendor,
+        arch=gpu.arch,
     )
 
 
-def plan_role(pool: Pool, name: str, role, gpus_per_node: int, facts: PoolFacts) -> RolePlan:  # noqa: ANN001
+def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:
+    """The fabric inside the pool's largest replica."""
+    widest = max((r.layout.gpus for r in roles), default=0)
+    return gpu.interconnect if widest <= fabric.nvlink_gpus else "RDMA"
+
+
+def plan_role(pool: Pool, name: str, role: Role, fabric: Fabric, disaggregated: bool,
+              mem: MemoryInputs) -> RolePlan:
     where = f"pool {pool.name} role {name}"
-    if role.parallelism is None or role.replicas is None:
-        missing = " and ".join(f for f, v in (("parallelism", role.parallelism),
-                                               ("replicas", role.replicas)) if v is None)
-        raise PlanningError(
-            "PlanningNotImplemented",
-            f"{where}: {missing} not given; automatic planning is not implemented yet, "
-            f"set {missing} explicitly",
-        )
-    p = role.parallelism
-    layout = Layout(tensor=p.tensor, pipeline=p.pipeline, data=p.data, expert=p.expert)
-    if layout.gpus <= gpus_per_node:
-        nodes, per_pod = 1, layout.gpus
-    elif layout.gpus % gpus_per_node == 0:
-        nodes, per_pod = layout.gpus // gpus_per_node, gpus_per_node
-    else:
-        raise PlanningError(
-            "InvalidSpec",
-            f"{where}: {layout.gpus} GPUs per replica do not fill whole {gpus_per_node}-GPU nodes",
-        )
-    multi_node_nvlink = nodes > 1 and bool(facts.cliques)
-    backends = pool.backends
+    try:
+        if role.parallelism is None:
+            layout = choose_layout(name, fabric, mem)
+        else:
+            p = role.parallelism
+            layout = Layout(tensor=p.tensor, pipeline=p.pipeline, data=p.data, expert=p.expert)
+            check_layout(name, disaggregated, layout, fabric, mem)
+        crosses_rdma = layout.gpus > fabric.nvlink_gpus
+        all2all, moe = choose_backends(fabric.gpu, layout, crosses_rdma,
+                                       pool.backends.all2all if pool.backends else None,
+                                       pool.backends.moe if pool.backends else None)
+    except PlanningError as exc:
+        raise PlanningError(exc.reason, f"{where}: {exc.message}", depends_on_nodes=exc.depends_on_nodes) from exc
+    node = fabric.gpus_per_node
+    nodes = max(1, layout.gpus // node)
+    multi_node_nvlink = nodes > 1 and not crosses_rdma
     return RolePlan(
         role=name,  # type: ignore[arg-type]
-        replicas=role.replicas,
+        replicas=role.replicas or 0,  # omitted: filled in by assign_replicas
         layout=layout,
-        gpus_per_pod=per_pod,
+        gpus_per_pod=min(layout.gpus, node),
         nodes_per_replica=nodes,
-        all2all_backend=backends.all2all if backends else None,
-        moe_backend=backends.moe if backends else None,
+        all2all_backend=all2all,
+        moe_backend=moe,
+        compute_domain=multi_node_nvlink,
         group_topology_key=CLIQUE_LABEL if multi_node_nvlink else None,
+        crosses_rdma=crosses_rdma,
     )
-
-
-def interconnect(pool: Pool, facts: PoolFacts) -> str:
-    if pool.interconnect != "Auto":
-        return pool.interconnect
-    if facts.cliques:
-        return "NVLink"
-    if facts.product and CATALOG[facts.product].vendor == "amd":
-        return "xGMI"
-    return "RDMA" if facts.rdma_resource else "NVLink"
-
-
-def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
-    engine = spec.engine
-    retention = engine.prefix_caching.retention
-    interval = {"Interval": retention.interval_tokens, "Selective": 0, "Dense": None}[retention.policy]
-    return EngineSettings(
-        model_path=MODEL_PATH,
-        served_name=spec.model.served_name,
-        max_model_len=engine.max_model_len,
-        prefix_caching=engine.prefix_caching.enabled,
-        retention_interval=interval,
-        speculative_config=speculative_config(engine.speculative),
-        rust_frontend=engine.rust_frontend,
-        extra_args=tuple(engine.extra_args),
-        env=tuple((e.name, e.value) for e in engine.env),
-    )
-
-
-def speculative_config(spec: Speculative | None) -> dict[str, object] | None:
-    if spec is None:
-        return None
-    if spec.method == "DSpark":
-        return {"method": "dspark", "model": DRAFT_PATH, "num_speculative_tokens": spec.num_speculative_tokens}
-    return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}
 
 
 def compat_hash(engine: EngineSettings) -> str:
     """Hash of the settings prefill and decode must agree on to hand over KV and KDA state."""
-    shared = {
-        "model_path": engine.model_path,
-        "prefix_caching": engine.prefix_caching,
-        "retention_interval": engine.retention_interval,
-        "speculative_config": engine.speculative_config,
-    }
-    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(engine.pd_contract(), sort_keys=True).encode()).hexdigest()[:16]

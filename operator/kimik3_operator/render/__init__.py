@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..planner import Plan
+from .compute_domain import compute_domain
 from .names import Owner, stamp_hash
 from .services import leader_service
 from .workloads import leader_worker_set
 
-# Apply order: Services before the workloads they front.
-KIND_ORDER = ("Service", "LeaderWorkerSet")
+# Apply order: what a workload needs (its Service, its ComputeDomain) before the workload.
+KIND_ORDER = ("Service", "ComputeDomain", "LeaderWorkerSet")
 
 
 def render_children(owner: Owner, plan: Plan) -> list[dict[str, Any]]:
@@ -18,6 +19,8 @@ def render_children(owner: Owner, plan: Plan) -> list[dict[str, Any]]:
     children: list[dict[str, Any]] = []
     for pool, role in plan.role_plans():
         children.append(leader_service(owner, pool, role))
+        if role.compute_domain:
+            children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role))
     children.sort(key=lambda o: KIND_ORDER.index(o["kind"]))
     return [stamp_hash(c) for c in children]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
+from .compute_domain import CLAIM_NAME, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
 
@@ -62,6 +63,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
         spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    if role.compute_domain:
+        spec["resourceClaims"] = pod_claims(owner, pool, role)
     if role.group_topology_key:
         spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {LWS_NAME_LABEL: lws_name}},
@@ -81,6 +84,8 @@ def container(engine: EngineSettings, pool: PoolPlan, role: RolePlan, *, worker:
         "resources": {"limits": dict(gpus), "requests": dict(gpus)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    if role.compute_domain:
+        out["resources"]["claims"] = [{"name": CLAIM_NAME}]
     if not worker:
         out["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
         health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS}

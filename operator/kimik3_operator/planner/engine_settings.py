@@ -1,0 +1,43 @@
+"""Deployment-wide vLLM settings from the spec: model paths, cache, retention, speculation.
+
+Model and draft are mounted at the same paths on every pod: the paths enter vLLM's NIXL
+compatibility check, so prefill and decode must agree on them to the byte.
+"""
+
+from __future__ import annotations
+
+from ..api import KimiK3DeploymentSpec
+from ..api.v1alpha1 import Speculative
+from .plan import EngineSettings
+
+MODEL_PATH = "/models/kimi-k3"
+DRAFT_PATH = "/models/kimi-k3-draft"
+
+
+def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
+    engine = spec.engine
+    retention = engine.prefix_caching.retention
+    interval = {"Interval": retention.interval_tokens, "Selective": 0, "Dense": None}[retention.policy]
+    draft = DRAFT_PATH if engine.speculative and engine.speculative.method == "DSpark" else None
+    return EngineSettings(
+        model_path=MODEL_PATH,
+        served_name=spec.model.served_name,
+        max_model_len=engine.max_model_len,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        prefix_caching=engine.prefix_caching.enabled,
+        retention_policy=retention.policy,
+        retention_interval=interval,
+        speculative_config=speculative_config(engine.speculative, draft),
+        rust_frontend=engine.rust_frontend,
+        draft_path=draft,
+        extra_args=tuple(engine.extra_args),
+        env=tuple((e.name, e.value) for e in engine.env),
+    )
+
+
+def speculative_config(spec: Speculative | None, draft: str | None) -> dict[str, object] | None:
+    if spec is None:
+        return None
+    if spec.method == "DSpark":
+        return {"method": "dspark", "model": draft, "num_speculative_tokens": spec.num_speculative_tokens}
+    return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens}

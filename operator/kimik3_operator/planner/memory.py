@@ -1,0 +1,89 @@
+"""Does a layout fit? Kimi K3's weights and state per GPU, from its real dimensions.
+
+Figures (reference/perf-model.md §2.2-2.4, derived from the checkpoint config and vLLM 0.33.0):
+routed experts are MXFP4 (1,446.5 GB), everything else BF16 (114.5 GB, of which 12.3 GB is kept
+whole on every tensor-parallel rank: latent projections, router, MLA q_a/kv_a, KDA f_a).
+Experts shard over the expert-parallel group (or over TP when EP is off); the rest shards over
+TP only, so data-parallel ranks each hold a full copy of it. Pipeline stages split everything.
+
+A layout fits when weights plus a KV/KDA floor fit in the memory vLLM may use:
+usable HBM x gpu_memory_utilization minus runtime overhead (CUDA context, NCCL, activations).
+The floor is the larger of one max-length sequence (MLA KV for every token plus its KDA state
+slots) and a tenth of usable memory: a pool smaller than that serves almost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .catalog import GB, GpuSpec
+
+EXPERT_BYTES = 1446.5 * GB
+DENSE_BYTES = 114.5 * GB
+REPLICATED_BYTES = 12.3 * GB
+MLA_LAYERS = 24
+KDA_LAYERS = 69
+KDA_STATE_BYTES = 449e6
+"""KDA state of one sequence across all 69 layers (FP32 recurrent + BF16 conv), unsharded."""
+MLA_BYTES_PER_TOKEN_LAYER = {"bf16": 1152, "fp8": 576}
+"""[kv_lora 512 + rope 64] per token per MLA layer; replicated on every TP rank."""
+MODEL_MAX_LEN = 1 << 20
+NUM_EXPERTS = 896
+KDA_HEADS = 96
+
+GPU_MEMORY_UTILIZATION = 0.90
+RUNTIME_OVERHEAD_BYTES = 4.6 * GB
+MIN_POOL_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The per-GPU memory budget of one layout; `shortfall` > 0 means it does not fit."""
+
+    weights: float
+    floor: float
+    budget: float
+
+    @property
+    def shortfall(self) -> float:
+        return self.weights + self.floor - self.budget
+
+    @property
+    def fits(self) -> bool:
+        return self.shortfall <= 0
+
+    @property
+    def free_for_cache(self) -> float:
+        return self.budget - self.weights
+
+
+def weights_per_gpu(tensor: int, pipeline: int, data: int, expert: bool) -> float:
+    expert_shards = tensor * data if expert else tensor
+    experts = EXPERT_BYTES / (expert_shards * pipeline)
+    dense = (DENSE_BYTES - REPLICATED_BYTES) / (tensor * pipeline) + REPLICATED_BYTES / pipeline
+    return experts + dense
+
+
+def state_floor(gpu: GpuSpec, tensor: int, pipeline: int, max_model_len: int | None,
+                kv_dtype: str, spec_tokens: int) -> float:
+    tokens = max_model_len or MODEL_MAX_LEN
+    kv = tokens * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / pipeline
+    kda = KDA_STATE_BYTES * (1 + spec_tokens) / (tensor * pipeline)
+    return max(kv + kda, MIN_POOL_FRACTION * gpu.usable_bytes)
+
+
+def budget(gpu: GpuSpec) -> float:
+    return gpu.usable_bytes * GPU_MEMORY_UTILIZATION - RUNTIME_OVERHEAD_BYTES
+
+
+def memory_fit(gpu: GpuSpec, tensor: int, pipeline: int, data: int, expert: bool, *,
+               max_model_len: int | None, kv_dtype: str = "bf16", spec_tokens: int = 0) -> MemoryFit:
+    return MemoryFit(
+        weights=weights_per_gpu(tensor, pipeline, data, expert),
+        floor=state_floor(gpu, tensor, pipeline, max_model_len, kv_dtype, spec_tokens),
+        budget=budget(gpu),
+    )
+
+
+def gb(value: float) -> str:
+    return f"{value / GB:.1f} GB"

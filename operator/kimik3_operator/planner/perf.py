@@ -1,0 +1,182 @@
+"""A first-principles performance model of Kimi K3 on vLLM, calibrated on the published figures.
+
+Decode step time = fixed latency + bytes read per GPU / (efficiency x HBM bandwidth), taken as
+the larger of that and the step's FLOPs at the MoE/BF16 tensor rates (reference/perf-model.md
+§2.5-2.9). Bytes per GPU per step: the active BF16 weights (attention, shared experts, latent
+projections) split over tensor parallelism, the distinct routed experts a batch touches split
+over the expert group, KDA state read and written per sequence, and MLA KV per context token.
+A speculative verify step runs 1 + k tokens, so it touches more experts; tokens per second is
+the acceptance length divided by the step time.
+
+Calibration: the only published measurements are GB300 TP8 at batch 1, 111 tok/s standard and
+331 tok/s with DSpark (kimi-k3-brief.md). With the bandwidth efficiency fixed at the usual 0.8
+prior, the standard point fixes the per-step fixed latency; the DSpark point, whose acceptance
+length was not published, then implies one, which must lie inside the published 2.61-4.73 range.
+Other GPUs and layouts reuse the fitted fixed latency scaled by a fabric factor for collectives
+over RDMA: extrapolations, marked as such through their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .catalog import CATALOG, GB, GpuSpec
+from .memory import KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS, memory_fit
+from .plan import Layout
+
+ROUTED_ACTIVE_BYTES = 25.8 * GB          # 16 of 896 experts x 92 layers, MXFP4
+BF16_ACTIVE_BYTES = 111.2 * GB           # attention, shared experts, latent projections, lm_head
+DECODE_REPLICATED_BYTES = 0.85 * GB      # what vLLM's specialized decode still reads on every rank
+EXPERT_BYTES = 17.55e6                   # one MXFP4 expert (3 x 3584 x 3072 at 4.25 bit)
+MOE_LAYERS = 92
+NUM_EXPERTS, TOP_K = 896, 16
+EXPERT_GFLOP_PER_TOKEN = 97.0            # routed experts, 2 x 48.6 B active
+BF16_GFLOP_PER_TOKEN = 111.0             # everything else, 2 x 55.6 B active
+MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * 96 * (192 + 128) / 2   # x S^2 for causal attention
+
+EFFICIENCY = 0.8                         # achieved / peak HBM bandwidth (AIConfigurator's prior)
+PREFILL_MFU = 0.45                       # planning prior until vLLM prefill is measured
+RDMA_FIXED_FACTOR = 1.5                  # collectives over RDMA instead of NVLink (prior)
+CALIBRATION_CONTEXT = 8192               # context the batch-1 bytes are counted at
+PUBLISHED = {"gpu": "GB300", "tensor": 8, "standard_tok_s": 111.0, "dspark_tok_s": 331.0,
+             "dspark_tokens": 7, "acceptance_range": (2.61, 4.73)}
+
+
+def distinct_experts(tokens: float) -> float:
+    """Expected distinct experts one MoE layer touches for `tokens` independently routed tokens."""
+    return NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens)
+
+
+def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8") -> float:
+    """Bytes on a decode step's critical path per GPU for `tokens` tokens (1, or 1 + k for a
+    speculative verify) at `context` tokens of context. Pipeline stages run one after another, so
+    a pipeline splits the bytes per GPU but not the bytes on the path."""
+    tp, ep = layout.tensor, layout.tensor * layout.data if layout.expert else layout.tensor
+    bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / tp + DECODE_REPLICATED_BYTES
+    experts = MOE_LAYERS * distinct_experts(tokens) * EXPERT_BYTES / ep
+    state = 2 * KDA_STATE_BYTES / tp
+    kv = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS
+    return bf16 + experts + state + kv
+
+
+@dataclass(frozen=True)
+class Calibration:
+    fixed_ms: float
+    """Per-step fixed latency at TP8 over NVLink (collectives, launch chains, small GEMVs)."""
+    efficiency: float
+    standard_residual_tok_s: float
+    """Published minus predicted at the calibration point (0 by construction: 1 parameter, 1 point)."""
+    implied_acceptance: float
+    """Acceptance length that reproduces the published DSpark point."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"fixedMs": round(self.fixed_ms, 3), "efficiency": self.efficiency,
+                "standardResidualTokensPerSecond": round(self.standard_residual_tok_s, 3),
+                "impliedDSparkAcceptance": round(self.implied_acceptance, 3)}
+
+
+def _bandwidth_ms(gpu: GpuSpec, nbytes: float) -> float:
+    return nbytes / (EFFICIENCY * gpu.hbm_tb_s * 1e12) * 1e3
+
+
+def calibrate() -> Calibration:
+    gpu = CATALOG[PUBLISHED["gpu"]]
+    layout = Layout(tensor=int(PUBLISHED["tensor"]))
+    measured_ms = 1e3 / PUBLISHED["standard_tok_s"]
+    fixed = measured_ms - _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT))
+    predicted = 1e3 / (fixed + _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT)))
+    verify_ms = fixed + _bandwidth_ms(gpu, step_bytes(layout, 1 + PUBLISHED["dspark_tokens"], CALIBRATION_CONTEXT))
+    return Calibration(fixed_ms=fixed, efficiency=EFFICIENCY,
+                       standard_residual_tok_s=PUBLISHED["standard_tok_s"] - predicted,
+                       implied_acceptance=PUBLISHED["dspark_tok_s"] * verify_ms / 1e3)
+
+
+CALIBRATION = calibrate()
+
+
+def fixed_ms(layout: Layout, crosses_rdma: bool) -> float:
+    return CALIBRATION.fixed_ms * (RDMA_FIXED_FACTOR if crosses_rdma else 1.0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float
+    unit: str
+    inputs: dict[str, float]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"value": round(self.value, 2), "unit": self.unit,
+                "inputs": {k: round(v, 4) for k, v in self.inputs.items()}}
+
+
+def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: int = CALIBRATION_CONTEXT,
+                  spec_tokens: int = 0, acceptance: float = 1.0, kv_dtype: str = "fp8") -> Prediction:
+    """Tokens per second for one user: 1 token per step, or `acceptance` per verify step."""
+    tokens = 1 + spec_tokens
+    nbytes = step_bytes(layout, tokens, context, kv_dtype)
+    fixed = fixed_ms(layout, crosses_rdma)
+    step = fixed + _bandwidth_ms(gpu, nbytes)
+    return Prediction(acceptance * 1e3 / step, "tokens/s", {
+        "bytesPerGpuGB": nbytes / GB, "fixedMs": fixed, "efficiency": EFFICIENCY,
+        "acceptanceLength": acceptance, "stepMs": step, "contextTokens": context})
+
+
+def decode_step_ms(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, batch: int, context: int,
+                   kv_dtype: str) -> float:
+    """Step time with `batch` sequences in flight per replica (spread over its DP ranks)."""
+    per_rank = batch / layout.data
+    ep = layout.tensor * layout.data if layout.expert else layout.tensor
+    bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / layout.tensor + DECODE_REPLICATED_BYTES
+    experts = MOE_LAYERS * distinct_experts(batch) * EXPERT_BYTES / ep
+    per_seq = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS + 2 * KDA_STATE_BYTES / layout.tensor
+    nbytes = bf16 + experts + per_rank * per_seq
+    rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
+    flops = batch / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
+                                   / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
+    return fixed_ms(layout, crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
+
+
+def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int) -> float:
+    """Compute-bound prefill time of one prompt on one replica."""
+    expert_rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
+    flops_linear = input_tokens * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate
+                                   + BF16_GFLOP_PER_TOKEN * 1e9 / (gpu.bf16_tflops * 1e12))
+    attention = MLA_ATTN_FLOP_COEFF * input_tokens**2 / (gpu.bf16_tflops * 1e12)
+    return (flops_linear + attention) / (layout.gpus * PREFILL_MFU)
+
+
+def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: int, kv_dtype: str,
+                     spec_tokens: int, itl_ms: float | None, max_model_len: int | None) -> int:
+    """Largest batch per replica that fits the KV/KDA pool and keeps the step under the ITL SLO."""
+    fit = memory_fit(gpu, layout.tensor, layout.pipeline, layout.data, layout.expert,
+                     max_model_len=max_model_len, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
+    per_seq = (context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / layout.pipeline
+               + KDA_STATE_BYTES * (1 + spec_tokens) / (layout.tensor * layout.pipeline))
+    capacity = max(1, int(fit.free_for_cache / per_seq) * layout.data)
+    if itl_ms is None:
+        return capacity
+    low, high = 0, capacity
+    while low < high:  # step time grows with batch: binary search the SLO boundary
+        mid = (low + high + 1) // 2
+        if decode_step_ms(gpu, layout, crosses_rdma, mid, context, kv_dtype) <= itl_ms:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+@dataclass(frozen=True)
+class Split:
+    prefill: int
+    decode: int
+    inputs: dict[str, float]
+
+
+PREFILL_UTILISATION = 0.9    # pipeline bubbles between prompts (AIConfigurator's factor)
+DECODE_UTILISATION = 0.92    # decode slots rarely all full (AIConfigurator's factor)
+TTFT_QUEUEING = 1.8          # TTFT under load vs a lone prompt (AIConfigurator's correction)
+
+
+def replicas_for(rate: float, per_replica: float, utilisation: float) -> int:
+    return max(1, math.ceil(rate / (per_replica * utilisation))) if per_replica > 0 else 0

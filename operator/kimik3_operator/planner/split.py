@@ -1,0 +1,133 @@
+"""Replica counts the spec leaves out, and the predictions each role carries.
+
+Rate matching as AIConfigurator does it: a prefill replica serves 1 / prefill-time prompts per
+second (at 90% utilisation), a decode replica serves its SLO-bounded batch over the step time
+and the output length (at 92%); each omitted role gets the replicas that cover the request rate
+the explicit roles of its kind leave. Prefill and decode pair across pools, so the rate is shared
+by all roles of one kind. A TTFT or ITL target the layout cannot meet even unloaded is an error.
+Without a workload, omitted replicas default to the smallest sensible set: one aggregated or
+prefill replica and two decode replicas (1P1D is a known corruption trap, vllm#52627).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..api import KimiK3DeploymentSpec
+from ..api.v1alpha1 import Workload
+from .catalog import CATALOG
+from .perf import (DECODE_UTILISATION, PREFILL_UTILISATION, PUBLISHED, TTFT_QUEUEING, decode_batch1,
+                   decode_step_ms, EFFICIENCY, fixed_ms, max_decode_batch, prefill_seconds, replicas_for)
+from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
+
+DEFAULT_REPLICAS = {"aggregated": 1, "prefill": 1, "decode": 2}
+DEFAULT_WORKLOAD = Workload()
+
+
+def _context(w: Workload) -> int:
+    return w.input_tokens + w.output_tokens // 2
+
+
+def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Workload,
+            itl_ms: float | None) -> dict[str, float]:
+    """Per-replica predictions for one role at the workload's shape."""
+    gpu = CATALOG[pool.gpu_product] if pool.gpu_product else None
+    if gpu is None:
+        return {}
+    kv = engine.kv_dtype_family
+    layout, rdma = role.layout, role.crosses_rdma
+    out: dict[str, float] = {}
+    if role.role in ("decode", "aggregated"):
+        base = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv)
+        out["decodeTokensPerSecondBatch1"] = base.value
+        out["decodeStepMsBatch1"] = base.inputs["stepMs"]
+        out["bytesPerGpuGBBatch1"] = base.inputs["bytesPerGpuGB"]
+        if engine.speculative_tokens:
+            low, high = PUBLISHED["acceptance_range"]
+            for name, accept in (("Low", low), ("High", high)):
+                p = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv,
+                                  spec_tokens=engine.speculative_tokens, acceptance=accept)
+                out[f"speculativeTokensPerSecondBatch1At{name}Acceptance"] = p.value
+                out[f"speculativeAcceptance{name}"] = accept
+        batch = max_decode_batch(gpu, layout, rdma, _context(workload), kv, engine.speculative_tokens,
+                                 itl_ms, engine.max_model_len)
+        if batch:
+            step = decode_step_ms(gpu, layout, rdma, batch, _context(workload), kv)
+            out["decodeBatchAtSlo"] = float(batch)
+            out["decodeStepMsAtSlo"] = step
+            out["decodeRequestsPerSecond"] = batch / (step / 1e3) / workload.output_tokens
+        else:
+            out["decodeRequestsPerSecond"] = 0.0
+    if role.role in ("prefill", "aggregated"):
+        whole = prefill_seconds(gpu, layout, workload.input_tokens)
+        out["prefillRequestsPerSecond"] = 1 / whole
+        # A prompt runs on one data-parallel rank, so its latency is the replica's time x DP.
+        out["ttftSeconds"] = whole * layout.data
+    if role.role == "aggregated" and out.get("decodeRequestsPerSecond"):
+        out["requestsPerSecond"] = 1 / (1 / out["prefillRequestsPerSecond"] + 1 / out["decodeRequestsPerSecond"])
+    out["fixedMs"] = fixed_ms(role.layout, role.crosses_rdma)
+    out["efficiency"] = EFFICIENCY
+    return out
+
+
+def _check_slo(where: str, role: RolePlan, predicted: dict[str, float], ttft_ms: float | None,
+               itl_ms: float | None) -> None:
+    ttft = predicted.get("ttftSeconds")
+    if ttft_ms is not None and ttft is not None and ttft * TTFT_QUEUEING * 1e3 > ttft_ms:
+        raise PlanningError(
+            "SLOUnattainable",
+            f"{where}: predicted TTFT {ttft * 1e3:.0f} ms x {TTFT_QUEUEING} under load exceeds the "
+            f"{ttft_ms:.0f} ms target; use more GPUs per prefill replica or shorter prompts")
+    if itl_ms is not None and role.role in ("decode", "aggregated") and not predicted.get("decodeBatchAtSlo"):
+        raise PlanningError(
+            "SLOUnattainable",
+            f"{where}: even one sequence needs {predicted.get('decodeStepMsBatch1', 0):.1f} ms per step, "
+            f"over the {itl_ms:.0f} ms inter-token target")
+
+
+def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: tuple[PoolPlan, ...],
+                    omitted: set[tuple[str, str]]) -> tuple[PoolPlan, ...]:
+    """Fill in omitted replicas and attach predictions to every role."""
+    workload = spec.workload or DEFAULT_WORKLOAD
+    ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None
+    itl_ms = spec.slo.itl_milliseconds if spec.slo else None
+    predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms) for p in pools for r in p.roles}
+    for (pool, role), values in predicted.items():
+        plan = next(r for p in pools if p.name == pool for r in p.roles if r.role == role)
+        _check_slo(f"pool {pool} role {role}", plan, values, ttft_ms, itl_ms)
+
+    capacity_key = {"prefill": "prefillRequestsPerSecond", "decode": "decodeRequestsPerSecond",
+                    "aggregated": "requestsPerSecond"}
+    utilisation = {"prefill": PREFILL_UTILISATION, "decode": DECODE_UTILISATION,
+                   "aggregated": min(PREFILL_UTILISATION, DECODE_UTILISATION)}
+    has_pd = any(r.role != "aggregated" for p in pools for r in p.roles)
+    has_agg = any(r.role == "aggregated" for p in pools for r in p.roles)
+    rate = workload.requests_per_second / (2 if has_pd and has_agg else 1)
+    chosen: dict[tuple[str, str], int] = {}
+    for kind in ("prefill", "decode", "aggregated"):
+        keys = [(p.name, r.role) for p in pools for r in p.roles if r.role == kind]
+        missing = [k for k in keys if k in omitted]
+        if not missing:
+            continue
+        if spec.workload is None:
+            chosen.update({k: DEFAULT_REPLICAS[kind] for k in missing})
+            continue
+        served = sum(_replicas(pools, k) * predicted[k].get(capacity_key[kind], 0) * utilisation[kind]
+                     for k in keys if k not in omitted)
+        share = max(0.0, rate - served) / len(missing)
+        for k in missing:
+            chosen[k] = replicas_for(share, predicted[k].get(capacity_key[kind], 0), utilisation[kind]) \
+                if share > 0 else 1
+    return tuple(
+        dataclasses.replace(pool, roles=tuple(
+            dataclasses.replace(role, replicas=chosen.get((pool.name, role.role), role.replicas),
+                                replicas_source=("workload" if spec.workload else "default")
+                                if (pool.name, role.role) in omitted else "spec",
+                                predicted=predicted[(pool.name, role.role)])
+            for role in pool.roles))
+        for pool in pools)
+
+
+def _replicas(pools: tuple[PoolPlan, ...], key: tuple[str, str]) -> int:
+    return next(r.replicas for p in pools if p.name == key[0] for r in p.roles if r.role == key[1])
+

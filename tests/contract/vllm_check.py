@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Check rendered `vllm serve` command lines with vLLM's own parser, offline.
+
+Run with the python of the venv made by scripts/vllm-venv.sh (never imported by
+the project's own venv, which has no vllm):
+
+    echo '[{"name": "a", "argv": ["vllm", "serve", "/m", "-tp", "8"], "env": {}}]' \
+      | "$(scripts/vllm-venv.sh)/bin/python" tests/contract/vllm_check.py
+
+Input (stdin): a JSON list of cases
+    {"name": str, "argv": ["vllm", "serve", ...], "env": {NAME: value},
+     "substitutions": {NAME: value}}            # "substitutions" is optional
+Output (stdout): a JSON list of {"name": str, "ok": bool, "errors": [str]}.
+Exit status: 0 all cases ok, 1 some case failed, 2 the harness itself failed.
+
+Per case:
+  parse     the parser `vllm serve` builds (entrypoints/cli/main.py: a top-level
+            FlexibleArgumentParser whose "serve" subparser is make_arg_parser's),
+            given argv[1:] so FlexibleArgumentParser's `serve` handling runs too:
+            names, types, choices, JSON/pydantic values (--kv-transfer-config).
+  validate  what `vllm serve` does next: args.model = args.model_tag, then
+            validate_parsed_serve_args (cli/serve.py, common/cli_args.py).
+  env       every VLLM_* name must be in vllm.envs.environment_variables (the
+            list vLLM's own --fail-on-environ-validation uses), and its value
+            must pass vLLM's reader for it (choices, int/bool conversion).
+Not checked: anything that needs the model's config.json or a GPU
+(create_engine_config), nor ServeSubcommand.cmd's launch-mode checks.
+
+Kubernetes `$(NAME)` references in argv and env values are replaced before
+parsing: by the case's "substitutions" if given, else by a plausible value
+chosen from the variable's name (an IP for *ADDRESS/*ADDR/*IP/*HOST, a small
+int for *INDEX/*RANK/*SIZE/*COUNT/*REPLICAS, 5600 for *PORT). A name that
+matches none of these is reported as an error; pass it in "substitutions".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import traceback
+
+os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # without it, building the parser fails on a host with no GPU
+
+_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_GUESSES = {  # last "_"-separated word of the variable's name -> plausible value
+    **dict.fromkeys(("ADDRESS", "ADDR", "IP", "HOST"), "10.0.0.1"),
+    "PORT": "5600",
+    **dict.fromkeys(("INDEX", "RANK", "SIZE", "COUNT", "REPLICAS", "NODES"), "1"),
+}
+
+
+def _substitute(text: str, subs: dict[str, str], errors: list[str]) -> str:
+    def one(m: re.Match) -> str:
+        name = m.group(1)
+        if name in subs:
+            return subs[name]
+        if (guess := _GUESSES.get(name.upper().rsplit("_", 1)[-1])) is not None:
+            return guess
+        errors.append(f"substitution: no value for $({name}); pass it in \"substitutions\"")
+        return m.group(0)
+
+    return _REF.sub(one, text).replace("$$(", "$(")  # $$(X) is Kubernetes' escape for a literal $(X)
+
+
+def _serve_parser():
+    """The parser `vllm serve` uses (entrypoints/cli/main.py + cli/serve.py subparser_init),
+    without importing cli/serve.py itself, which pulls in the whole HTTP server."""
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    top = FlexibleArgumentParser(description="vLLM CLI")
+    sub = top.add_subparsers(required=False, dest="subparser")
+    make_arg_parser(sub.add_parser("serve", usage="vllm serve [model_tag] [options]"))
+    return top
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def check_case(case: dict) -> dict:
+    from vllm import envs
+    from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
+
+    name = str(case.get("name", "?"))
+    errors: list[str] = []
+    subs = {k: str(v) for k, v in (case.get("substitutions") or {}).items()}
+    argv = [_substitute(str(a), subs, errors) for a in case.get("argv", [])]
+    env = {k: _substitute(str(v), subs, errors) for k, v in (case.get("env") or {}).items()}
+    if argv[:2] != ["vllm", "serve"]:
+        return {"name": name, "ok": False, "errors": ['argv must start with "vllm", "serve"']}
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    try:
+        for var in sorted(k for k in env if k.startswith("VLLM_")):
+            if var not in envs.environment_variables:
+                errors.append(f"env: unknown vLLM environment variable {var}")
+                continue
+            try:
+                envs.environment_variables[var]()
+            except Exception as e:  # noqa: BLE001 - vLLM raises ValueError, int() too
+                errors.append(f"env: {var}={env[var]!r}: {e}")
+
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(captured):
+                args = _serve_parser().parse_args(argv[1:])
+        except SystemExit:
+            errors.append("parse: " + (_last_line(captured.getvalue()) or "argparse exited"))
+            return {"name": name, "ok": False, "errors": errors}
+        except Exception as e:  # noqa: BLE001 - e.g. ValueError from FlexibleArgumentParser
+            errors.append(f"parse: {type(e).__name__}: {e}")
+            return {"name": name, "ok": False, "errors": errors}
+
+        try:
+            if getattr(args, "model_tag", None) is not None:  # as ServeSubcommand.cmd does
+                args.model = args.model_tag
+            validate_parsed_serve_args(args)
+        except SystemExit as e:
+            errors.append(f"validate: exited {e.code}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"validate: {type(e).__name__}: {e}")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"name": name, "ok": not errors, "errors": errors}
+
+
+def main() -> int:
+    # vLLM logs to stdout: keep stdout for our JSON only, send everything else to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        cases = json.load(sys.stdin)
+        if not isinstance(cases, list):
+            raise ValueError("stdin must be a JSON list of cases")
+        results = [check_case(c) for c in cases]
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 2
+    json.dump(results, out, indent=1)
+    out.write("\n")
+    out.flush()
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Replica counts from workload and SLOs, and the predictions each role carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
+from kimik3_operator.planner.perf import CALIBRATION, PUBLISHED
+from tests.support.cases import base_deployment
+from tests.support.nodes import b200_nodes, gb300_rack
+
+NODES = gb300_rack() + b200_nodes()
+
+
+def _plan(spec_extra: dict[str, Any], pools: list[dict[str, Any]]):  # noqa: ANN202
+    body = base_deployment()
+    body["spec"]["pools"] = pools
+    body["spec"].update(spec_extra)
+    spec = KimiK3Deployment.model_validate(body).spec
+    return plan_deployment(spec, {p.name: pool_facts(p.node_selector, NODES) for p in spec.pools})
+
+
+def _roles(plan) -> dict[str, Any]:  # noqa: ANN001
+    return {r.role: r for _, r in plan.role_plans()}
+
+
+GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+PD = [{"name": "gb300", "nodeSelector": GB300, "prefill": {}, "decode": {}}]
+
+
+def test_calibration_reproduces_the_published_tp8_points() -> None:
+    assert abs(CALIBRATION.standard_residual_tok_s) < 1e-9
+    low, high = PUBLISHED["acceptance_range"]
+    assert low <= CALIBRATION.implied_acceptance <= high
+
+
+def test_without_workload_the_default_is_one_prefill_two_decode() -> None:
+    roles = _roles(_plan({}, PD))
+    assert (roles["prefill"].replicas, roles["decode"].replicas) == (1, 2)
+    assert roles["decode"].replicas_source == "default"
+
+
+def test_replicas_grow_with_request_rate() -> None:
+    low = _roles(_plan({"workload": {"requestsPerSecond": 1}}, PD))
+    high = _roles(_plan({"workload": {"requestsPerSecond": 40}}, PD))
+    assert high["prefill"].replicas > low["prefill"].replicas
+    assert high["decode"].replicas > low["decode"].replicas
+    assert high["decode"].replicas_source == "workload"
+
+
+def test_rate_matching_covers_the_rate() -> None:
+    plan = _plan({"workload": {"requestsPerSecond": 25, "inputTokens": 8192, "outputTokens": 1024},
+                  "slo": {"itlMilliseconds": 50}}, PD)
+    roles = _roles(plan)
+    assert roles["prefill"].replicas * roles["prefill"].predicted["prefillRequestsPerSecond"] * 0.9 >= 25
+    assert roles["decode"].replicas * roles["decode"].predicted["decodeRequestsPerSecond"] * 0.92 >= 25
+    assert roles["decode"].predicted["decodeStepMsAtSlo"] <= 50
+
+
+def test_explicit_roles_count_toward_the_rate() -> None:
+    pools = [{"name": "a", "nodeSelector": GB300, "prefill": {}, "decode": {"replicas": 40}}]
+    roles = _roles(_plan({"workload": {"requestsPerSecond": 5}}, pools))
+    assert roles["decode"].replicas == 40 and roles["decode"].replicas_source == "spec"
+
+
+def test_tighter_itl_means_smaller_batches_and_more_decode_replicas() -> None:
+    loose = _roles(_plan({"workload": {"requestsPerSecond": 20}, "slo": {"itlMilliseconds": 60}}, PD))
+    tight = _roles(_plan({"workload": {"requestsPerSecond": 20}, "slo": {"itlMilliseconds": 15}}, PD))
+    assert tight["decode"].predicted["decodeBatchAtSlo"] < loose["decode"].predicted["decodeBatchAtSlo"]
+    assert tight["decode"].replicas > loose["decode"].replicas
+
+
+@pytest.mark.parametrize(("slo", "needle"), [
+    ({"ttftMilliseconds": 10}, "exceeds the 10 ms target"),
+    ({"itlMilliseconds": 2}, "over the 2 ms inter-token target"),
+])
+def test_unattainable_slo_is_an_error(slo: dict[str, int], needle: str) -> None:
+    with pytest.raises(PlanningError) as info:
+        _plan({"workload": {"requestsPerSecond": 1}, "slo": slo}, PD)
+    assert info.value.reason == "SLOUnattainable" and needle in info.value.message
+
+
+def test_speculative_predictions_at_both_published_acceptances() -> None:
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}}}
+    decode = _roles(_plan(spec, PD))["decode"]
+    low = decode.predicted["speculativeTokensPerSecondBatch1AtLowAcceptance"]
+    high = decode.predicted["speculativeTokensPerSecondBatch1AtHighAcceptance"]
+    assert decode.predicted["speculativeAcceptanceLow"] == 2.61
+    assert decode.predicted["speculativeAcceptanceHigh"] == 4.73
+    assert decode.predicted["decodeTokensPerSecondBatch1"] < low < high
