@@ -1,13 +1,21 @@
-"""The `kimik3` command: generate the CRD, run the operator."""
+"""The `kimik3` command: generate the CRD, plan a deployment, run the operator."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
+from .api import KimiK3Deployment
 from .api.crd import CRD_FILENAME, crd_yaml
+from .planner import PlanningError, plan_deployment, pool_facts
+from .render.report import plan_report, plan_table
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -19,6 +27,39 @@ def _crd(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / CRD_FILENAME).write_text(text)
     print(out / CRD_FILENAME)
+    return 0
+
+
+def _load_nodes(path: str | None) -> list[dict[str, Any]]:
+    if path is None:
+        from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
+
+        return Cluster(api_client()).list_nodes()
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    return list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]
+
+
+def _plan(args: argparse.Namespace) -> int:
+    try:
+        body = yaml.safe_load(Path(args.file).read_text())
+        spec = KimiK3Deployment.model_validate(body).spec
+        nodes = _load_nodes(args.nodes)
+        plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        print(f"InvalidSpec: spec.{where}: {first['msg']}", file=sys.stderr)
+        return 2
+    except PlanningError as exc:
+        print(f"{exc.reason}: {exc.message}", file=sys.stderr)
+        return 2
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(plan_report(plan), indent=2))
+    else:
+        print(plan_table(plan))
     return 0
 
 
@@ -37,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="write the KimiK3Deployment CRD generated from the API models")
     crd.add_argument("--out", default="crds", help="directory to write into, or - for stdout")
     crd.set_defaults(func=_crd)
+    plan = sub.add_parser("plan", help="show what a KimiK3Deployment would become, without applying it")
+    plan.add_argument("-f", "--file", required=True, help="the KimiK3Deployment YAML")
+    plan.add_argument("--nodes", help="a `kind: List` of Node objects (kubectl get nodes -o yaml); "
+                                       "default: the live cluster")
+    plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    plan.set_defaults(func=_plan)
     run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster")
     run.add_argument("--namespace", help="watch one namespace (default: all)")
     run.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")

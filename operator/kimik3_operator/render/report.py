@@ -1,0 +1,79 @@
+"""`kimik3 plan` output: the plan as a JSON contract other tools read, and as a table for people.
+
+Environment values that only exist in the pod (downward API, Secrets, the LWS environment)
+appear as `$(NAME)`, the way the kubelet would expand them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planner import Plan, PoolPlan, RolePlan
+from ..planner.layout import describe
+from ..planner.perf import CALIBRATION
+from .engine import engine_args, engine_env
+
+
+def _env_dict(env: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e["value"] if "value" in e else f"$({e['name']})" for e in env}
+
+
+def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+    multi = role.nodes_per_replica > 1  # otherwise the replica's only pod is its leader
+    return {
+        "role": role.role,
+        "replicas": role.replicas,
+        "replicasSource": role.replicas_source,
+        "gpusPerReplica": role.gpus_per_replica,
+        "nodesPerReplica": role.nodes_per_replica,
+        "tensorParallel": role.layout.tensor,
+        "pipelineParallel": role.layout.pipeline,
+        "dataParallel": role.layout.data,
+        "expertParallel": role.layout.expert,
+        "all2allBackend": role.all2all_backend,
+        "moeBackend": role.moe_backend,
+        "computeDomain": role.compute_domain,
+        "command": engine_args(role, plan.engine, worker=False),
+        "env": _env_dict(engine_env(role, plan.engine, worker=False)),
+        "worker": {
+            "command": engine_args(role, plan.engine, worker=True),
+            "env": _env_dict(engine_env(role, plan.engine, worker=True)),
+        } if multi else None,
+        "predicted": {k: round(v, 3) for k, v in role.predicted.items()},
+    }
+
+
+def plan_report(plan: Plan) -> dict[str, Any]:
+    return {
+        "pools": [{
+            "name": pool.name,
+            "gpuProduct": pool.gpu_product,
+            "interconnect": pool.interconnect,
+            "gpusPerNode": pool.gpus_per_node,
+            "roles": [role_report(plan, pool, role) for role in pool.roles],
+        } for pool in plan.pools],
+        "compatibilityHash": plan.compat_hash,
+        "gpus": plan.gpus,
+        "calibration": CALIBRATION.as_dict(),
+    }
+
+
+def plan_table(plan: Plan) -> str:
+    header = ("POOL", "GPU", "FABRIC", "ROLE", "REPLICAS", "GPUS/REPL", "NODES/REPL", "LAYOUT", "ALL2ALL", "MOE",
+              "TOK/S@1", "TTFT")
+    rows = [header]
+    for pool in plan.pools:
+        for role in pool.roles:
+            p = role.predicted
+            rows.append((
+                pool.name, f"{pool.gpu_product}x{pool.gpus_per_node}", pool.interconnect, role.role,
+                f"{role.replicas}" + ("" if role.replicas_source == "spec" else f" ({role.replicas_source})"),
+                str(role.gpus_per_replica), str(role.nodes_per_replica), describe(role.layout),
+                role.all2all_backend or "-", role.moe_backend or "-",
+                f"{p['decodeTokensPerSecondBatch1']:.0f}" if "decodeTokensPerSecondBatch1" in p else "-",
+                f"{p['ttftSeconds'] * 1e3:.0f} ms" if "ttftSeconds" in p else "-",
+            ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append(f"total GPUs: {plan.gpus}; prefill/decode compatibility hash: {plan.compat_hash}")
+    return "\n".join(lines)

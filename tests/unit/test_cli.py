@@ -1,0 +1,85 @@
+"""`kimik3 plan`: the JSON contract, the table, and exit code 2 with one line for an impossible spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kimik3_operator.cli import main
+from tests.support.cases import EXAMPLES, base_deployment
+from tests.support.nodes import b200_nodes, gb300_rack
+
+ROLE_KEYS = {"role", "replicas", "gpusPerReplica", "nodesPerReplica", "tensorParallel", "pipelineParallel",
+             "dataParallel", "expertParallel", "all2allBackend", "moeBackend", "computeDomain", "command", "env",
+             "worker", "predicted"}
+
+
+@pytest.fixture
+def nodes_file(tmp_path: Path) -> Path:
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": gb300_rack() + b200_nodes()}))
+    return path
+
+
+def _write(tmp_path: Path, body: dict[str, Any]) -> Path:
+    path = tmp_path / "cr.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_json_contract(nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    example = next(p for p in EXAMPLES if p.name == "pd-gb300-decode-b200-prefill.yaml")
+    assert main(["plan", "-f", str(example), "--nodes", str(nodes_file), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pools = {p["name"]: p for p in out["pools"]}
+    assert set(pools["gb300-decode"]) >= {"name", "gpuProduct", "interconnect", "gpusPerNode", "roles"}
+    (decode,) = pools["gb300-decode"]["roles"]
+    assert set(decode) >= ROLE_KEYS
+    assert decode["role"] == "decode" and decode["gpusPerReplica"] == 8 and decode["nodesPerReplica"] == 2
+    assert decode["command"][:3] == ["vllm", "serve", "/models/kimi-k3"]
+    assert "--headless" in decode["worker"]["command"]
+    assert decode["env"]["POD_IP"] == "$(POD_IP)"
+    assert isinstance(decode["predicted"]["decodeTokensPerSecondBatch1"], float)
+    (prefill,) = pools["b200-prefill"]["roles"]
+    assert prefill["all2allBackend"] == "deepep_v2" and prefill["expertParallel"] is True
+
+
+def test_single_node_roles_have_no_worker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = base_deployment()
+    body["spec"]["pools"][0].update(nodeSelector={"x": "y"}, gpu={"product": "B300", "perNode": 8})
+    empty = tmp_path / "nodes.yaml"
+    empty.write_text("apiVersion: v1\nkind: List\nitems: []\n")
+    assert main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(empty), "-o", "json"]) == 0
+    (role,) = json.loads(capsys.readouterr().out)["pools"][0]["roles"]
+    assert role["worker"] is None and role["nodesPerReplica"] == 1
+
+
+def test_table(nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    example = next(p for p in EXAMPLES if p.name == "gb300-aggregated-tp8.yaml")
+    assert main(["plan", "-f", str(example), "--nodes", str(nodes_file)]) == 0
+    out = capsys.readouterr().out
+    assert "gb300-rack-a" in out and "TP8" in out and "total GPUs: 16" in out
+
+
+@pytest.mark.parametrize(("edit", "first_word"), [
+    (lambda d: d["spec"]["pools"][0].update(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"},
+                                            aggregated={"replicas": 1, "parallelism": {"tensor": 8}}),
+     "InsufficientMemory:"),
+    (lambda d: d["spec"]["pools"][0]["aggregated"].update(parallelism={"tensor": 5}), "InvalidSpec:"),
+])
+def test_impossible_spec_exits_2_with_one_line(tmp_path: Path, nodes_file: Path, capsys: pytest.CaptureFixture[str],
+                                               edit, first_word: str) -> None:  # noqa: ANN001
+    body = base_deployment()
+    edit(body)
+    assert main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(nodes_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(first_word), err
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_plans_cleanly(example: Path, nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "-f", str(example), "--nodes", str(nodes_file), "-o", "json"]) == 0
