@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The local real cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake
-# GPU nodes and pod lifecycle) and the LeaderWorkerSet manager, all as host processes on 127.0.0.1.
+# GPU nodes and pod lifecycle), the LeaderWorkerSet manager and a stand-in for the ComputeDomain
+# controller of NVIDIA's DRA driver (compute_domain_controller.py), all as host processes on 127.0.0.1.
 #
 #   cluster.sh up       build (cached), start what is not running, create the fake node pools;
 #                       prints the kubeconfig path as the last line of stdout, all else to stderr
@@ -24,6 +25,9 @@
 # kubeconfigs/operator.kubeconfig (also system:masters, user "kimik3-e2e:operator", so that audit
 # counts tell the operator's writes from the test driver's), audit.log (JSON lines, one Metadata
 # event per request), logs/<component>.log. The fake GPU nodes are nodes/*.yaml (nodes/generate.py).
+# ComputeDomains work as with NVIDIA's DRA driver: compute-domain/ holds its CRD, the channel
+# DeviceClass and one channel ResourceSlice per NVL72 tray; compute_domain_controller.py creates each
+# domain's ResourceClaimTemplate; KCM and kube-scheduler allocate the pods' claims (one per tray).
 #
 # `up` is idempotent: a component that runs with the wanted command line and configuration is left
 # alone, one whose flags or config changed is restarted, bootstrap objects are only created when
@@ -32,6 +36,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$HERE/versions.env"
 
@@ -56,7 +61,9 @@ AUDIT_LOG="$STATE/audit.log"
 KUBECTL="$BIN_K8S/kubectl"
 
 # Start order; `down` stops in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller)
+# What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
+# Python runs (pid_of checks argv[0] or argv[1] against it).
 declare -A BINARY=(
   [etcd]="$BIN_ETCD/etcd"
   [kube-apiserver]="$BIN_K8S/kube-apiserver"
@@ -64,7 +71,16 @@ declare -A BINARY=(
   [kube-scheduler]="$BIN_K8S/kube-scheduler"
   [kwok]="$BIN_KWOK/kwok"
   [lws-manager]="$BIN_LWS/lws-manager"
+  [compute-domain-controller]="$HERE/compute_domain_controller.py"
 )
+# The venv Python that runs compute_domain_controller.py, as scripts/venv.sh printed it (see
+# resolve_python); recorded so that later `up`s and `status` need not run venv.sh.
+VENV_PYTHON_FILE="$RUN/venv-python"
+PY=""
+# The ComputeDomain fixtures and the hash of what `up` last applied from them.
+CD_DIR="$HERE/compute-domain"
+CD_STAMP="$STATE/compute-domain.applied"
+CD_DRIVER="compute-domain.nvidia.com"
 # Components to restart because a file they read at start changed (filled by write_file).
 declare -A STALE=()
 
@@ -126,6 +142,7 @@ component_ports() { # the ports a component listens on, for port-clash checks an
     kube-scheduler) echo "${PORT[SCHEDULER_PORT]}" ;;
     kwok) echo "" ;; # no server: --server-address/--node-port stay unset
     lws-manager) echo "${PORT[LWS_WEBHOOK_PORT]} ${PORT[LWS_HEALTH_PORT]}" ;;
+    compute-domain-controller) echo "" ;; # a client only; its health is a ready file
   esac
 }
 
@@ -174,6 +191,7 @@ ensure_pki() {
   issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
   issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
   issue lws-manager "/O=system:masters/CN=kimik3-e2e:lws-manager"
+  issue compute-domain-controller "/O=system:masters/CN=kimik3-e2e:compute-domain-controller"
   # For the operator under test, so its writes are told apart from the test driver's kubectl.
   issue operator "/O=system:masters/CN=kimik3-e2e:operator"
   if [[ ! -s $PKI/sa.key || ! -s $PKI/sa.pub ]]; then
@@ -256,7 +274,7 @@ write_configs() {
   mkdir -p "$CONF" "$STATE/kubeconfigs" "$RUN" "$LOGS" "$STATE/kwok" "$STATE/apiserver"
   write_file "$KUBECONFIG_FILE" 600 < <(kubeconfig admin)
   local c
-  for c in kube-controller-manager kube-scheduler kwok lws-manager; do
+  for c in kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller; do
     write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
   done
   write_file "$STATE/kubeconfigs/operator.kubeconfig" 600 < <(kubeconfig operator)
@@ -296,6 +314,21 @@ metrics:
 health:
   healthProbeBindAddress: 127.0.0.1:${PORT[LWS_HEALTH_PORT]}
 EOF
+
+  # Its command line does not change when the script does; this hash does, and restarts it.
+  write_file "$RUN/compute-domain-controller.sha256" 644 compute-domain-controller \
+    < <(sha256sum <"${BINARY[compute-domain-controller]}")
+}
+
+# The project venv's Python for compute_domain_controller.py. scripts/venv.sh takes ~2 s even when
+# warm (it reinstalls the project), so it runs once per cluster life: later `up`s reuse the path it
+# printed while that still exists, and `down` forgets it.
+resolve_python() {
+  PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
+  [[ -n $PY && -x $PY ]] && return 0
+  PY="$("$ROOT/scripts/venv.sh" | tail -n 1)/bin/python"
+  [[ -x $PY ]] || die "no Python at $PY (from scripts/venv.sh)"
+  write_file "$VENV_PYTHON_FILE" 644 compute-domain-controller <<<"$PY"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -359,17 +392,21 @@ command_of() {
     lws-manager)
       CMD=("${BINARY[lws-manager]}" --kubeconfig="$kc" --config="$CONF/lws.yaml" --zap-log-level=info)
       ;;
+    compute-domain-controller)
+      [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
+      CMD=("${PY:-python3}" "${BINARY[compute-domain-controller]}" "$kc" "$RUN/compute-domain-controller.ready")
+      ;;
   esac
 }
 
 pid_of() { # pid_of NAME: the pid of our running process, or fail
-  local pidfile="$RUN/$1.pid" pid argv0
+  local pidfile="$RUN/$1.pid" pid argv=()
   [[ -s $pidfile ]] || return 1
   pid="$(<"$pidfile")"
   [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  # The pid must still be our binary (pids are reused); a zombie has an empty cmdline.
-  IFS= read -r -d '' argv0 <"/proc/$pid/cmdline" || true
-  [[ $argv0 == "${BINARY[$1]}" ]] || return 1
+  # The pid must still be our binary or script (pids are reused); a zombie has an empty cmdline.
+  mapfile -d '' -n 2 -t argv <"/proc/$pid/cmdline" 2>/dev/null || true
+  [[ ${argv[0]:-} == "${BINARY[$1]}" || ${argv[1]:-} == "${BINARY[$1]}" ]] || return 1
   echo "$pid"
 }
 
@@ -389,7 +426,7 @@ start() { # start NAME: detached (own session), so it outlives the calling shell
     port_in_use "$port" && die "port $port (for $name) is in use by another process; choose ports with KIMIK3_PORT_BASE"
   done
   [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev"
-  rm -f "$RUN/$name.pid"
+  rm -f "$RUN/$name.pid" "$RUN/$name.ready"
   # The child closes every inherited descriptor above 2 (our lock, the caller's stdout kept on
   # fd 3, pipes of whoever called us: a daemon holding them would make `$(cluster.sh up)` or the
   # next `up` hang), writes its own pid (right even if setsid forks), then becomes the binary.
@@ -430,7 +467,7 @@ stop() { # stop NAME...: TERM, wait, then KILL what is left; only pids from our 
     sleep 0.2
   done
   ((${#left[@]} == 0)) || die "could not stop: ${left[*]}"
-  for name in "$@"; do rm -f "$RUN/$name.pid"; done
+  for name in "$@"; do rm -f "$RUN/$name.pid" "$RUN/$name.ready"; done
 }
 
 CURL=(curl -sS --noproxy '*' --max-time 3)
@@ -455,6 +492,8 @@ healthy() { # healthy NAME: the component answers its health endpoint
         -H 'Content-Type: application/json' -d '{}' \
         "https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
       [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
+    # It creates this file after each successful list of ComputeDomains and removes it on errors.
+    compute-domain-controller) pid_of compute-domain-controller >/dev/null && [[ -e $RUN/compute-domain-controller.ready ]] ;;
   esac
 }
 
@@ -596,6 +635,25 @@ ensure_lws_webhooks() {
   CHANGED+=(lws-webhooks)
 }
 
+# What NVIDIA's DRA driver installs and its kubelet plugins publish, for ComputeDomains: the CRD, the
+# channel DeviceClass, one ResourceSlice per NVL72 tray (compute-domain/, the slices generated by
+# nodes/generate.py). Applied server-side when something is missing or the files changed since the
+# last apply (a hash in $CD_STAMP), so a warm `up` only reads. Like nodes, slices of trays removed
+# from the fixtures stay until `down`.
+ensure_compute_domain_fixtures() {
+  local hash want have crd=crd/computedomains.resource.nvidia.com
+  hash="$(cat "$CD_DIR"/*.yaml | sha256sum | cut -c1-16)"
+  want="$(grep -c '^kind: ResourceSlice$' "$CD_DIR/resourceslices.yaml")"
+  have="$(kc get resourceslices --field-selector "spec.driver=$CD_DRIVER" -o name | wc -l)"
+  if [[ $(cat "$CD_STAMP" 2>/dev/null) != "$hash" ]] || ((have < want)) ||
+    ! kc get "$crd" deviceclass/compute-domain-default-channel.nvidia.com >/dev/null 2>&1; then
+    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$CD_DIR" >/dev/null
+    printf '%s\n' "$hash" >"$CD_STAMP"
+    CHANGED+=(compute-domain)
+  fi
+  kc wait --for=condition=Established --timeout=60s "$crd" >/dev/null
+}
+
 # kwok's fake provisioner binds PVCs of this class (the volume stages); it is the default class.
 ensure_storage_class() {
   local f="$KWOK_SRC/kustomize/stage/volume/fast/storage-class.yaml"
@@ -661,6 +719,7 @@ cmd_up() {
   t0="$(now_ms)"
   "$HERE/build.sh"
   for name in "${COMPONENTS[@]}"; do
+    [[ $name == compute-domain-controller ]] && continue
     [[ -x ${BINARY[$name]} ]] || die "${BINARY[$name]} missing after build.sh"
   done
   [[ -x $KUBECTL ]] || die "$KUBECTL missing after build.sh"
@@ -677,13 +736,19 @@ cmd_up() {
   wait_healthy etcd 30
   ensure_running kube-apiserver
   wait_healthy kube-apiserver 120
+  # The CRDs before KCM: its garbage collector discovers resource types when it starts and then
+  # only every 30 s, so objects owned by a LeaderWorkerSet or ComputeDomain whose CRD came later
+  # would outlive their owner by up to 30 s.
+  ensure_lws_crds
+  ensure_compute_domain_fixtures
   # These three only need the API server; start them together and wait for them later.
   ensure_running kube-controller-manager
   ensure_running kube-scheduler
   ensure_running kwok
 
-  ensure_lws_crds # before the manager: it fails on unknown kinds
-  ensure_running lws-manager
+  ensure_running lws-manager # after its CRDs: it fails on unknown kinds
+  resolve_python
+  ensure_running compute-domain-controller # after its CRD
   ensure_storage_class
   ensure_nodes
   wait_healthy lws-manager 60
@@ -691,6 +756,7 @@ cmd_up() {
 
   wait_healthy kube-controller-manager 60
   wait_healthy kube-scheduler 60
+  wait_healthy compute-domain-controller 30
   wait_nodes_ready 120
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
 
@@ -711,12 +777,12 @@ cmd_down() {
   exec 8>"$STATE/.lock"
   flock 8
   log "stopping"
-  stop lws-manager kwok kube-scheduler kube-controller-manager
+  stop compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
   stop etcd
   # The next `up` starts from an empty cluster; the audit log belongs to this cluster's life.
   # PKI, kubeconfigs and component logs stay (reused, and useful after a failed run).
-  rm -rf "$STATE/etcd" "$STATE/kubectl-cache" "$PORTS_FILE"
+  rm -rf "$STATE/etcd" "$STATE/kubectl-cache" "$PORTS_FILE" "$CD_STAMP" "$VENV_PYTHON_FILE"
   rm -f "$AUDIT_LOG" "$STATE"/audit-*.log
   log "down; etcd data and audit log removed"
 }
@@ -724,7 +790,7 @@ cmd_down() {
 cmd_status() {
   resolve_ports
   local name pid state all=0
-  printf '%-24s %-8s %-12s %s\n' COMPONENT PID PORTS STATE
+  printf '%-26s %-8s %-12s %s\n' COMPONENT PID PORTS STATE
   for name in "${COMPONENTS[@]}"; do
     if pid="$(pid_of "$name")"; then
       if ! healthy "$name"; then
@@ -739,7 +805,7 @@ cmd_status() {
     fi
     local ports
     ports="$(component_ports "$name")"
-    printf '%-24s %-8s %-12s %s\n' "$name" "$pid" "${ports// /,}" "$state"
+    printf '%-26s %-8s %-12s %s\n' "$name" "$pid" "${ports// /,}" "$state"
   done
   if healthy kube-apiserver; then
     local total ready=0

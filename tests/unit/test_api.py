@@ -78,6 +78,8 @@ def test_crd_schema_is_structural() -> None:
         assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
         assert not ("properties" in node and "additionalProperties" in node), path
         assert "title" not in node, path
+        for flag in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(flag, False), bool), f"{path}.{flag} must be a boolean in OpenAPI v3"
 
 
 def test_crd_bounds_every_string_and_list_for_cel_cost() -> None:

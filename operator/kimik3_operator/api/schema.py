@@ -49,6 +49,11 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             # `false` from extra="forbid" is implied for structural schemas: drop it.
         elif key == "const":
             out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020 gives the bound itself; Kubernetes' OpenAPI v3 wants the bound in
+            # minimum/maximum plus a boolean flag.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         else:
             out[key] = copy.deepcopy(value)
     if "enum" in out and "type" not in out:
