@@ -82,3 +82,6 @@ def all_rules() -> list[tuple[type, str]]:
 
 def load_examples() -> list[tuple[str, dict[str, Any]]]:
     return [(p.name, yaml.safe_load(p.read_text())) for p in EXAMPLES]
+
+INVALID["extraArgs sets a flag the operator owns"] = _edit(
+    lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))

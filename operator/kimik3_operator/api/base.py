@@ -24,6 +24,10 @@ class Rule:
     message: str
     check: Callable[[Any], bool]
     field_path: str | None = None  # CEL fieldPath: which field `kubectl` blames
+    message_expression: str | None = None
+    """CEL that names the offending value; its text starts with `message`."""
+    explain: Callable[[Any], str] | None = None
+    """The pydantic twin of message_expression."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ def _add_rules(cls: type[BaseModel], schema: CoreSchema, handler: GetJsonSchemaH
     rules: tuple[Rule, ...] = getattr(cls, "rules", ())
     if rules:
         target["x-kubernetes-validations"] = [
-            {"rule": r.cel, "message": r.message, **({"fieldPath": r.field_path} if r.field_path else {})}
+            {"rule": r.cel, "message": r.message,
+             **({"messageExpression": r.message_expression} if r.message_expression else {}),
+             **({"fieldPath": r.field_path} if r.field_path else {})}
             for r in rules
         ]
     return json_schema
@@ -83,7 +89,7 @@ class SpecModel(BaseModel):
     def _check_rules(self) -> "SpecModel":
         for rule in type(self).rules:
             if not rule.check(self):
-                raise ValueError(rule.message)
+                raise ValueError(rule.explain(self) if rule.explain else rule.message)
         return self
 
     def wire(self) -> dict[str, Any]:

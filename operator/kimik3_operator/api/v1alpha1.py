@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import Rule, SpecModel, StatusModel, list_map
+from .owned_flags import OWNED_FLAGS, cel_list, owned_flag
 from .meta import Condition, ObjectMeta
 
 GROUP = "serving.kimik3.dev"
@@ -142,6 +143,15 @@ class Speculative(SpecModel):
     )
 
 
+class Multimodal(SpecModel):
+    """Limits on multimodal inputs per prompt (--limit-mm-per-prompt)."""
+
+    max_images_per_prompt: Annotated[int, Field(ge=0, le=256)] | None = None
+    """Images per prompt; 0 turns image input off."""
+    max_videos_per_prompt: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Videos per prompt; 0 turns video input off."""
+
+
 class EnvVar(SpecModel):
     """A plain environment variable for the serving containers."""
 
@@ -167,10 +177,32 @@ class Engine(SpecModel):
     """Prefix caching and KDA state retention."""
     speculative: Speculative | None = None
     """Speculative decoding; off when omitted."""
+    tool_calling: bool = True
+    """Kimi K3 tool calls: --tool-call-parser kimi_k3 --enable-auto-tool-choice."""
+    reasoning: bool = True
+    """Separate reasoning content: --reasoning-parser kimi_k3."""
+    multimodal: Multimodal | None = None
+    """Multimodal input limits; vLLM's defaults when omitted."""
+    shutdown_timeout_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    """How long a terminating pod drains in-flight requests (--shutdown-timeout)."""
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = []
-    """Extra vLLM arguments; flags the planner owns are rejected."""
+    """Extra vLLM arguments; flags the operator renders itself are rejected."""
     env: Annotated[list[EnvVar], Field(max_length=64), list_map("name")] = []
     """Extra environment variables for serving containers."""
+
+    rules = (
+        Rule(
+            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {cel_list()}))",
+            message="extraArgs sets a flag the operator owns",
+            message_expression=(
+                "'extraArgs sets a flag the operator owns: ' + self.extraArgs.filter(a, a.split('=')[0] in "
+                f"{cel_list()})[0].split('=')[0]"),
+            explain=lambda e: (f"extraArgs sets a flag the operator owns: {owned_flag(e.extra_args)} "
+                               f"(set by {OWNED_FLAGS[owned_flag(e.extra_args)]})"),
+            check=lambda e: owned_flag(e.extra_args) is None,
+            field_path=".extraArgs",
+        ),
+    )
 
 
 class Parallelism(SpecModel):
