@@ -133,3 +133,18 @@ def test_compat_hash_follows_shared_engine_settings() -> None:
     c = _plan(body, gb300_rack())
     assert a.compat_hash != b.compat_hash
     assert b.compat_hash == c.compat_hash  # the served name is not part of the KV handshake
+
+
+def test_one_prefill_one_decode_is_a_known_trap() -> None:
+    pools = [{"name": "p", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+              "prefill": {"replicas": 1}, "decode": {"replicas": 1}}]
+    body = base_deployment()
+    body["spec"]["pools"] = pools
+    with pytest.raises(PlanningError) as info:
+        _plan(body, gb300_rack())
+    assert info.value.reason == "KnownIssue" and "vllm#52627" in info.value.message
+    body["spec"]["experimental"] = {"acceptKnownIssues": ["vllm#52627"]}
+    assert _plan(body, gb300_rack()).gpus == 8 + 8
+    body["spec"].pop("experimental")
+    pools[0]["decode"]["replicas"] = 2
+    assert _plan(body, gb300_rack()).gpus == 8 + 16

@@ -53,7 +53,7 @@ def _pd() -> dict[str, Any]:
     body = base_deployment(name="k3", namespace="ns")
     body["spec"]["pools"] = [
         {"name": "gb300", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
-         "decode": {"replicas": 1, "parallelism": {"tensor": 8}}},
+         "decode": {"replicas": 2, "parallelism": {"tensor": 8}}},
         {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
          "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
     ]

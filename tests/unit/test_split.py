@@ -91,3 +91,8 @@ def test_speculative_predictions_at_both_published_acceptances() -> None:
     assert decode.predicted["speculativeAcceptanceLow"] == 2.61
     assert decode.predicted["speculativeAcceptanceHigh"] == 4.73
     assert decode.predicted["decodeTokensPerSecondBatch1"] < low < high
+
+
+def test_rate_matching_never_lands_on_one_prefill_one_decode() -> None:
+    roles = _roles(_plan({"workload": {"requestsPerSecond": 0.1}}, PD))
+    assert (roles["prefill"].replicas, roles["decode"].replicas) == (1, 2)

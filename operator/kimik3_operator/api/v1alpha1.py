@@ -366,6 +366,14 @@ class Autoscaling(SpecModel):
     """Autoscaling from serving metrics (settings arrive with the autoscaling release)."""
 
 
+class Experimental(SpecModel):
+    """Knobs that may change without an API version bump."""
+
+    accept_known_issues: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=8)] = []
+    """Upstream issues (e.g. "vllm#52627") whose trap the planner should let through, for engines
+    patched against them."""
+
+
 class KimiK3DeploymentSpec(SpecModel):
     """A Kimi K3 serving deployment across one or more GPU node pools."""
 
@@ -381,6 +389,8 @@ class KimiK3DeploymentSpec(SpecModel):
     """Expected traffic; sizes the replicas the pools leave out."""
     slo: Slo | None = None
     """Latency targets (TTFT, ITL)."""
+    experimental: Experimental | None = None
+    """Unstable settings."""
     autoscaling: Autoscaling | None = None
     """Autoscaling settings."""
 

@@ -118,6 +118,7 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
         for k in missing:
             chosen[k] = replicas_for(share, predicted[k].get(capacity_key[kind], 0), utilisation[kind]) \
                 if share > 0 else 1
+    _avoid_one_to_one(pools, chosen)
     return tuple(
         dataclasses.replace(pool, roles=tuple(
             dataclasses.replace(role, replicas=chosen.get((pool.name, role.role), role.replicas),
@@ -126,6 +127,18 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
                                 predicted=predicted[(pool.name, role.role)])
             for role in pool.roles))
         for pool in pools)
+
+
+def _avoid_one_to_one(pools: tuple[PoolPlan, ...], chosen: dict[tuple[str, str], int]) -> None:
+    """Rate matching never lands on 1P1D, the known NIXL corruption trap (traps.py): a decode
+    role whose replicas we chose gets a second one instead."""
+    def total(kind: str) -> int:
+        return sum(chosen.get((p.name, r.role), r.replicas) for p in pools for r in p.roles if r.role == kind)
+    if total("prefill") == 1 and total("decode") == 1:
+        for key in chosen:
+            if key[1] == "decode":
+                chosen[key] = 2
+                return
 
 
 def _replicas(pools: tuple[PoolPlan, ...], key: tuple[str, str]) -> int:

@@ -22,6 +22,7 @@ from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .split import assign_replicas
+from .traps import check_traps
 
 
 def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) -> Plan:
@@ -30,6 +31,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) 
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
     pools = assign_replicas(spec, engine, pools, omitted)
+    check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     return Plan(pools=pools, engine=engine, compat_hash=compat_hash(engine))
 
 
