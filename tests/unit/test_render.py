@@ -150,3 +150,13 @@ def test_changing_replicas_changes_only_that_workload_hash() -> None:
     after = {o["metadata"]["name"]: o["metadata"]["annotations"][ANNOTATION_HASH] for o in _render(body)}
     changed = {n for n in before if before[n] != after[n]}
     assert changed == {"k3-pd-gb300-decode-decode"}
+
+
+def test_prefix_caching_is_always_explicit() -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    for enabled, flag in ((True, "--enable-prefix-caching"), (False, "--no-enable-prefix-caching")):
+        body["spec"]["engine"]["prefixCaching"]["enabled"] = enabled
+        for lws in _by_kind(_render(body), "LeaderWorkerSet").values():
+            for template in lws["spec"]["leaderWorkerTemplate"].values():
+                if isinstance(template, dict):
+                    assert flag in template["spec"]["containers"][0]["command"]
