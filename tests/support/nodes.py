@@ -32,3 +32,17 @@ def gb300_rack(rack: str = "a", trays: int = 18) -> list[dict[str, Any]]:
 
 def b200_nodes(count: int = 4) -> list[dict[str, Any]]:
     return [node(f"b200-{i}", "NVIDIA-B200", 8, rdma="rdma/ib") for i in range(count)]
+
+
+def h200_nodes(count: int = 2) -> list[dict[str, Any]]:
+    return [node(f"h200-{i}", "NVIDIA-H200", 8, rdma="rdma/ib") for i in range(count)]
+
+
+def mi355x_nodes(count: int = 2) -> list[dict[str, Any]]:
+    return [node(f"mi355x-{i}", "AMD_Instinct_MI355X", 8, rdma="rdma/ib", resource="amd.com/gpu")
+            for i in range(count)]
+
+
+def all_pools() -> list[dict[str, Any]]:
+    """Every kind of node the golden scenarios run on: two NVL72 racks, HGX B200/H200, MI355X."""
+    return gb300_rack("a") + gb300_rack("b") + b200_nodes() + h200_nodes() + mi355x_nodes()

@@ -1,0 +1,45 @@
+"""The golden scenarios: one deployment each, planned against `all_pools()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.cases import base_deployment
+
+GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+DSPARK = {"speculative": {"method": "DSpark", "numSpeculativeTokens": 7,
+                          "draftModelUri": "hf://moonshotai/Kimi-K3-DSpark"}}
+
+
+def _deployment(name: str, pools: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    body = base_deployment(name=name, namespace="inference")
+    body["spec"]["model"]["authSecretRef"] = {"name": "hf-token", "key": "token"}
+    body["spec"]["pools"] = pools
+    body["spec"].update(spec)
+    return body
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "gb300-tp8-aggregated": _deployment("k3", [
+        {"name": "gb300", "nodeSelector": GB300, "aggregated": {"replicas": 2, "parallelism": {"tensor": 8}}}]),
+    "gb300-tp16-dspark": _deployment("k3-fast", [
+        {"name": "gb300", "nodeSelector": GB300, "aggregated": {"replicas": 1, "parallelism": {"tensor": 16}}}],
+        engine=DSPARK),
+    "b200-dep16-disaggregated": _deployment("k3-b200", [
+        {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+         "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}},
+         "decode": {"replicas": 2, "parallelism": {"tensor": 8, "data": 2, "expert": True}}}],
+        engine={"prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}},
+        experimental={"acceptKnownIssues": []}),
+    "h200-16": _deployment("k3-h200", [
+        {"name": "h200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "aggregated": {"replicas": 1}}]),
+    "mi355x-tp8": _deployment("k3-amd", [
+        {"name": "mi355x", "nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI355X"},
+         "aggregated": {"replicas": 1}}]),
+    "gb300-prefill-rack-a-decode-rack-b": _deployment("k3-racks", [
+        {"name": "rack-a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
+         "prefill": {"replicas": 1, "parallelism": {"tensor": 1, "data": 16, "expert": True}}},
+        {"name": "rack-b", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.b"},
+         "decode": {"replicas": 3, "parallelism": {"tensor": 8}}}],
+        engine=DSPARK),
+}

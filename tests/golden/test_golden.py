@@ -1,0 +1,64 @@
+"""Golden manifests: every child of each scenario, one YAML file per object, plus the plan JSON.
+
+Reviewers read manifest diffs, not code diffs. Regenerate after an intended change with
+`KIMIK3_UPDATE_GOLDEN=1 pytest tests/golden` and read the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import Plan, plan_deployment, pool_facts
+from kimik3_operator.render import Owner, render_children
+from kimik3_operator.render.report import plan_report
+from tests.support.nodes import all_pools
+
+from .scenarios import SCENARIOS
+
+HERE = Path(__file__).resolve().parent
+UPDATE = os.environ.get("KIMIK3_UPDATE_GOLDEN") == "1"
+OWNER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def plan_scenario(body: dict[str, Any]) -> Plan:
+    spec = KimiK3Deployment.model_validate(body).spec
+    nodes = all_pools()
+    return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+
+
+def rendered(name: str) -> dict[str, str]:
+    body = SCENARIOS[name]
+    plan = plan_scenario(body)
+    owner = Owner(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"], uid=OWNER_UID)
+    files = {f"{o['kind'].lower()}-{o['metadata']['name']}.yaml": yaml.safe_dump(o, sort_keys=False, width=120)
+             for o in render_children(owner, plan)}
+    files["cr.yaml"] = yaml.safe_dump(body, sort_keys=False)
+    files["plan.json"] = json.dumps(plan_report(plan), indent=2) + "\n"
+    return files
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_golden(name: str) -> None:
+    folder = HERE / name
+    files = rendered(name)
+    if UPDATE:
+        folder.mkdir(exist_ok=True)
+        for stale in folder.iterdir():
+            stale.unlink()
+        for filename, text in files.items():
+            (folder / filename).write_text(text)
+    committed = {p.name: p.read_text() for p in folder.iterdir()} if folder.exists() else {}
+    assert sorted(committed) == sorted(files), "objects added or removed: regenerate with KIMIK3_UPDATE_GOLDEN=1"
+    for filename, text in files.items():
+        assert committed[filename] == text, f"{name}/{filename} differs: regenerate with KIMIK3_UPDATE_GOLDEN=1"
+
+
+def test_every_scenario_is_golden() -> None:
+    assert sorted(p.name for p in HERE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(SCENARIOS)
