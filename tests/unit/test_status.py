@@ -85,3 +85,13 @@ def test_planning_error_keeps_last_known_facts() -> None:
     assert _cond(bad, "Ready").reason == "PlanningNotImplemented"
     assert _cond(bad, "Ready").last_transition_time == T0  # was already False
     assert bad.pools == good.pools and bad.endpoint == good.endpoint
+
+
+def test_effective_engine_values_are_visible() -> None:
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, workloads={}, now=T0)
+    assert status.engine is not None
+    assert status.engine.retention_policy == "Interval" and status.engine.retention_interval_tokens == 32768
+    assert status.engine.speculative_method == "dspark" and status.engine.num_speculative_tokens == 7
+    assert status.engine.compatibility_hash == _plan().compat_hash
+    decode = next(r for p in status.pools for r in p.roles if r.role == "decode")
+    assert decode.replicas_source == "spec"

@@ -427,6 +427,8 @@ class RoleStatus(StatusModel):
     all2all_backend: str | None = None
     moe_backend: str | None = None
     compute_domain: bool | None = None
+    replicas_source: Literal["spec", "workload", "default"] | None = None
+    """Where the replica count came from: the spec, rate matching on spec.workload, or the default."""
     workload: str | None = None
     """Name of the LeaderWorkerSet serving this role."""
     endpoint: str | None = None
@@ -443,6 +445,21 @@ class PoolStatus(StatusModel):
     roles: Annotated[list[RoleStatus], Field(max_length=3), list_map("role")] = []
 
 
+class EngineStatus(StatusModel):
+    """Effective engine values, after the planner resolved defaults and adjusted what it must."""
+
+    kv_cache_dtype: str | None = None
+    retention_policy: str | None = None
+    retention_interval_tokens: int | None = None
+    """The --prefix-cache-retention-interval rendered (0: semantic checkpoints only; unset: dense)."""
+    block_size: int | None = None
+    """The KV block size vLLM will really use for Kimi K3 (hybrid alignment raises it)."""
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
+    compatibility_hash: str | None = None
+    """Hash of every setting prefill and decode must share; stamped on both roles' pods."""
+
+
 class KimiK3DeploymentStatus(StatusModel):
     """Observed state, written by the operator only when it changes."""
 
@@ -456,6 +473,8 @@ class KimiK3DeploymentStatus(StatusModel):
     """Per pool: resolved facts and per-role replica counts."""
     endpoint: str | None = None
     """The URL clients send requests to."""
+    engine: EngineStatus | None = None
+    """Effective engine settings."""
     ready_summary: str | None = None
     """Ready replicas over desired replicas, across roles ("3/3")."""
     gpus: int | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
+from ..api.v1alpha1 import EngineStatus
 from ..planner import Plan, PlanningError
 from ..render.names import Owner, workload_name
 from ..render.services import service_url
@@ -44,6 +45,7 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
             roles.append(RoleStatus(
                 role=role.role,
                 replicas=role.replicas,
+                replicas_source=role.replicas_source,  # type: ignore[arg-type]
                 ready_replicas=min(int(live.get("readyReplicas") or 0), role.replicas),
                 updated_replicas=min(int(live.get("updatedReplicas") or 0), role.replicas),
                 gpus_per_replica=role.gpus_per_replica,
@@ -61,6 +63,17 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
         pools.append(PoolStatus(name=pool.name, gpu_product=pool.gpu_product, interconnect=pool.interconnect,
                                 gpus_per_node=pool.gpus_per_node, roles=roles))
     return pools
+
+
+def engine_status(plan: Plan) -> EngineStatus:
+    engine = plan.engine
+    spec = engine.speculative_config or {}
+    return EngineStatus(
+        kv_cache_dtype=engine.kv_cache_dtype, retention_policy=engine.retention_policy,
+        retention_interval_tokens=engine.retention_interval if engine.prefix_caching else None,
+        speculative_method=spec.get("method"), num_speculative_tokens=spec.get("num_speculative_tokens"),
+        compatibility_hash=plan.compat_hash,
+    )
 
 
 def entry_endpoint(pools: list[PoolStatus]) -> str | None:
@@ -88,6 +101,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
             observed_generation=generation, phase="Failed", conditions=conditions,
             pools=list(previous.pools) if previous else [],
             endpoint=previous.endpoint if previous else None,
+            engine=previous.engine if previous else None,
             ready_summary=previous.ready_summary if previous else None,
             gpus=previous.gpus if previous else None,
         )
@@ -111,6 +125,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         conditions=conditions,
         pools=pools,
         endpoint=entry_endpoint(pools),
+        engine=engine_status(plan),
         ready_summary=f"{ready}/{desired}",
         gpus=plan.gpus,
     )
