@@ -65,7 +65,7 @@ def test_group_size_and_gpu_requests() -> None:
     for spec, gpus in ((decode, "4"), (prefill, "8")):
         for template in ("leaderTemplate", "workerTemplate"):
             (c,) = spec["leaderWorkerTemplate"][template]["spec"]["containers"]
-            assert c["resources"]["limits"] == {"nvidia.com/gpu": gpus} == c["resources"]["requests"]
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus == c["resources"]["requests"]["nvidia.com/gpu"]
 
 
 def test_multi_node_nvlink_group_stays_in_one_clique() -> None:
@@ -98,7 +98,8 @@ def test_leader_serves_http_and_workers_run_headless() -> None:
     assert "--headless" in worker["command"] and "--headless" not in leader["command"]
     assert leader["command"][leader["command"].index("--node-rank") + 1] == "0"
     assert worker["command"][worker["command"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
-    assert "startupProbe" in leader and "ports" not in worker
+    assert "startupProbe" in leader and "startupProbe" not in worker
+    assert "http" in {p["name"] for p in leader["ports"]} and "http" not in {p["name"] for p in worker["ports"]}
     env = {e["name"] for e in leader["env"]}
     assert "VLLM_USE_RUST_FRONTEND" in env and "VLLM_USE_RUST_FRONTEND" not in {e["name"] for e in worker["env"]}
 
@@ -160,3 +161,44 @@ def test_prefix_caching_is_always_explicit() -> None:
             for template in lws["spec"]["leaderWorkerTemplate"].values():
                 if isinstance(template, dict):
                     assert flag in template["spec"]["containers"][0]["command"]
+
+
+def test_pd_pods_carry_nixl_side_channel_settings() -> None:
+    lws = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "LeaderWorkerSet")
+    prefill = lws["k3-pd-b200-prefill-prefill"]["spec"]["leaderWorkerTemplate"]
+    for template in ("leaderTemplate", "workerTemplate"):
+        (c,) = prefill[template]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)"
+        assert [p["containerPort"] for p in c["ports"] if p["name"].startswith("nixl-")] == [5600, 5601]
+        config = c["command"][c["command"].index("--kv-transfer-config") + 1]
+        assert '"kv_role":"kv_producer"' in config and '"kv_connector":"NixlConnector"' in config
+        # NIXL over the B200 NICs: the RDMA device and the capability to pin memory
+        assert c["resources"]["limits"]["rdma/ib"] == "1"
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    decode = lws["k3-pd-gb300-decode-decode"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    config = decode["command"][decode["command"].index("--kv-transfer-config") + 1]
+    assert '"kv_role":"kv_consumer"' in config
+
+
+def test_serving_pod_essentials() -> None:
+    body = _example("pd-gb300-decode-b200-prefill.yaml")
+    body["spec"]["engine"]["shutdownTimeoutSeconds"] = 120
+    lws = _by_kind(_render(body), "LeaderWorkerSet")["k3-pd-gb300-decode-decode"]
+    pod = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    (c,) = pod["containers"]
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 7200
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+    assert c["command"][c["command"].index("--shutdown-timeout") + 1] == "120"
+    assert pod["terminationGracePeriodSeconds"] > 120 + c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    token = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    assert not any("hf-token" in a for a in c["command"])
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1" and env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"
+    spec_config = c["command"][c["command"].index("--speculative-config") + 1]
+    assert '"model":"/models/kimi-k3-draft"' in spec_config and '"method":"dspark"' in spec_config
+    for flag in ("--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser"):
+        assert flag in c["command"]

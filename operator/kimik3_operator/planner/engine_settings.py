@@ -7,7 +7,7 @@ compatibility check, so prefill and decode must agree on them to the byte.
 from __future__ import annotations
 
 from ..api import KimiK3DeploymentSpec
-from ..api.v1alpha1 import Speculative
+from ..api.v1alpha1 import Engine, Speculative
 from .plan import EngineSettings
 
 MODEL_PATH = "/models/kimi-k3"
@@ -30,9 +30,23 @@ def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
         speculative_config=speculative_config(engine.speculative, draft),
         rust_frontend=engine.rust_frontend,
         draft_path=draft,
+        tool_calling=engine.tool_calling,
+        reasoning=engine.reasoning,
+        mm_limits=mm_limits(engine),
+        shutdown_timeout=engine.shutdown_timeout_seconds,
+        auth_secret=(spec.model.auth_secret_ref.name, spec.model.auth_secret_ref.key)
+        if spec.model.auth_secret_ref else None,
         extra_args=tuple(engine.extra_args),
         env=tuple((e.name, e.value) for e in engine.env),
     )
+
+
+def mm_limits(engine: Engine) -> tuple[tuple[str, int], ...]:
+    mm = engine.multimodal
+    if mm is None:
+        return ()
+    return tuple((k, v) for k, v in (("image", mm.max_images_per_prompt), ("video", mm.max_videos_per_prompt))
+                 if v is not None)
 
 
 def speculative_config(spec: Speculative | None, draft: str | None) -> dict[str, object] | None:

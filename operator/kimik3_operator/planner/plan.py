@@ -56,6 +56,13 @@ class EngineSettings:
     speculative_config: Mapping[str, Any] | None
     rust_frontend: bool
     draft_path: str | None = None
+    tool_calling: bool = True
+    reasoning: bool = True
+    mm_limits: tuple[tuple[str, int], ...] = ()
+    """--limit-mm-per-prompt entries, e.g. (("image", 4),)."""
+    shutdown_timeout: int = 300
+    auth_secret: tuple[str, str] | None = None
+    """(Secret name, key) of the model token; mounted as an env var, never an argument."""
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 

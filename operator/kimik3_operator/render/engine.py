@@ -3,7 +3,9 @@
 Leader pods run `vllm serve` with the HTTP server; worker pods of a multi-node replica run the
 same engine headless. Values only known in the pod (the leader's address, the worker's index,
 the pod IP) are `$(NAME)` references that the kubelet expands from the container environment
-(LWS injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX).
+(LWS injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX; POD_IP comes from the downward API).
+Flag spellings and values are those of vLLM 0.33.0 (reference/vllm-kimi-k3.md), checked by the
+contract test against vLLM's own parser.
 """
 
 from __future__ import annotations
@@ -12,18 +14,31 @@ import json
 from typing import Any
 
 from ..planner import EngineSettings, RolePlan
+from ..planner.memory import GPU_MEMORY_UTILIZATION
 
 HTTP_PORT = 8000
 MASTER_PORT = 29501
+NIXL_SIDE_CHANNEL_BASE = 5600
+"""vLLM's default; each data-parallel rank listens on base + its global rank."""
+ENGINE_READY_TIMEOUT_S = 3600
+"""Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default."""
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
-def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[str]:
-    """`vllm serve` arguments for the leader (worker=False) or a headless worker."""
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def kv_transfer_config(role: RolePlan) -> dict[str, Any] | None:
+    """NixlConnector on both sides of a prefill/decode pair; kv_role is the only difference."""
+    if role.role not in KV_ROLE:
+        return None
+    return {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role.role], "kv_buffer_device": "cuda"}
+
+
+def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
     layout = role.layout
     args = [
-        "vllm", "serve", engine.model_path,
-        "--served-model-name", engine.served_name,
-        "--host", "0.0.0.0", "--port", str(HTTP_PORT),
         "--tensor-parallel-size", str(layout.tensor),
         "--pipeline-parallel-size", str(layout.pipeline),
         "--data-parallel-size", str(layout.data),
@@ -34,14 +49,8 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
         args += ["--all2all-backend", role.all2all_backend]
     if role.moe_backend:
         args += ["--moe-backend", role.moe_backend]
-    if engine.max_model_len is not None:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
-    if engine.prefix_caching and engine.retention_interval is not None:
-        args += ["--prefix-cache-retention-interval", str(engine.retention_interval)]
-    if engine.speculative_config is not None:
-        args += ["--speculative-config", json.dumps(dict(engine.speculative_config), separators=(",", ":"))]
     if role.nodes_per_replica > 1:
+        # One pod per node; vLLM splits tensor x pipeline x data ranks evenly over the nodes.
         args += [
             "--nnodes", str(role.nodes_per_replica),
             "--node-rank", "$(LWS_WORKER_INDEX)" if worker else "0",
@@ -50,6 +59,36 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
         ]
     if worker:
         args.append("--headless")
+    return args
+
+
+def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[str]:
+    """`vllm serve` arguments for the leader (worker=False) or a headless worker."""
+    args = [
+        "vllm", "serve", engine.model_path,
+        "--served-model-name", engine.served_name,
+        "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        *parallel_args(role, worker=worker),
+        "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
+        "--kv-cache-dtype", engine.kv_cache_dtype,
+    ]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
+    if engine.prefix_caching and engine.retention_interval is not None:
+        args += ["--prefix-cache-retention-interval", str(engine.retention_interval)]
+    if engine.speculative_config is not None:
+        args += ["--speculative-config", _json(dict(engine.speculative_config))]
+    transfer = kv_transfer_config(role)
+    if transfer is not None:
+        args += ["--kv-transfer-config", _json(transfer)]
+    if engine.tool_calling:
+        args += ["--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice"]
+    if engine.reasoning:
+        args += ["--reasoning-parser", "kimi_k3"]
+    if engine.mm_limits:
+        args += ["--limit-mm-per-prompt", _json(dict(engine.mm_limits))]
+    args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
     args += list(engine.extra_args)
     return args
 
@@ -57,9 +96,28 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
 def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(ENGINE_READY_TIMEOUT_S)},
     ]
     if engine.rust_frontend and not worker:
         # Headless workers serve no HTTP, so the Rust frontend applies to leaders only.
         env.append({"name": "VLLM_USE_RUST_FRONTEND", "value": "1"})
+    if engine.speculative_config is not None and engine.speculative_config.get("method") == "dspark":
+        env.append({"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"})  # DSpark runs only on Model Runner V2
+    if role.role in KV_ROLE:
+        # NIXL binds and advertises its side channel on this address; localhost would never pair.
+        env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_BASE)}]
+    if engine.auth_secret is not None:
+        name, key = engine.auth_secret
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     env += [{"name": n, "value": v} for n, v in engine.env]
     return env
+
+
+def nixl_ports(role: RolePlan) -> list[dict[str, Any]]:
+    """One side-channel port per data-parallel rank; every pod lists all of them since its ranks
+    depend on its LWS worker index."""
+    if role.role not in KV_ROLE:
+        return []
+    return [{"name": f"nixl-{rank}", "containerPort": NIXL_SIDE_CHANNEL_BASE + rank, "protocol": "TCP"}
+            for rank in range(role.layout.data)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
 from .compute_domain import CLAIM_NAME, pod_claims
-from .engine import HTTP_PORT, engine_args, engine_env
+from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -21,9 +21,12 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
-# Loading 1.6 TB of weights and JIT warm-up takes far longer than default probes allow.
-STARTUP_PROBE_SECONDS = 3600
+# Loading 1.6 TB of weights and JIT warm-up takes far longer than default probes allow
+# (NVIDIA Dynamo's K3 recipes budget 120 minutes).
+STARTUP_PROBE_SECONDS = 7200
 PROBE_PERIOD_SECONDS = 10
+PRE_STOP_SECONDS = 10
+SHM_SIZE = "128Gi"  # NCCL, NIXL and the DP coordinator exchange through /dev/shm
 
 
 def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
@@ -56,8 +59,9 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
     spec: dict[str, Any] = {
         "containers": [container(plan.engine, pool, role, worker=worker)],
-        "terminationGracePeriodSeconds": 600,
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}],
+        # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
+        "terminationGracePeriodSeconds": plan.engine.shutdown_timeout + PRE_STOP_SECONDS + 30,
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}],
     }
     if pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
@@ -74,21 +78,36 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
     return {"metadata": {"labels": pod_labels}, "spec": spec}
 
 
+def uses_rdma(pool: PoolPlan, role: RolePlan) -> bool:
+    """Traffic leaves the node over the NICs: a replica spanning HGX nodes, or NIXL KV transfer."""
+    return pool.rdma_resource is not None and (role.crosses_rdma or role.role in ("prefill", "decode"))
+
+
 def container(engine: EngineSettings, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
-    gpus = {pool.gpu_resource: str(role.gpus_per_pod)}
+    resources = {pool.gpu_resource: str(role.gpus_per_pod)}
+    if uses_rdma(pool, role) and pool.rdma_resource:
+        resources[pool.rdma_resource] = "1"
     out: dict[str, Any] = {
         "name": "vllm",
         "image": pool.image,
         "command": engine_args(role, engine, worker=worker),
         "env": engine_env(role, engine, worker=worker),
-        "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+        "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        # The endpoints controller needs a moment to stop routing here before vLLM starts draining.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
     }
+    if uses_rdma(pool, role):
+        # RDMA registers (pins) GPU and host memory: verbs need IPC_LOCK.
+        out["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     if role.compute_domain:
         out["resources"]["claims"] = [{"name": CLAIM_NAME}]
+    ports = nixl_ports(role)
     if not worker:
-        out["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+        ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *ports]
         health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS}
         out["startupProbe"] = {**health, "failureThreshold": STARTUP_PROBE_SECONDS // PROBE_PERIOD_SECONDS}
         out["readinessProbe"] = {**health, "failureThreshold": 3}
+    if ports:
+        out["ports"] = ports
     return out
