@@ -19,7 +19,8 @@ Per case:
             given argv[1:] so FlexibleArgumentParser's `serve` handling runs too:
             names, types, choices, JSON/pydantic values (--kv-transfer-config).
   validate  what `vllm serve` does next: args.model = args.model_tag, then
-            validate_parsed_serve_args (cli/serve.py, common/cli_args.py).
+            validate_parsed_serve_args (cli/serve.py, common/cli_args.py); and
+            --tool-call-parser / --reasoning-parser must name registered parsers.
   env       every VLLM_* name must be in vllm.envs.environment_variables (the
             list vLLM's own --fail-on-environ-validation uses), and its value
             must pass vLLM's reader for it (choices, int/bool conversion).
@@ -28,9 +29,10 @@ Not checked: anything that needs the model's config.json or a GPU
 
 Kubernetes `$(NAME)` references in argv and env values are replaced before
 parsing: by the case's "substitutions" if given, else by a plausible value
-chosen from the variable's name (an IP for *ADDRESS/*ADDR/*IP/*HOST, a small
-int for *INDEX/*RANK/*SIZE/*COUNT/*REPLICAS, 5600 for *PORT). A name that
-matches none of these is reported as an error; pass it in "substitutions".
+chosen from the last word of the variable's name (10.0.0.1 for *_ADDRESS,
+*_ADDR, *_IP, *_HOST; 1 for *_INDEX, *_RANK, *_SIZE, *_COUNT, *_REPLICAS,
+*_NODES; 5600 for *_PORT), e.g. $(LWS_LEADER_ADDRESS), $(LWS_WORKER_INDEX),
+$(POD_IP). Any other name is reported as an error: pass it in "substitutions".
 """
 
 from __future__ import annotations
@@ -72,15 +74,32 @@ def _serve_parser():
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    top = FlexibleArgumentParser(description="vLLM CLI")
+    top = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     sub = top.add_subparsers(required=False, dest="subparser")
     make_arg_parser(sub.add_parser("serve", usage="vllm serve [model_tag] [options]"))
     return top
 
 
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+def _argparse_message(text: str) -> str:
+    """argparse prints usage, then "<prog>: error: <message>" (pydantic adds more lines)."""
+    _, _, message = text.partition(": error: ")
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return " ".join(ln for ln in lines if not ln.startswith("For further information visit"))
+
+
+def _unknown_parsers(args) -> list[str]:
+    """Parser names are free strings to argparse; the API server resolves them only at start-up."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    errors = []
+    for flag, value, manager in (
+        ("--tool-call-parser", args.tool_call_parser, ToolParserManager),
+        ("--reasoning-parser", getattr(args, "reasoning_parser", None), ReasoningParserManager),
+    ):
+        if value and value not in manager.list_registered():
+            errors.append(f"validate: {flag} {value!r} is not a registered vLLM parser")
+    return errors
 
 
 def check_case(case: dict) -> dict:
@@ -113,7 +132,7 @@ def check_case(case: dict) -> dict:
             with contextlib.redirect_stderr(captured):
                 args = _serve_parser().parse_args(argv[1:])
         except SystemExit:
-            errors.append("parse: " + (_last_line(captured.getvalue()) or "argparse exited"))
+            errors.append("parse: " + (_argparse_message(captured.getvalue()) or "argparse exited"))
             return {"name": name, "ok": False, "errors": errors}
         except Exception as e:  # noqa: BLE001 - e.g. ValueError from FlexibleArgumentParser
             errors.append(f"parse: {type(e).__name__}: {e}")
@@ -123,6 +142,7 @@ def check_case(case: dict) -> dict:
             if getattr(args, "model_tag", None) is not None:  # as ServeSubcommand.cmd does
                 args.model = args.model_tag
             validate_parsed_serve_args(args)
+            errors.extend(_unknown_parsers(args))
         except SystemExit as e:
             errors.append(f"validate: exited {e.code}")
         except Exception as e:  # noqa: BLE001
