@@ -30,8 +30,8 @@ def test_default_backends(product: str, layout: Layout, rdma: bool, expected: tu
 
 
 def test_overrides_win_when_valid() -> None:
-    assert choose_backends(CATALOG["B200"], DEP16, True, "deepep_low_latency", "flashinfer_cutlass") == \
-        ("deepep_low_latency", "flashinfer_cutlass")
+    assert choose_backends(CATALOG["B200"], DEP16, True, "deepep_low_latency", "deep_gemm") == \
+        ("deepep_low_latency", "deep_gemm")
 
 
 @pytest.mark.parametrize(("product", "layout", "all2all", "moe", "needle"), [
@@ -43,6 +43,9 @@ def test_overrides_win_when_valid() -> None:
     ("GB300", TP8, "flashinfer_nvlink_one_sided", None, "has no effect"),
     ("B200", DEP16, "mori_low_latency", None, "AMD-only"),
     ("GB300", TP8, None, "flashinfer_moe_ep_mega_deep_gemm", "DeepSeek-V4 only"),
+    ("H200", TP8, None, "triton", "SiTU experts"),
+    ("H200", TP8, None, "deep_gemm", "needs blackwell GPUs"),
+    ("MI355X", TP8, None, "aiter_triton_mxfp4_bf16", "SiTU experts"),
 ])
 def test_invalid_overrides_are_rejected(product: str, layout: Layout, all2all: str | None, moe: str | None,
                                         needle: str) -> None:

@@ -117,11 +117,30 @@ def test_planning_errors(pool: dict[str, Any], nodes: list[dict[str, Any]], reas
 
 
 def test_retention_policy_maps_to_interval() -> None:
-    for retention, interval in (({"policy": "Interval", "intervalTokens": 32768}, 32768),
-                                ({"policy": "Selective"}, 0), ({"policy": "Dense"}, None)):
+    # TP8 with BF16 KV and FP32 KDA state aligns blocks to 768 tokens: 32768 is not a multiple,
+    # so the planner renders the nearest one, 43 x 768, and says so in status.
+    for retention, interval, requested in (({"policy": "Interval", "intervalTokens": 32768}, 33024, 32768),
+                                           ({"policy": "Interval", "intervalTokens": 1536}, 1536, 1536),
+                                           ({"policy": "Interval", "intervalTokens": 100}, 768, 100),
+                                           ({"policy": "Selective"}, 0, 0), ({"policy": "Dense"}, None, None)):
         body = base_deployment()
         body["spec"]["engine"] = {"prefixCaching": {"retention": retention}}
-        assert _plan(body, gb300_rack()).engine.retention_interval == interval
+        engine = _plan(body, gb300_rack()).engine
+        assert (engine.retention_interval, engine.retention_requested) == (interval, requested)
+        assert engine.retention_granularity == 768
+
+
+def test_retention_interval_is_a_multiple_of_every_roles_block() -> None:
+    body = base_deployment()
+    body["spec"]["engine"] = {"prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}}
+    body["spec"]["pools"] = [{"name": "p", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+                              "prefill": {"replicas": 1, "parallelism": {"tensor": 1, "data": 16, "expert": True}},
+                              "decode": {"replicas": 2, "parallelism": {"tensor": 8}}}]
+    plan = _plan(body, gb300_rack())
+    blocks = {r.role: r.block_size for _, r in plan.role_plans()}
+    assert blocks == {"prefill": 5760, "decode": 768}
+    assert plan.engine.retention_granularity == 11520  # lcm(5760, 768)
+    assert plan.engine.retention_interval == 34560     # the multiple of 11520 nearest to 32768
 
 
 def test_compat_hash_follows_shared_engine_settings() -> None:
@@ -148,3 +167,16 @@ def test_one_prefill_one_decode_is_a_known_trap() -> None:
     body["spec"].pop("experimental")
     pools[0]["decode"]["replicas"] = 2
     assert _plan(body, gb300_rack()).gpus == 8 + 16
+
+
+def test_pd_pairs_need_one_gpu_generation() -> None:
+    body = base_deployment()
+    body["spec"]["pools"] = [
+        {"name": "h200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "prefill": {"replicas": 1}},
+        {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"}, "decode": {"replicas": 2}}]
+    nodes = b200_nodes() + [node(f"h200-{i}", "NVIDIA-H200", 8, rdma="rdma/ib") for i in range(4)]
+    with pytest.raises(PlanningError) as info:
+        _plan(body, nodes)
+    assert info.value.reason == "PDIncompatible" and "nvidia blackwell, nvidia hopper" in info.value.message
+    body["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-B200"}
+    assert _plan(body, nodes).gpus == 16 + 2 * 16

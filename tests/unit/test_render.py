@@ -202,3 +202,58 @@ def test_serving_pod_essentials() -> None:
     assert '"model":"/models/kimi-k3-draft"' in spec_config and '"method":"dspark"' in spec_config
     for flag in ("--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser"):
         assert flag in c["command"]
+
+
+def _containers(objs: list[dict[str, Any]], lws: str) -> dict[str, dict[str, Any]]:
+    group = _by_kind(objs, "LeaderWorkerSet")[lws]["spec"]["leaderWorkerTemplate"]
+    return {t: group[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate") if t in group}
+
+
+def _after(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def test_multi_node_ranks_rendezvous_at_the_leader() -> None:
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    pods = _containers(objs, "k3-pd-b200-prefill-prefill")
+    leader, worker = pods["leaderTemplate"]["command"], pods["workerTemplate"]["command"]
+    assert (_after(leader, "--nnodes"), _after(leader, "--node-rank"), _after(leader, "--master-addr")) == \
+        ("2", "0", "$(POD_IP)")
+    assert (_after(worker, "--node-rank"), _after(worker, "--master-addr")) == \
+        ("$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)")
+    assert _after(leader, "--data-parallel-rpc-port") == _after(worker, "--data-parallel-rpc-port")
+    assert "--headless" in worker and "--headless" not in leader
+
+
+def test_pd_roles_share_the_kda_transfer_settings() -> None:
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    for lws in ("k3-pd-b200-prefill-prefill", "k3-pd-gb300-decode-decode"):
+        for c in _containers(objs, lws).values():
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
+            assert "--enable-hybrid-kv-cache-manager" in c["command"]
+            assert _after(c["command"], "--mamba-ssm-cache-dtype") == "auto"
+
+
+def test_decode_under_sequence_parallel_moe_shards_shared_experts() -> None:
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    prefill = _containers(objs, "k3-pd-b200-prefill-prefill")["leaderTemplate"]
+    decode = _containers(objs, "k3-pd-gb300-decode-decode")["leaderTemplate"]
+    assert "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT" not in {e["name"] for e in prefill["env"]}  # prefill role
+    assert "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT" not in {e["name"] for e in decode["env"]}   # TP8 without EP
+    body = _example("pd-gb300-decode-b200-prefill.yaml")
+    body["spec"]["pools"][1]["decode"]["parallelism"] = {"tensor": 8, "expert": True}  # TP8 + EP8: MegaMoE
+    decode = _containers(_render(body), "k3-pd-gb300-decode-decode")["leaderTemplate"]
+    env = {e["name"]: e.get("value") for e in decode["env"]}
+    assert env["VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT"] == "1"
+    assert _after(decode["command"], "--moe-backend") == "deep_gemm_mega_moe"
+
+
+def test_amd_pools_turn_aiter_on() -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"]["pools"][0].update(nodeSelector={"pool": "amd"}, gpu={"product": "MI355X", "perNode": 8})
+    body["spec"]["pools"][0]["aggregated"]["replicas"] = 1
+    (c,) = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated").values()
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_ROCM_USE_AITER"] == "1" and _after(c["command"], "--moe-backend") == "aiter"
+    assert c["resources"]["limits"] == {"amd.com/gpu": "8"}

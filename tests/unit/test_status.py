@@ -90,8 +90,10 @@ def test_planning_error_keeps_last_known_facts() -> None:
 def test_effective_engine_values_are_visible() -> None:
     status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, workloads={}, now=T0)
     assert status.engine is not None
-    assert status.engine.retention_policy == "Interval" and status.engine.retention_interval_tokens == 32768
+    # 32768 is not a multiple of the 768-token block TP8 aligns to: the status shows what runs.
+    assert status.engine.retention_policy == "Interval" and status.engine.retention_interval_tokens == 33024
+    assert status.engine.requested_retention_interval_tokens == 32768 and status.engine.block_size == 768
     assert status.engine.speculative_method == "dspark" and status.engine.num_speculative_tokens == 7
     assert status.engine.compatibility_hash == _plan().compat_hash
     decode = next(r for p in status.pools for r in p.roles if r.role == "decode")
-    assert decode.replicas_source == "spec"
+    assert decode.replicas_source == "spec" and decode.block_size == 768

@@ -144,12 +144,10 @@ class Speculative(SpecModel):
 
 
 class Multimodal(SpecModel):
-    """Limits on multimodal inputs per prompt (--limit-mm-per-prompt)."""
+    """Limits on multimodal inputs per prompt (--limit-mm-per-prompt); Kimi K3 takes images only."""
 
     max_images_per_prompt: Annotated[int, Field(ge=0, le=256)] | None = None
     """Images per prompt; 0 turns image input off."""
-    max_videos_per_prompt: Annotated[int, Field(ge=0, le=64)] | None = None
-    """Videos per prompt; 0 turns video input off."""
 
 
 class EnvVar(SpecModel):
@@ -168,9 +166,12 @@ class Engine(SpecModel):
     """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
     max_model_len: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
-    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_ds_mla"] = "auto"
-    """--kv-cache-dtype for the MLA layers: auto (BF16), bfloat16, fp8 or fp8_ds_mla; fp8 halves
-    KV memory. Prefill and decode always share it."""
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] = "auto"
+    """--kv-cache-dtype for the MLA layers: auto (BF16), fp8 (= fp8_e4m3) or fp8_ds_mla; fp8 halves
+    KV memory. Prefill and decode always share it (it enters vLLM's NIXL compatibility hash)."""
+    kda_state_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """--mamba-ssm-cache-dtype for the KDA recurrent state: auto (float32) or bfloat16, which
+    halves the state and the block size vLLM aligns to."""
     rust_frontend: bool = True
     """Serve HTTP with vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1, leader pods only)."""
     prefix_caching: PrefixCaching = PrefixCaching()
@@ -427,6 +428,8 @@ class RoleStatus(StatusModel):
     all2all_backend: str | None = None
     moe_backend: str | None = None
     compute_domain: bool | None = None
+    block_size: int | None = None
+    """The KV block size vLLM will use for this role."""
     replicas_source: Literal["spec", "workload", "default"] | None = None
     """Where the replica count came from: the spec, rate matching on spec.workload, or the default."""
     workload: str | None = None
@@ -451,9 +454,13 @@ class EngineStatus(StatusModel):
     kv_cache_dtype: str | None = None
     retention_policy: str | None = None
     retention_interval_tokens: int | None = None
-    """The --prefix-cache-retention-interval rendered (0: semantic checkpoints only; unset: dense)."""
+    """The --prefix-cache-retention-interval rendered (0: semantic checkpoints only; unset: dense),
+    rounded to a multiple of blockSize."""
+    requested_retention_interval_tokens: int | None = None
+    """What spec.engine.prefixCaching.retention asked for."""
     block_size: int | None = None
-    """The KV block size vLLM will really use for Kimi K3 (hybrid alignment raises it)."""
+    """What a retention interval must be a multiple of: the least common multiple of the block
+    sizes vLLM aligns each role to (hybrid alignment raises them well above --block-size)."""
     speculative_method: str | None = None
     num_speculative_tokens: int | None = None
     compatibility_hash: str | None = None

@@ -6,7 +6,8 @@ one NVLink domain, `deepep_v2` when it crosses RDMA (the recipe's choice; it nee
 RDMA on the NICs, which is why the override exists). On AMD the MORI kernels play these parts.
 MoE kernel: `deep_gemm_mega_moe` for expert parallel layouts (it requires
 --enable-expert-parallel and SM100-family Blackwell), `flashinfer_trtllm` for tensor parallel
-Blackwell, Marlin W4A16 on Hopper (no FP4 tensor cores), AITER on MI355X.
+Blackwell, Marlin W4A16 on Hopper (no FP4 tensor cores; triton cannot run K3's SiTU experts),
+AITER on MI355X (with VLLM_ROCM_USE_AITER=1, without which vLLM falls back to emulation).
 """
 
 from __future__ import annotations
@@ -45,25 +46,30 @@ run anywhere."""
 MOE_RULES: dict[str, BackendRule] = {
     "deep_gemm_mega_moe": BackendRule(_NV, _BLACKWELL, needs_expert_parallel=True),
     "flashinfer_trtllm": BackendRule(_NV, _BLACKWELL),
-    "flashinfer_cutlass": BackendRule(_NV),
+
     "flashinfer_cutedsl": BackendRule(_NV, _BLACKWELL),
     "flashinfer_moe_ep_cutedsl": BackendRule(_NV, _BLACKWELL, needs_expert_parallel=True),
     "flashinfer_b12x": BackendRule(_NV, _BLACKWELL),
     "b12x": BackendRule(_NV, _BLACKWELL),
-    "deep_gemm": BackendRule(_NV),
+    "deep_gemm": BackendRule(_NV, _BLACKWELL),
+    "humming": BackendRule(_NV),
     "cutlass": BackendRule(_NV),
     "marlin": BackendRule(_NV),
     "aiter": BackendRule("amd"),
-    "aiter_mega_moe": BackendRule("amd", needs_expert_parallel=True),
-    "aiter_triton_mxfp4_bf16": BackendRule("amd"),
-    "aiter_triton_mxfp4_mxfp4": BackendRule("amd"),
     "rdna3": BackendRule("amd"),
 }
 """Vendor- and generation-specific MoE kernels; triton and emulation run anywhere."""
 
+_NO_SITU = "does not run Kimi K3's SiTU experts in vLLM 0.33.0"
 UNSUPPORTED_MOE = {
     "flashinfer_moe_ep_mega_deep_gemm": "is DeepSeek-V4 only in vLLM 0.33.0",
+    "aiter_mega_moe": "is DeepSeek-V4 only in vLLM 0.33.0",
+    "triton": _NO_SITU,
+    "flashinfer_cutlass": _NO_SITU,
+    "aiter_triton_mxfp4_bf16": _NO_SITU,
+    "aiter_triton_mxfp4_mxfp4": _NO_SITU,
 }
+"""MoE kernels vLLM offers that cannot serve K3 (fused_moe checks, reference/vllm-kimi-k3.md)."""
 
 
 def uses_all2all(layout: Layout) -> bool:

@@ -24,9 +24,11 @@ def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
         served_name=spec.model.served_name,
         max_model_len=engine.max_model_len,
         kv_cache_dtype=engine.kv_cache_dtype,
+        kda_state_dtype=engine.kda_state_dtype,
         prefix_caching=engine.prefix_caching.enabled,
         retention_policy=retention.policy,
         retention_interval=interval,
+        retention_requested=interval,
         speculative_config=speculative_config(engine.speculative, draft),
         rust_frontend=engine.rust_frontend,
         draft_path=draft,
@@ -45,8 +47,7 @@ def mm_limits(engine: Engine) -> tuple[tuple[str, int], ...]:
     mm = engine.multimodal
     if mm is None:
         return ()
-    return tuple((k, v) for k, v in (("image", mm.max_images_per_prompt), ("video", mm.max_videos_per_prompt))
-                 if v is not None)
+    return (("image", mm.max_images_per_prompt),) if mm.max_images_per_prompt is not None else ()
 
 
 def speculative_config(spec: Speculative | None, draft: str | None) -> dict[str, object] | None:

@@ -40,6 +40,7 @@ class MemoryInputs:
     max_model_len: int | None
     kv_dtype: str
     spec_tokens: int
+    ssm_dtype: str = "float32"
 
 
 def describe(layout: Layout) -> str:
@@ -54,7 +55,8 @@ def describe(layout: Layout) -> str:
 
 def fit(fabric: Fabric, layout: Layout, mem: MemoryInputs) -> MemoryFit:
     return memory_fit(fabric.gpu, layout.tensor, layout.pipeline, layout.data, layout.expert,
-                      max_model_len=mem.max_model_len, kv_dtype=mem.kv_dtype, spec_tokens=mem.spec_tokens)
+                      max_model_len=mem.max_model_len, kv_dtype=mem.kv_dtype, spec_tokens=mem.spec_tokens,
+                      ssm_dtype=mem.ssm_dtype)
 
 
 def _divisors_of_heads(limit: int) -> list[int]:

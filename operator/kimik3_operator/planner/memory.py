@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .blocks import kda_state_bytes
 from .catalog import GB, GpuSpec
 
 EXPERT_BYTES = 1446.5 * GB
@@ -65,10 +66,11 @@ def weights_per_gpu(tensor: int, pipeline: int, data: int, expert: bool) -> floa
 
 
 def state_floor(gpu: GpuSpec, tensor: int, pipeline: int, max_model_len: int | None,
-                kv_dtype: str, spec_tokens: int) -> float:
+                kv_dtype: str, spec_tokens: int, ssm_dtype: str = "float32") -> float:
     tokens = max_model_len or MODEL_MAX_LEN
     kv = tokens * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / pipeline
-    kda = KDA_STATE_BYTES * (1 + spec_tokens) / (tensor * pipeline)
+    # vLLM keeps 1 + k KDA state slots per request under speculative decoding.
+    kda = kda_state_bytes(tensor, spec_tokens, ssm_dtype) * KDA_LAYERS * (1 + spec_tokens) / pipeline
     return max(kv + kda, MIN_POOL_FRACTION * gpu.usable_bytes)
 
 
@@ -77,10 +79,11 @@ def budget(gpu: GpuSpec) -> float:
 
 
 def memory_fit(gpu: GpuSpec, tensor: int, pipeline: int, data: int, expert: bool, *,
-               max_model_len: int | None, kv_dtype: str = "bf16", spec_tokens: int = 0) -> MemoryFit:
+               max_model_len: int | None, kv_dtype: str = "bf16", spec_tokens: int = 0,
+               ssm_dtype: str = "float32") -> MemoryFit:
     return MemoryFit(
         weights=weights_per_gpu(tensor, pipeline, data, expert),
-        floor=state_floor(gpu, tensor, pipeline, max_model_len, kv_dtype, spec_tokens),
+        floor=state_floor(gpu, tensor, pipeline, max_model_len, kv_dtype, spec_tokens, ssm_dtype),
         budget=budget(gpu),
     )
 

@@ -49,13 +49,19 @@ class EngineSettings:
     served_name: str
     max_model_len: int | None
     kv_cache_dtype: str
+    kda_state_dtype: str
     prefix_caching: bool
     retention_policy: str
     retention_interval: int | None
-    """--prefix-cache-retention-interval; None renders dense retention."""
+    """--prefix-cache-retention-interval as rendered (a multiple of every role's block size);
+    None renders dense retention."""
     speculative_config: Mapping[str, Any] | None
     rust_frontend: bool
     draft_path: str | None = None
+    retention_requested: int | None = None
+    """The interval the spec asked for, before rounding to the block size."""
+    retention_granularity: int | None = None
+    """The least common multiple of the roles' block sizes: what the interval must divide by."""
     tool_calling: bool = True
     reasoning: bool = True
     mm_limits: tuple[tuple[str, int], ...] = ()
@@ -71,6 +77,10 @@ class EngineSettings:
         return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
 
     @property
+    def ssm_dtype(self) -> str:
+        return "bfloat16" if self.kda_state_dtype == "bfloat16" else "float32"
+
+    @property
     def speculative_tokens(self) -> int:
         return int((self.speculative_config or {}).get("num_speculative_tokens", 0))
 
@@ -82,6 +92,7 @@ class EngineSettings:
             "model_path": self.model_path,
             "draft_path": self.draft_path,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "kda_state_dtype": self.kda_state_dtype,
             "max_model_len": self.max_model_len,
             "prefix_caching": self.prefix_caching,
             "retention_interval": self.retention_interval,
@@ -106,6 +117,8 @@ class RolePlan:
     """Node label every pod of one replica must share (the NVLink clique on NVL72 racks)."""
     crosses_rdma: bool = False
     """The replica's GPUs talk over RDMA between nodes (HGX multi-node)."""
+    block_size: int | None = None
+    """The KV block size vLLM aligns to for this role's tensor parallel size (blocks.py)."""
     replicas_source: str = "spec"
     """Where `replicas` came from: spec | workload (rate matching) | default."""
     predicted: Mapping[str, float] = field(default_factory=dict)

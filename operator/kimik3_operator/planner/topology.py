@@ -9,12 +9,14 @@ clique and gets a DRA ComputeDomain for multi-node NVLink.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
 from .backends import choose_backends
+from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
 from .engine_settings import engine_settings
 from .facts import CLIQUE_LABEL, PoolFacts
@@ -32,7 +34,36 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) 
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
     pools = assign_replicas(spec, engine, pools, omitted)
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
+    check_pd_pairing(pools)
+    pools, engine = align_blocks(pools, engine)
     return Plan(pools=pools, engine=engine, compat_hash=compat_hash(engine))
+
+
+def align_blocks(pools: tuple[PoolPlan, ...], engine: EngineSettings) -> tuple[tuple[PoolPlan, ...], EngineSettings]:
+    """Give each role the block size vLLM will use, and round a retention interval to a multiple
+    of all of them (the status shows the effective value)."""
+    pools = tuple(dataclasses.replace(pool, roles=tuple(
+        dataclasses.replace(role, block_size=block_size(role.layout.tensor, engine.kv_dtype_family,
+                                                        engine.ssm_dtype, engine.speculative_tokens))
+        for role in pool.roles)) for pool in pools)
+    granularity = retention_granularity([r.block_size for p in pools for r in p.roles if r.block_size])
+    interval = engine.retention_requested
+    if interval:
+        interval = round_interval(interval, granularity)
+    return pools, dataclasses.replace(engine, retention_interval=interval, retention_granularity=granularity)
+
+
+def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
+    """vLLM's NIXL handshake hashes the attention backend it resolved, which follows the GPU
+    generation: prefill and decode on different generations (or vendors) would never pair."""
+    kinds = {(CATALOG[p.gpu_product].vendor, CATALOG[p.gpu_product].generation)
+             for p in pools if p.gpu_product for r in p.roles if r.role in ("prefill", "decode")}
+    if len(kinds) > 1:
+        seen = ", ".join(f"{v} {g}" for v, g in sorted(kinds))
+        raise PlanningError("PDIncompatible",
+                            f"prefill and decode run on different GPU generations ({seen}): vLLM's NIXL "
+                            "handshake compares the attention backend, which differs between them; keep "
+                            "paired roles on one generation or serve each pool aggregated")
 
 
 def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
@@ -71,7 +102,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     fabric = pool_fabric(pool, gpu, facts)
     disaggregated = pool.effective_mode == "Disaggregated"
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
-                       spec_tokens=engine.speculative_tokens)
+                       spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
     return PoolPlan(
         name=pool.name,

@@ -46,6 +46,7 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
                 role=role.role,
                 replicas=role.replicas,
                 replicas_source=role.replicas_source,  # type: ignore[arg-type]
+                block_size=role.block_size,
                 ready_replicas=min(int(live.get("readyReplicas") or 0), role.replicas),
                 updated_replicas=min(int(live.get("updatedReplicas") or 0), role.replicas),
                 gpus_per_replica=role.gpus_per_replica,
@@ -71,6 +72,8 @@ def engine_status(plan: Plan) -> EngineStatus:
     return EngineStatus(
         kv_cache_dtype=engine.kv_cache_dtype, retention_policy=engine.retention_policy,
         retention_interval_tokens=engine.retention_interval if engine.prefix_caching else None,
+        requested_retention_interval_tokens=engine.retention_requested if engine.prefix_caching else None,
+        block_size=engine.retention_granularity,
         speculative_method=spec.get("method"), num_speculative_tokens=spec.get("num_speculative_tokens"),
         compatibility_hash=plan.compat_hash,
     )

@@ -18,6 +18,7 @@ from ..planner.memory import GPU_MEMORY_UTILIZATION
 
 HTTP_PORT = 8000
 MASTER_PORT = 29501
+DP_RPC_PORT = 13345
 NIXL_SIDE_CHANNEL_BASE = 5600
 """vLLM's default; each data-parallel rank listens on base + its global rank."""
 ENGINE_READY_TIMEOUT_S = 3600
@@ -50,14 +51,19 @@ def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
     if role.moe_backend:
         args += ["--moe-backend", role.moe_backend]
     if role.nodes_per_replica > 1:
-        # One pod per node; vLLM splits tensor x pipeline x data ranks evenly over the nodes.
+        # One pod per node: vLLM splits tensor x pipeline x data ranks evenly over --nnodes and
+        # derives each node's local data-parallel size and start rank from --node-rank
+        # (engine/arg_utils.py). The leader binds the rendezvous on its own address.
         args += [
             "--nnodes", str(role.nodes_per_replica),
             "--node-rank", "$(LWS_WORKER_INDEX)" if worker else "0",
-            "--master-addr", "$(LWS_LEADER_ADDRESS)",
+            "--master-addr", "$(LWS_LEADER_ADDRESS)" if worker else "$(POD_IP)",
             "--master-port", str(MASTER_PORT),
         ]
+    if layout.data > 1:
+        args += ["--data-parallel-rpc-port", str(DP_RPC_PORT)]
     if worker:
+        # Nothing infers this from the node rank: without it a worker starts API servers too.
         args.append("--headless")
     return args
 
@@ -71,6 +77,12 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
         *parallel_args(role, worker=worker),
         "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
         "--kv-cache-dtype", engine.kv_cache_dtype,
+        "--mamba-ssm-cache-dtype", engine.kda_state_dtype,
+        # One KV cache manager for MLA pages and KDA state: prefix caching across both, and NIXL
+        # refuses hybrid models without it.
+        "--enable-hybrid-kv-cache-manager",
+        # An unknown VLLM_* variable (a typo in engine.env) stops the engine instead of a warning.
+        "--fail-on-environ-validation",
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
@@ -93,9 +105,18 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
     return args
 
 
-def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[dict[str, Any]]:
+def sequence_parallel_moe(role: RolePlan) -> bool:
+    """K3 turns on sequence-parallel MoE with EP, TP > 1, no pipeline, and DP > 1 or MegaMoE."""
+    layout = role.layout
+    return (layout.expert and layout.tensor > 1 and layout.pipeline == 1
+            and (layout.data > 1 or role.moe_backend == "deep_gemm_mega_moe"))
+
+
+def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: str = "nvidia") -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        # Otherwise vLLM guesses its address from the default route.
+        {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"},
         {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(ENGINE_READY_TIMEOUT_S)},
     ]
     if engine.rust_frontend and not worker:
@@ -106,7 +127,16 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[
     if role.role in KV_ROLE:
         # NIXL binds and advertises its side channel on this address; localhost would never pair.
         env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
-                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_BASE)}]
+                {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_BASE)},
+                # KDA's conv state crosses NIXL only in the DS (dim, state) layout; both sides set it.
+                {"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"}]
+    if role.role == "decode" and sequence_parallel_moe(role):
+        # Shard the dense and shared-expert MLPs over TP under sequence-parallel MoE, which vLLM
+        # documents for decode instances of a P/D deployment.
+        env.append({"name": "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "value": "1"})
+    if vendor == "amd":
+        # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
+        env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
     if engine.auth_secret is not None:
         name, key = engine.auth_secret
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})

@@ -34,10 +34,10 @@ def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
         "moeBackend": role.moe_backend,
         "computeDomain": role.compute_domain,
         "command": engine_args(role, plan.engine, worker=False),
-        "env": _env_dict(engine_env(role, plan.engine, worker=False)),
+        "env": _env_dict(engine_env(role, plan.engine, worker=False, vendor=pool.vendor)),
         "worker": {
             "command": engine_args(role, plan.engine, worker=True),
-            "env": _env_dict(engine_env(role, plan.engine, worker=True)),
+            "env": _env_dict(engine_env(role, plan.engine, worker=True, vendor=pool.vendor)),
         } if multi else None,
         "predicted": {k: round(v, 3) for k, v in role.predicted.items()},
     }

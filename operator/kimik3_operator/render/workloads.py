@@ -91,7 +91,7 @@ def container(engine: EngineSettings, pool: PoolPlan, role: RolePlan, *, worker:
         "name": "vllm",
         "image": pool.image,
         "command": engine_args(role, engine, worker=worker),
-        "env": engine_env(role, engine, worker=worker),
+        "env": engine_env(role, engine, worker=worker, vendor=pool.vendor),
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # The endpoints controller needs a moment to stop routing here before vLLM starts draining.

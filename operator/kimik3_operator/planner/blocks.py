@@ -1,0 +1,48 @@
+"""The KV block size vLLM 0.33.0 really uses for Kimi K3, and retention intervals that fit it.
+
+Kimi K3 is hybrid: one KV cache manager holds MLA pages and KDA state pages in the same page
+size, so vLLM raises the block size until an MLA page of B tokens holds a KDA state
+(`_align_hybrid_block_size`, vllm/platforms/interface.py):
+    B = A * ceil(M / (A * P))
+with P the MLA bytes per token (kv_lora 512 + rope 64 = 576 values; 1152 B in BF16, 576 B in FP8),
+M the KDA state bytes of one sequence per GPU (conv state 2 * (3 + S) * 36864 / TP in BF16 plus
+recurrent state (96 / TP) * 128 * 128 in the SSM dtype), S the speculative tokens, and A the
+alignment unit: 128 for MLA, or --block-size when the user gives a larger one. Checked against
+vLLM's own function for TP 1/4/8/16, both KV dtypes, both SSM dtypes and S in {0, 7}.
+
+A positive --prefix-cache-retention-interval must be a multiple of the scheduler block size
+(v1/core/kv_cache_coordinator.py), which in this mode is B. Prefill and decode with different
+tensor parallel sizes have different B, so one interval must be a multiple of all of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+MLA_ALIGN = 128
+CONV_WIDTH = 3            # short conv kernel 4 keeps 3 past positions
+CONV_CHANNELS = 3 * 12288  # q, k, v projections of 96 heads x 128
+KDA_HEADS, HEAD_DIM = 96, 128
+MLA_VALUES_PER_TOKEN = 576
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def kda_state_bytes(tensor: int, spec_tokens: int, ssm_dtype: str) -> int:
+    conv = 2 * (CONV_WIDTH + spec_tokens) * CONV_CHANNELS // tensor
+    recurrent = (KDA_HEADS // tensor) * HEAD_DIM * HEAD_DIM * DTYPE_BYTES[ssm_dtype]
+    return conv + recurrent
+
+
+def block_size(tensor: int, kv_dtype_family: str, ssm_dtype: str, spec_tokens: int) -> int:
+    mla_bytes = MLA_VALUES_PER_TOKEN * (1 if kv_dtype_family == "fp8" else 2)
+    state = kda_state_bytes(tensor, spec_tokens, ssm_dtype)
+    return MLA_ALIGN * math.ceil(state / (MLA_ALIGN * mla_bytes))
+
+
+def retention_granularity(block_sizes: list[int]) -> int:
+    return math.lcm(*block_sizes) if block_sizes else MLA_ALIGN
+
+
+def round_interval(requested: int, granularity: int) -> int:
+    """The multiple of `granularity` nearest to `requested` (at least one block; ties go up)."""
+    return max(granularity, granularity * math.floor(requested / granularity + 0.5))
