@@ -3,11 +3,15 @@ the fake GPU nodes with the right shape, status follows readiness, deletion remo
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.cases import base_deployment
 
@@ -120,3 +124,16 @@ def test_unservable_layout_is_reported_and_deploys_nothing(operator: Path, names
     assert "the smallest aggregated layout that fits is TP8 x PP2 (16 GPUs)" in ready["message"]
     assert cr["status"]["phase"] == "Failed"
     assert get_json("leaderworkersets", "-n", namespace)["items"] == []
+
+
+def test_plan_reads_the_live_cluster(cluster: dict[str, str], tmp_path: Path) -> None:
+    """`kimik3 plan` without --nodes plans against the nodes of the cluster in $KUBECONFIG."""
+    cr = tmp_path / "cr.yaml"
+    cr.write_text(yaml.safe_dump(pd_deployment("default")))
+    kimik3 = Path(sys.executable).with_name("kimik3")
+    out = subprocess.run([str(kimik3), "plan", "-f", str(cr), "-o", "json"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    pools = {p["name"]: p for p in json.loads(out)["pools"]}
+    assert pools["gb300"]["gpuProduct"] == "GB300" and pools["gb300"]["gpusPerNode"] == 4
+    assert pools["b200"]["interconnect"] == "RDMA" and pools["b200"]["gpusPerNode"] == 8
+    assert pools["b200"]["roles"][0]["all2allBackend"] == "deepep_v2"
