@@ -180,3 +180,25 @@ def test_pd_pairs_need_one_gpu_generation() -> None:
     assert info.value.reason == "PDIncompatible" and "nvidia blackwell, nvidia hopper" in info.value.message
     body["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-B200"}
     assert _plan(body, nodes).gpus == 16 + 2 * 16
+
+
+def test_node_labels_report_memory_and_arch() -> None:
+    nodes = gb300_rack("a", 2)
+    for n in nodes:
+        n["metadata"]["labels"]["nvidia.com/gpu.memory"] = "284208"
+    amd = node("mi-0", "AMD_Instinct_MI355X_OAM", 8, resource="amd.com/gpu")
+    amd["metadata"]["labels"]["amd.com/gpu.vram"] = "288G"
+    facts = pool_facts({}, nodes)
+    assert (facts.memory_mib, facts.arch) == (284208, "arm64")
+    amd_facts = pool_facts({}, [amd])
+    assert (amd_facts.product, amd_facts.memory_mib, amd_facts.gpu_resource) == ("MI355X", 288 * 1024, "amd.com/gpu")
+
+
+def test_labelled_memory_decides_the_fit() -> None:
+    # An H200 part labelled with only 80 GB per GPU plans like an H100: 32 GPUs.
+    nodes = [node(f"h-{i}", "NVIDIA-H200", 8, rdma="rdma/ib") for i in range(4)]
+    for n in nodes:
+        n["metadata"]["labels"]["nvidia.com/gpu.memory"] = "81559"
+    body = _with_pool(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H200"}, aggregated={"replicas": 1})
+    (role,) = _plan(body, nodes).pools[0].roles
+    assert role.gpus_per_replica == 32

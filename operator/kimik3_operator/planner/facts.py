@@ -14,7 +14,9 @@ from .catalog import product_from_label
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
-AMD_PRODUCT_LABELS = ("amd.com/gpu.product-name", "amd.com/gpu.device-id.name")
+AMD_PRODUCT_LABELS = ("amd.com/gpu.product-name", "beta.amd.com/gpu.product-name")
+NVIDIA_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery publishes it
+AMD_VRAM_LABELS = ("amd.com/gpu.vram", "beta.amd.com/gpu.vram")  # e.g. "192G" (GiB), AMD's node labeller
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 RDMA_RESOURCE_PREFIXES = ("rdma/", "nvidia.com/rdma", "mellanox.com/")
 
@@ -30,6 +32,7 @@ class NodeFacts:
     rdma_resources: Mapping[str, int]
     arch: str | None
     schedulable: bool
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,10 @@ class PoolFacts:
     """NVLink clique id -> number of nodes in it (NVL72 racks)."""
     rdma_resource: str | None = None
     """An RDMA device resource every node advertises, if any."""
+    memory_mib: int | None = None
+    """GPU memory the nodes' labels report (the smallest), when they report it."""
+    arch: str | None = None
+    """CPU architecture most nodes report (GB300/GB200 trays are arm64)."""
 
 
 def _quantity(value: Any) -> int:
@@ -53,6 +60,15 @@ def _quantity(value: Any) -> int:
         return int(str(value))
     except ValueError:
         return 0
+
+
+def _memory_mib(labels: Mapping[str, str]) -> int | None:
+    if labels.get(NVIDIA_MEMORY_LABEL, "").isdigit():
+        return int(labels[NVIDIA_MEMORY_LABEL])
+    vram = next((labels[k] for k in AMD_VRAM_LABELS if k in labels), "")
+    if vram[:-1].isdigit() and vram[-1:].upper() == "G":
+        return int(vram[:-1]) * 1024
+    return None
 
 
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
@@ -76,6 +92,7 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         rdma_resources=rdma,
         arch=labels.get("kubernetes.io/arch"),
         schedulable=not spec.get("unschedulable", False),
+        memory_mib=_memory_mib(labels),
     )
 
 
@@ -98,4 +115,6 @@ def pool_facts(selector: Mapping[str, str], nodes: list[Mapping[str, Any]]) -> P
         gpus_per_node=min(f.gpus for f in picked),
         cliques=dict(Counter(f.clique for f in picked if f.clique)),
         rdma_resource=min(rdma_common) if rdma_common else None,
+        memory_mib=min((f.memory_mib for f in picked if f.memory_mib), default=None),
+        arch=Counter(f.arch for f in picked if f.arch).most_common(1)[0][0] if any(f.arch for f in picked) else None,
     )

@@ -81,7 +81,11 @@ def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
             f"pool {pool.name}: GPU {', '.join(labels)} is not one Kimi K3 supports "
             f"({', '.join(CATALOG)}); set gpu.product if the label is unusual",
             depends_on_nodes=True)
-    return CATALOG[product]
+    gpu = CATALOG[product]
+    if facts.memory_mib and pool.gpu.product in ("Auto", product):
+        # The nodes know their memory better than a datasheet (e.g. a 141 GB H200 NVL variant).
+        gpu = dataclasses.replace(gpu, usable_mib=facts.memory_mib)
+    return gpu
 
 
 def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:
@@ -116,7 +120,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         roles=roles,
         rdma_resource=facts.rdma_resource,
         vendor=gpu.vendor,
-        arch=gpu.arch,
+        arch=facts.arch or gpu.arch,
     )
 
 

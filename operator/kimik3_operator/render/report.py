@@ -50,6 +50,7 @@ def plan_report(plan: Plan) -> dict[str, Any]:
             "gpuProduct": pool.gpu_product,
             "interconnect": pool.interconnect,
             "gpusPerNode": pool.gpus_per_node,
+            "arch": pool.arch,
             "roles": [role_report(plan, pool, role) for role in pool.roles],
         } for pool in plan.pools],
         "compatibilityHash": plan.compat_hash,
