@@ -68,16 +68,14 @@ def _add_rules(cls: type[BaseModel], schema: CoreSchema, handler: GetJsonSchemaH
     return json_schema
 
 
-class SpecModel(BaseModel):
-    """Base of every spec model: camelCase on the wire, unknown fields rejected, immutable."""
+_WIRE = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True, use_attribute_docstrings=True)
+"""camelCase on the wire, snake_case in Python, immutable, attribute docstrings as descriptions."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
+
+class SpecModel(BaseModel):
+    """Base of every spec model: unknown fields are rejected, so typos fail loudly."""
+
+    model_config = ConfigDict(**_WIRE, extra="forbid")
 
     rules: ClassVar[tuple[Rule, ...]] = ()
 
@@ -98,15 +96,10 @@ class SpecModel(BaseModel):
 
 
 class StatusModel(BaseModel):
-    """Base of status models: camelCase, tolerant of fields a newer operator wrote."""
+    """Base of status and read-only models: tolerant of fields a newer operator (or the API
+    server) wrote."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="ignore",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
+    model_config = ConfigDict(**_WIRE, extra="ignore")
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
