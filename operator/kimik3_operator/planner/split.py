@@ -92,9 +92,9 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
     ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None
     itl_ms = spec.slo.itl_milliseconds if spec.slo else None
     predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms) for p in pools for r in p.roles}
-    for (pool, role), values in predicted.items():
-        plan = next(r for p in pools if p.name == pool for r in p.roles if r.role == role)
-        _check_slo(f"pool {pool} role {role}", plan, values, ttft_ms, itl_ms)
+    for pool in pools:
+        for role in pool.roles:
+            _check_slo(f"pool {pool.name} role {role.role}", role, predicted[(pool.name, role.role)], ttft_ms, itl_ms)
 
     capacity_key = {"prefill": "prefillRequestsPerSecond", "decode": "decodeRequestsPerSecond",
                     "aggregated": "requestsPerSecond"}
