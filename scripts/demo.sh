@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on one machine: bring up the local real cluster (fake GB300/B200/H200 GPU nodes),
-# install the CRD, run the operator, apply an example KimiK3Deployment and show what it became.
+# helm-install the chart, run the operator, apply an example KimiK3Deployment and show what it became.
 #
 #   scripts/demo.sh [EXAMPLE.yaml]   default: manifests/examples/pd-gb300-decode-b200-prefill.yaml
 #   scripts/demo.sh down             stop the operator and the cluster
@@ -34,14 +34,18 @@ t0=$SECONDS
 eval "$("$ROOT/e2e/cluster/cluster.sh" env)"
 echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 
-kubectl apply --server-side --force-conflicts --field-manager=kimik3-installer -f "$ROOT/crds"
+# The chart installs the CRD, the operator's ServiceAccount and its least-privilege RBAC (and a
+# Deployment whose pod kwok only pretends to run); the operator itself runs on this host, acting as
+# that ServiceAccount.
+helm upgrade --install kimik3-operator "$ROOT/charts/kimik3-operator" -n kimik3-system --create-namespace
 kubectl wait --for=condition=Established crd/kimik3deployments.serving.kimik3.dev --timeout=60s
 
 stop_operator
 mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$OPLOG")"
-setsid "$VENV/bin/kimik3" run >"$OPLOG" 2>&1 </dev/null &
+SA_KUBECONFIG="$("$ROOT/scripts/sa-kubeconfig.sh" kimik3-system kimik3-operator "$STATE/operator-sa.kubeconfig")"
+KUBECONFIG="$SA_KUBECONFIG" setsid "$VENV/bin/kimik3" run >"$OPLOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
-echo "== operator running (pid $(cat "$PIDFILE"), log $OPLOG)"
+echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $(cat "$PIDFILE"), log $OPLOG)"
 
 read -r ns name < <("$VENV/bin/python" -c '
 import sys, yaml

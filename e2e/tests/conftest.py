@@ -1,4 +1,5 @@
-"""e2e fixtures: the local real cluster (started if needed), the CRD, the operator as a process."""
+"""e2e fixtures: the local real cluster (started if needed), the chart (CRD and RBAC) installed
+with the real helm, and the operator as a host process acting as the chart's ServiceAccount."""
 
 from __future__ import annotations
 
@@ -40,23 +41,44 @@ def _cluster_env() -> dict[str, str]:
     return env
 
 
+CHART = ROOT / "charts" / "kimik3-operator"
+RELEASE, CHART_NAMESPACE = "kimik3-operator", "kimik3-system"
+SERVICE_ACCOUNT = "kimik3-operator"  # the chart's full name for this release name
+CRD = "crd/kimik3deployments.serving.kimik3.dev"
+
+
+def helm(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=timeout, env=os.environ)
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return result
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[dict[str, str]]:
     env = _cluster_env()
     os.environ.update(env)
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=kimik3-installer", "-f", str(ROOT / "crds"))
-    kubectl("wait", "--for=condition=Established", "crd/kimik3deployments.serving.kimik3.dev", "--timeout=60s")
     yield env
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """`kimik3 run` as a separate process, as users run it outside the cluster."""
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    # The cluster gives the operator its own identity, so the audit log tells its requests apart.
-    operator_kubeconfig = Path(cluster["KUBECONFIG"]).parent / "kubeconfigs" / "operator.kubeconfig"
-    env = {**os.environ, "KUBECONFIG": str(operator_kubeconfig),
+def chart(cluster: dict[str, str]) -> Iterator[str]:
+    """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
+    helm("upgrade", "--install", RELEASE, str(CHART), "-n", CHART_NAMESPACE, "--create-namespace")
+    kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
+    yield RELEASE
+
+
+@pytest.fixture(scope="session")
+def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`kimik3 run` as a separate process acting as the chart's ServiceAccount (kwok runs no
+    containers, so the chart's own pod never executes): least privilege is what is tested."""
+    folder = tmp_path_factory.mktemp("operator")
+    log = folder / "operator.log"
+    operator_kubeconfig = subprocess.run(
+        [str(ROOT / "scripts" / "sa-kubeconfig.sh"), CHART_NAMESPACE, SERVICE_ACCOUNT, str(folder / "kubeconfig")],
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    env = {**os.environ, "KUBECONFIG": operator_kubeconfig,
            "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
     kimik3 = Path(sys.executable).with_name("kimik3")
     port = free_port()
@@ -84,7 +106,7 @@ def operator(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture
-def namespace(cluster: dict[str, str]) -> Iterator[str]:
+def namespace(chart: str) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     kubectl("create", "namespace", name)
     wait_for(f"default ServiceAccount in {name}",

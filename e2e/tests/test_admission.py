@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def example_namespace(cluster: dict[str, str]) -> str:
+def example_namespace(chart: str) -> str:
     # The examples name their own namespace; dry-run still needs it to exist.
     kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace",
                                                       "metadata": {"name": "inference"}}))

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from .api import KimiK3Deployment
-from .api.crd import CRD_FILENAME, crd_yaml
+from .api.crd import CHART_CRD_PATH, CRD_FILENAME, chart_crd_template, crd_yaml
 from .planner import PlanningError, plan_deployment, pool_facts
 from .render.report import plan_report, plan_table
 
@@ -27,6 +27,11 @@ def _crd(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / CRD_FILENAME).write_text(text)
     print(out / CRD_FILENAME)
+    if args.chart:
+        target = Path(args.chart) / CHART_CRD_PATH
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(chart_crd_template())
+        print(target)
     return 0
 
 
@@ -65,10 +70,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
+    from .reconcile.settings import OperatorConfig
 
-    if args.namespace:
-        os.environ["KIMIK3_NAMESPACE"] = args.namespace
-    run_operator(namespace=args.namespace, liveness=args.liveness)
+    config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port)
+    run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
     return 0
 
 
@@ -77,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     crd = sub.add_parser("crd", help="write the KimiK3Deployment CRD generated from the API models")
     crd.add_argument("--out", default="crds", help="directory to write into, or - for stdout")
+    crd.add_argument("--chart", default="charts/kimik3-operator",
+                     help="also write the chart's templated copy here ('' to skip)")
     crd.set_defaults(func=_crd)
     plan = sub.add_parser("plan", help="show what a KimiK3Deployment would become, without applying it")
     plan.add_argument("-f", "--file", required=True, help="the KimiK3Deployment YAML")
@@ -85,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
     plan.set_defaults(func=_plan)
     run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster")
-    run.add_argument("--namespace", help="watch one namespace (default: all)")
+    run.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
+    run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     run.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=_run)
     return p

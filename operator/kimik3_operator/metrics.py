@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, start_http_server
 
 RECONCILE_SECONDS = Histogram(
     "kimik3_operator_reconcile_duration_seconds", "Duration of one reconcile pass", ["result"],
@@ -14,3 +14,8 @@ RECONCILE_ERRORS = Counter(
 APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
 )
+
+
+def serve_metrics(port: int) -> None:
+    """Expose /metrics on `port` from a background thread."""
+    start_http_server(port)

@@ -120,3 +120,11 @@ def test_crd_is_valid_yaml_with_header() -> None:
     text = crd_yaml()
     assert text.startswith("# GENERATED")
     assert yaml.safe_load(text)["kind"] == "CustomResourceDefinition"
+
+
+def test_committed_chart_crd_equals_generation() -> None:
+    from kimik3_operator.api.crd import CHART_CRD_PATH, chart_crd_template
+
+    committed = (ROOT / "charts" / "kimik3-operator" / CHART_CRD_PATH).read_text()
+    assert committed == chart_crd_template(), "the chart's CRD is stale: run `kimik3 crd`"
+    assert "{{- if .Values.crds.enabled }}" in committed and "helm.sh/resource-policy: keep" in committed

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from ..api import GROUP, KIND, VERSION
 from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
@@ -52,9 +52,10 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
         return client.ApiClient(cfg)
 
 
-def _translate(exc: ApiException) -> Exception:
-    if exc.status in (409, 429) or (exc.status or 0) >= 500:
-        return TransientApiError(f"{exc.status} {exc.reason}: {exc.body}")
+def _translate(exc: ApiException | DynamicApiError) -> Exception:
+    status = getattr(exc, "status", None) or 0
+    if status in (409, 429) or status >= 500:
+        return TransientApiError(f"{status} {getattr(exc, 'reason', '')}: {getattr(exc, 'body', '')}")
     return exc
 
 
@@ -78,10 +79,11 @@ class Cluster:
         except NotFoundError:
             return None
 
-    def list_deployments(self, namespace: str | None = None) -> list[tuple[str, str]]:
-        """(namespace, name) of every KimiK3Deployment, or of those in `namespace`."""
-        items = self._resource(f"{GROUP}/{VERSION}", KIND).get(namespace=namespace).items
-        return [(o.metadata.namespace, o.metadata.name) for o in items]
+    def list_deployments(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+        """(namespace, name) of every KimiK3Deployment, or of those in `namespaces`."""
+        res = self._resource(f"{GROUP}/{VERSION}", KIND)
+        lists = [res.get(namespace=ns).items for ns in namespaces] if namespaces else [res.get().items]
+        return [(o.metadata.namespace, o.metadata.name) for items in lists for o in items]
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
@@ -107,7 +109,7 @@ class Cluster:
         try:
             obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER,
                                               force_conflicts=True)
-        except ApiException as exc:
+        except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
         result = obj.to_dict()
         meta = result.get("metadata") or {}
@@ -127,7 +129,7 @@ class Cluster:
                        body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
         except NotFoundError:
             return
-        except ApiException as exc:
+        except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
         log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
 
@@ -142,7 +144,7 @@ class Cluster:
                                         force_conflicts=True)
         except NotFoundError:
             return  # deleted meanwhile: nothing to report on
-        except ApiException as exc:
+        except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
 
 

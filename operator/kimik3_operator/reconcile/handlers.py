@@ -19,7 +19,7 @@ import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..k8s import Cluster, TransientApiError, api_client
-from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS
+from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, serve_metrics
 from ..render.names import MANAGED_BY
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -67,8 +67,10 @@ def _state(memo: kopf.Memo) -> State:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    config = OperatorConfig.from_env()
+    config = memo.get("config") or OperatorConfig.from_env()
     config.apply(settings)
+    if config.metrics_port:
+        serve_metrics(config.metrics_port)
     state = await asyncio.to_thread(State, config)  # API discovery blocks: keep it off the loop
     memo["state"] = state
     state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")
@@ -110,7 +112,7 @@ async def _drain(state: State) -> None:
         if keys is None:
             try:
                 keys = set(await asyncio.to_thread(state.cluster.list_deployments,
-                                                   state.config.namespace))
+                                                   state.config.namespaces))
             except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
                 log.exception("Listing KimiK3Deployments for resync failed")
                 continue

@@ -16,15 +16,18 @@ class OperatorConfig:
     """Every deployment is reconciled at least this often (drift repair, node changes)."""
     retry_seconds: float = 10.0
     """Delay before retrying a pass that failed on an API error."""
-    namespace: str | None = None
-    """Watch one namespace; all namespaces when None."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; all when empty."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port."""
 
     @classmethod
-    def from_env(cls) -> "OperatorConfig":
+    def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None) -> "OperatorConfig":
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
-            namespace=os.environ.get("KIMIK3_NAMESPACE") or None,
+            namespaces=namespaces,
+            metrics_port=metrics_port,
         )
 
     def apply(self, settings: kopf.OperatorSettings) -> None:

@@ -1,0 +1,69 @@
+"""The Helm chart with the real helm on the real API server: lint, the installed objects, and an
+upgrade that changes the CRD (and back)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import CHART, CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, helm
+from .kube import get_json
+
+pytestmark = pytest.mark.e2e
+
+
+def test_lint_strict(cluster: dict[str, str]) -> None:
+    helm("lint", str(CHART), "--strict")
+
+
+def test_values_schema_rejects_unknown_and_unpinned_values(cluster: dict[str, str]) -> None:
+    for bad in ("replicas=9", "image.tag=latest", "unknownKey=1", "logLevel=LOUD"):
+        result = subprocess.run(["helm", "template", "t", str(CHART), "--set", bad], capture_output=True, text=True)
+        assert result.returncode != 0 and "values don't meet the specifications" in result.stderr, (bad, result.stderr)
+
+
+def test_installed_objects(chart: str) -> None:
+    deploy = get_json("deployment", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {p["name"] for p in c["ports"]} == {"metrics", "probes"}
+    role = get_json("clusterrole", SERVICE_ACCOUNT)
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+    binding = get_json("clusterrolebinding", SERVICE_ACCOUNT)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": CHART_NAMESPACE}]
+    crd = get_json(CRD)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def _printer_columns() -> list[str]:
+    return [c["name"] for c in get_json(CRD)["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+def test_upgrade_changes_the_crd(chart: str, tmp_path: Path) -> None:
+    # An "older" chart whose CRD lacks the Endpoint column: upgrading to it and back to the
+    # current chart must change the installed CRD both ways, with no manual step.
+    old = tmp_path / "kimik3-operator"
+    shutil.copytree(CHART, old)
+    template = old / "templates" / "crds" / "kimik3deployments.yaml"
+    text = template.read_text()
+    column = "    - name: Endpoint\n      type: string\n      jsonPath: .status.endpoint\n"
+    assert column in text
+    template.write_text(text.replace(column, ""))
+    meta = yaml.safe_load((old / "Chart.yaml").read_text())
+    (old / "Chart.yaml").write_text(yaml.safe_dump({**meta, "version": "0.0.9"}))
+    helm("upgrade", RELEASE, str(old), "-n", CHART_NAMESPACE)
+    assert "Endpoint" not in _printer_columns()
+    helm("upgrade", RELEASE, str(CHART), "-n", CHART_NAMESPACE)
+    assert "Endpoint" in _printer_columns()
+    history = helm("history", RELEASE, "-n", CHART_NAMESPACE, "-o", "json").stdout
+    assert len(yaml.safe_load(history)) >= 3
