@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -64,6 +65,7 @@ def cluster() -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def chart(cluster: dict[str, str]) -> Iterator[str]:
     """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
+    os.environ["KIMIK3_E2E_STARTED"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     helm("upgrade", "--install", RELEASE, str(CHART), "-n", CHART_NAMESPACE, "--create-namespace")
     kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
     yield RELEASE

@@ -137,3 +137,26 @@ def test_plan_reads_the_live_cluster(cluster: dict[str, str], tmp_path: Path) ->
     assert pools["gb300"]["gpuProduct"] == "GB300" and pools["gb300"]["gpusPerNode"] == 4
     assert pools["b200"]["interconnect"] == "RDMA" and pools["b200"]["gpusPerNode"] == 8
     assert pools["b200"]["roles"][0]["all2allBackend"] == "deepep_v2"
+
+
+def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
+    body = pd_deployment(namespace, name="k3-prune")
+    body["spec"]["pools"][0]["decode"]["replicas"] = 2
+    body["spec"]["pools"].append({"name": "gb300-agg", "nodeSelector": GB300,
+                                  "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}})
+    apply(body)
+    names = {"k3-prune-gb300-decode", "k3-prune-b200-prefill", "k3-prune-gb300-agg-aggregated"}
+    wait_for("three workloads", lambda: {o["metadata"]["name"] for o in get_json(
+        "leaderworkersets", "-n", namespace)["items"]} == names, timeout=60)
+    body["spec"]["pools"].pop()
+    apply(body)
+
+    def pruned() -> bool:
+        lws = {o["metadata"]["name"] for o in get_json("leaderworkersets", "-n", namespace)["items"]}
+        svcs = {o["metadata"]["name"] for o in get_json("services", "-n", namespace)["items"]}
+        cds = {o["metadata"]["name"] for o in get_json("computedomains", "-n", namespace)["items"]}
+        return (lws == names - {"k3-prune-gb300-agg-aggregated"}
+                and "k3-prune-gb300-agg-aggregated-leader" not in svcs
+                and "k3-prune-gb300-agg-aggregated-cd" not in cds)
+
+    wait_for("the removed pool's children to be pruned", pruned, timeout=60)
