@@ -3,6 +3,7 @@ upgrade that changes the CRD (and back)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,3 +68,22 @@ def test_upgrade_changes_the_crd(chart: str, tmp_path: Path) -> None:
     assert "Endpoint" in _printer_columns()
     history = helm("history", RELEASE, "-n", CHART_NAMESPACE, "-o", "json").stdout
     assert len(yaml.safe_load(history)) >= 3
+
+
+def test_optional_monitoring_and_priority_render(cluster: dict[str, str]) -> None:
+    flags = ("metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,"
+             "metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true,priorityClass.create=true")
+    docs = [d for d in yaml.safe_load_all(helm("template", "t", str(CHART), "-n", CHART_NAMESPACE,
+                                               "--set", flags).stdout) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "PriorityClass", "ConfigMap"} <= set(kinds)
+    json.loads(kinds["ConfigMap"]["data"]["kimik3.json"])  # the dashboard is valid JSON
+    pod_monitor = kinds["PodMonitor"]["spec"]
+    assert pod_monitor["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "kimik3-operator"
+    exprs = [r["expr"] for g in kinds["PrometheusRule"]["spec"]["groups"] for r in g["rules"]]
+    assert any("kimik3_operator_reconcile_errors_total" in e for e in exprs)
+    # what the API server knows without the prometheus-operator CRDs must pass a server dry run
+    core = [d for d in docs if d["kind"] in ("PriorityClass", "ConfigMap")]
+    result = subprocess.run(["kubectl", "apply", "--dry-run=server", "-n", CHART_NAMESPACE, "-f", "-"],
+                            input=yaml.safe_dump_all(core), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -128,3 +128,12 @@ def test_committed_chart_crd_equals_generation() -> None:
     committed = (ROOT / "charts" / "kimik3-operator" / CHART_CRD_PATH).read_text()
     assert committed == chart_crd_template(), "the chart's CRD is stale: run `kimik3 crd`"
     assert "{{- if .Values.crds.enabled }}" in committed and "helm.sh/resource-policy: keep" in committed
+
+
+def test_chart_readme_documents_every_value() -> None:
+    import re
+
+    values = (ROOT / "charts" / "kimik3-operator" / "values.yaml").read_text()
+    readme = (ROOT / "charts" / "kimik3-operator" / "README.md").read_text()
+    keys = re.findall(r"^\s*# ([a-zA-Z0-9_.]+) -- ", values, re.M)
+    assert keys and all(f"| `{k}` |" in readme for k in keys)
