@@ -87,3 +87,13 @@ def test_optional_monitoring_and_priority_render(cluster: dict[str, str]) -> Non
     result = subprocess.run(["kubectl", "apply", "--dry-run=server", "-n", CHART_NAMESPACE, "-f", "-"],
                             input=yaml.safe_dump_all(core), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_install_manifest_is_rendered_from_the_chart(chart: str) -> None:
+    fresh = subprocess.run([str(CHART.parents[1] / "scripts" / "render-install.sh"), "--stdout"],
+                           capture_output=True, text=True, check=True).stdout
+    committed = (CHART.parents[1] / "manifests" / "install.yaml").read_text()
+    assert committed == fresh, "manifests/install.yaml is stale: run scripts/render-install.sh"
+    result = subprocess.run(["kubectl", "apply", "--dry-run=server", "-f", "-"], input=committed,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
