@@ -1,4 +1,6 @@
-"""Default serving images, pinned to vLLM 0.33.0, chosen per GPU vendor.
+"""The project's images, pinned: the serving images the renderer emits (vLLM 0.33.0, chosen per GPU
+vendor), the router and the operator itself. Built from images/ (images/README.md); every reference
+here has an exact tag, which tests/images checks.
 
 The CUDA image is one multi-arch tag (amd64 for HGX, arm64 for Grace trays); MI355X pools
 need the ROCm build.
@@ -6,12 +8,19 @@ need the ROCm build.
 
 from __future__ import annotations
 
+from .. import __version__
 from .catalog import GpuSpec
 
 IMAGE_REPOSITORY = "ghcr.io/kimik3-operator"
 VLLM_VERSION = "0.33.0"
 CUDA_IMAGE = f"{IMAGE_REPOSITORY}/vllm-serving:{VLLM_VERSION}-cuda"
 ROCM_IMAGE = f"{IMAGE_REPOSITORY}/vllm-serving:{VLLM_VERSION}-rocm"
+# vLLM's request router (PyPI vllm-router), tagged with its own version (images/router).
+ROUTER_VERSION = "0.1.17"
+ROUTER_IMAGE = f"{IMAGE_REPOSITORY}/vllm-router:{ROUTER_VERSION}"
+# The operator, tagged with the package version it was built from (images/operator); the chart's
+# default (image.repository, tag = appVersion).
+OPERATOR_IMAGE = f"{IMAGE_REPOSITORY}/kimik3-operator:{__version__}"
 
 
 def serving_image(gpu: GpuSpec | None) -> str:
