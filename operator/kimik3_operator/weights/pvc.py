@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .engine import PartialWriter
 from .model import STATE_DIR, FileEntry, Manifest, RemoteFile, WeightsError
-from .uri import SHA256_HEX
+from .uri import parse_sha256sums
 
 SUMS_NAMES = ("SHA256SUMS", "sha256sums.txt")
 
@@ -69,12 +69,7 @@ class PvcSource:
         for name in SUMS_NAMES:
             p = self.root / name
             if p.is_file():
-                sums = {}
-                for line in p.read_text(errors="replace").splitlines():
-                    parts = line.strip().split(None, 1)
-                    if len(parts) == 2 and SHA256_HEX.match(parts[0].lower()):
-                        sums[parts[1].lstrip("*").removeprefix("./")] = parts[0].lower()
-                return sums
+                return parse_sha256sums(p.read_text(errors="replace"))
         return {}
 
     def list_files(self, commit: str | None) -> list[RemoteFile]:

@@ -31,7 +31,7 @@ import requests
 from .engine import PartialWriter
 from .model import FileEntry, Manifest, RemoteFile, WeightsError
 from .sigv4 import CredentialProvider, canonical_query, sign, uri_encode
-from .uri import SHA256_HEX
+from .uri import SHA256_HEX, parse_sha256sums
 
 log = logging.getLogger("kimik3_operator.weights")
 
@@ -187,12 +187,7 @@ class S3Source:
         for o in self._objects:
             if o["path"] in SUMS_NAMES:
                 r = self.client.request("GET", self.bucket, self._key(o["path"]))
-                sums = {}
-                for line in r.text.splitlines():
-                    parts = line.strip().split(None, 1)
-                    if len(parts) == 2 and SHA256_HEX.match(parts[0].lower()):
-                        sums[parts[1].lstrip("*").removeprefix("./")] = parts[0].lower()
-                return sums
+                return parse_sha256sums(r.text)
         return {}
 
     def list_files(self, commit: str | None) -> list[RemoteFile]:

@@ -47,3 +47,13 @@ def parse_uri(uri: str) -> ModelUri:
             raise WeightsError("InvalidUri", f"{uri!r}: '..' is not allowed in the path")
         return ModelUri("pvc", claim, path.strip("/"))
     raise WeightsError("InvalidUri", f"{uri!r}: unsupported scheme {scheme!r} (hf, s3, pvc)")
+
+
+def parse_sha256sums(text: str) -> dict[str, str]:
+    """`sha256sum` output (`HEX  path` or `HEX *path`) as {path: hex}; other lines are ignored."""
+    sums = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and SHA256_HEX.match(parts[0].lower()):
+            sums[parts[1].lstrip("*").removeprefix("./")] = parts[0].lower()
+    return sums
