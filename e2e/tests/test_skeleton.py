@@ -160,3 +160,23 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
                 and "k3-prune-gb300-agg-aggregated-cd" not in cds)
 
     wait_for("the removed pool's children to be pruned", pruned, timeout=60)
+
+
+def test_too_few_free_gpus_is_insufficient_capacity(operator: Path, namespace: str) -> None:
+    # 36 GB300 trays hold 18 TP8 replicas (2 trays each); ask for 20.
+    body = base_deployment(name="k3-big", namespace=namespace)
+    body["spec"]["pools"] = [{"name": "gb300", "nodeSelector": GB300,
+                              "aggregated": {"replicas": 20, "parallelism": {"tensor": 8}}}]
+    apply(body)
+
+    def short() -> dict[str, Any] | None:
+        ready = condition(get_json("k3", "k3-big", "-n", namespace), "Ready")
+        return ready if ready and ready["reason"] == "InsufficientCapacity" else None
+
+    ready = wait_for("Ready=False with reason InsufficientCapacity", short, timeout=60)
+    assert ready["status"] == "False"
+    assert "pool gb300 role aggregated: " in ready["message"] and "replicas do not fit now" in ready["message"]
+    assert "in one NVLink clique" in ready["message"]
+    # the children are applied anyway: new nodes would let the pending pods schedule
+    assert get_json("leaderworkerset", "k3-big-gb300-aggregated", "-n", namespace)["spec"]["replicas"] == 20
+    kubectl("delete", "k3", "k3-big", "-n", namespace, "--wait=true", "--timeout=60s")

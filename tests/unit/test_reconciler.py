@@ -28,6 +28,9 @@ class MemoryCluster:
     def list_nodes(self) -> list[dict[str, Any]]:
         return self.nodes
 
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        return []
+
     def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for o in self.objects.values()]
 

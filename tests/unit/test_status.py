@@ -97,3 +97,15 @@ def test_effective_engine_values_are_visible() -> None:
     assert status.engine.compatibility_hash == _plan().compat_hash
     decode = next(r for p in status.pools for r in p.roles if r.role == "decode")
     assert decode.replicas_source == "spec" and decode.block_size == 768
+
+
+def test_not_ready_for_lack_of_room_says_so() -> None:
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, workloads={},
+                            now=T0, capacity=["pool gb300-decode role decode: 1 of 2 replicas do not fit now"])
+    ready = _cond(status, "Ready")
+    assert (ready.status, ready.reason) == ("False", "InsufficientCapacity")
+    assert "1 of 2 replicas do not fit now" in ready.message
+    ready_anyway = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
+                                  workloads={"k3-pd-b200-prefill-prefill": _lws(1, 1),
+                                             "k3-pd-gb300-decode-decode": _lws(2, 2)}, capacity=["ignored"])
+    assert _cond(ready_anyway, "Ready").status == "True"

@@ -85,6 +85,11 @@ class Cluster:
         lists = [res.get(namespace=ns).items for ns in namespaces] if namespaces else [res.get().items]
         return [(o.metadata.namespace, o.metadata.name) for items in lists for o in items]
 
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Pods of every namespace that hold (or wait for) resources, for GPU capacity."""
+        items = self._resource("v1", "Pod").get(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+        return [p.to_dict() for p in items]
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
 

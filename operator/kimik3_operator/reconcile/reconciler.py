@@ -19,7 +19,8 @@ from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta
 from ..k8s import Cluster
 from ..planner import PlanningError, plan_deployment, pool_facts
 from ..render import Owner, render_children
-from ..render.names import selector
+from ..planner.capacity import gpus_used, shortfalls
+from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
 from .status import compute_status
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,11 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             workloads=workloads, now=now()))
         return outcome
 
+    used = gpus_used(cluster.list_active_pods(), lambda pod: (
+        pod["metadata"].get("namespace") == namespace
+        and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner)))
+    short = shortfalls(plan, facts, used)
+
     desired = render_children(owner, plan)
     current: dict[tuple[str, str], dict[str, Any]] = {}
     for obj in desired:
@@ -100,7 +106,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     workloads = {n: o for (k, n), o in current.items() if k == "LeaderWorkerSet"}
     _write_status(cluster, owner, body, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads=workloads, now=now()))
+        workloads=workloads, now=now(), capacity=short))
     return outcome
 
 

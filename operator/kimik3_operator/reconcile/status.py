@@ -92,8 +92,10 @@ def entry_endpoint(pools: list[PoolStatus]) -> str | None:
 
 def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentStatus | None,
                    plan: Plan | None, error: PlanningError | None,
-                   workloads: Mapping[str, Mapping[str, Any]], now: str) -> KimiK3DeploymentStatus:
-    """The status to store. `error` (a spec or planning problem) wins over `plan`."""
+                   workloads: Mapping[str, Mapping[str, Any]], now: str,
+                   capacity: list[str] | None = None) -> KimiK3DeploymentStatus:
+    """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
+    are not ready while the nodes lack room for them (`capacity` shortfalls) say so."""
     conditions = list(previous.conditions) if previous else []
     if error is not None or plan is None:
         reason = error.reason if error else "InvalidSpec"
@@ -115,8 +117,9 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     ready = sum(r.ready_replicas for _, r in roles)
     desired = sum(r.replicas for _, r in roles)
     if lagging:
-        message = "; ".join(lagging)
-        conditions = set_condition(conditions, _condition(READY, False, "PodsNotReady", message, generation, now))
+        reason = "InsufficientCapacity" if capacity else "PodsNotReady"
+        message = "; ".join(capacity or lagging)
+        conditions = set_condition(conditions, _condition(READY, False, reason, message, generation, now))
         conditions = set_condition(conditions, _condition(PROGRESSING, True, "Updating", message, generation, now))
     else:
         message = f"{ready}/{desired} replicas ready"

@@ -65,13 +65,18 @@ def service_name(owner: Owner, pool: str, role: str) -> str:
     return f"{workload_name(owner, pool, role)}-leader"
 
 
+def deployment_label(owner: Owner) -> str:
+    """The value of LABEL_DEPLOYMENT on every child (and pod) of `owner`."""
+    return bounded(owner.name, MAX_LABEL_VALUE)
+
+
 def labels(owner: Owner, pool: str | None = None, role: str | None = None) -> dict[str, str]:
     out = {
         "app.kubernetes.io/name": "kimi-k3",
-        "app.kubernetes.io/instance": bounded(owner.name, MAX_LABEL_VALUE),
+        "app.kubernetes.io/instance": deployment_label(owner),
         "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/part-of": "kimik3",
-        LABEL_DEPLOYMENT: bounded(owner.name, MAX_LABEL_VALUE),
+        LABEL_DEPLOYMENT: deployment_label(owner),
     }
     if role is not None:
         out["app.kubernetes.io/component"] = role
@@ -83,7 +88,7 @@ def labels(owner: Owner, pool: str | None = None, role: str | None = None) -> di
 
 def selector(owner: Owner) -> str:
     """Label selector that finds every child of one deployment."""
-    return f"{LABEL_DEPLOYMENT}={bounded(owner.name, MAX_LABEL_VALUE)},app.kubernetes.io/managed-by={MANAGED_BY}"
+    return f"{LABEL_DEPLOYMENT}={deployment_label(owner)},app.kubernetes.io/managed-by={MANAGED_BY}"
 
 
 def object_meta(owner: Owner, name: str, pool: str | None, role: str | None) -> dict[str, Any]:

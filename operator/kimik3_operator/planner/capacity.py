@@ -1,0 +1,79 @@
+"""Is there room for the plan on the nodes present now? Said with numbers, not a silent Pending.
+
+A replica needs `nodes_per_replica` nodes with `gpus_per_pod` free GPUs each, all inside one
+NVLink clique when the group must share one. GPUs count as used when a running or pending pod
+that is not this deployment's own has them on that node. Replicas are placed greedily, pool by
+pool and role by role, on what the earlier ones left. Capacity depends on the nodes, so a
+shortfall is a status condition and the children are still applied: new nodes (a cluster
+autoscaler, a scale-from-zero pool) make the pods schedule on their own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .facts import GPU_RESOURCES, PoolFacts, _quantity
+from .plan import Plan
+
+NO_CLIQUE = ""
+
+
+def gpus_used(pods: list[Mapping[str, Any]], own: Callable[[Mapping[str, Any]], bool]) -> dict[str, int]:
+    """GPUs requested per node by pods that are not `own`."""
+    used: dict[str, int] = defaultdict(int)
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or own(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            requests = ((container.get("resources") or {}).get("requests") or {})
+            used[node] += sum(_quantity(requests.get(r, 0)) for r in GPU_RESOURCES)
+    return used
+
+
+def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int]) -> list[str]:
+    """One message per role whose replicas cannot all be placed now."""
+    free = {n.name: n.gpus - used.get(n.name, 0) for pool in facts.values() for n in pool.nodes}
+    messages = []
+    for pool in plan.pools:
+        nodes = facts.get(pool.name, PoolFacts()).nodes
+        if not nodes:
+            continue  # planned ahead of its nodes: nothing to place on yet
+        for role in pool.roles:
+            placed = 0
+            for _ in range(role.replicas):
+                if not _place(nodes, free, role.nodes_per_replica, role.gpus_per_pod, bool(role.group_topology_key)):
+                    break
+                placed += 1
+            if placed < role.replicas:
+                messages.append(_message(pool.name, role.role, placed, role.replicas, role.nodes_per_replica,
+                                         role.gpus_per_pod, bool(role.group_topology_key), nodes, free))
+    return messages
+
+
+def _groups(nodes: tuple[Any, ...], by_clique: bool) -> dict[str, list[Any]]:
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for node in nodes:
+        groups[(node.clique or NO_CLIQUE) if by_clique else NO_CLIQUE].append(node)
+    return groups
+
+
+def _place(nodes: tuple[Any, ...], free: dict[str, int], count: int, gpus: int, by_clique: bool) -> bool:
+    for members in _groups(nodes, by_clique).values():
+        fitting = [n for n in members if free[n.name] >= gpus]
+        if len(fitting) >= count:
+            for node in fitting[:count]:
+                free[node.name] -= gpus
+            return True
+    return False
+
+
+def _message(pool: str, role: str, placed: int, replicas: int, count: int, gpus: int, by_clique: bool,
+             nodes: tuple[Any, ...], free: dict[str, int]) -> str:
+    where = "in one NVLink clique" if by_clique else "in the pool"
+    available = ", ".join(f"{clique or 'pool'}: {sum(1 for n in members if free[n.name] >= gpus)}"
+                          for clique, members in sorted(_groups(nodes, by_clique).items()))
+    return (f"pool {pool} role {role}: {replicas - placed} of {replicas} replicas do not fit now; each needs "
+            f"{count} node(s) with {gpus} free GPUs {where}; nodes left with {gpus} free GPUs ({available})")

@@ -1,0 +1,62 @@
+"""Capacity: replicas that cannot be placed on the nodes present now are counted and explained."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import plan_deployment, pool_facts
+from kimik3_operator.planner.capacity import gpus_used, shortfalls
+from tests.support.cases import base_deployment
+from tests.support.nodes import b200_nodes, gb300_rack
+
+
+def _setup(pools: list[dict[str, Any]], nodes: list[dict[str, Any]]):  # noqa: ANN202
+    body = base_deployment()
+    body["spec"]["pools"] = pools
+    spec = KimiK3Deployment.model_validate(body).spec
+    facts = {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools}
+    return plan_deployment(spec, facts), facts
+
+
+def _pod(node: str, gpus: int, *, ns: str = "other", label: str | None = None, phase: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "labels": {"serving.kimik3.dev/deployment": label} if label else {}},
+            "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
+
+
+def test_enough_room_means_no_shortfall() -> None:
+    plan, facts = _setup([{"name": "g", "nodeSelector": GB300, "aggregated": {"replicas": 9}}], gb300_rack())
+    assert shortfalls(plan, facts, {}) == []
+
+
+def test_groups_must_fit_inside_one_clique() -> None:
+    # 3 trays in each of two racks: three TP8 replicas need 2 trays in one rack each; only 2 fit.
+    nodes = gb300_rack("a", 3) + gb300_rack("b", 3)
+    plan, facts = _setup([{"name": "g", "nodeSelector": GB300, "aggregated": {"replicas": 3}}], nodes)
+    (message,) = shortfalls(plan, facts, {})
+    assert "pool g role aggregated: 1 of 3 replicas do not fit now" in message
+    assert "2 node(s) with 4 free GPUs in one NVLink clique" in message
+    assert "cluster.a: 1" in message and "cluster.b: 1" in message
+
+
+def test_gpus_held_by_others_count_and_our_own_pods_do_not() -> None:
+    nodes = b200_nodes(4)
+    plan, facts = _setup([{"name": "b", "nodeSelector": B200, "aggregated": {"replicas": 2}}], nodes)
+    pods = [_pod("b200-0", 8), _pod("b200-1", 8, label="k3-test", ns="default"),
+            _pod("b200-2", 8, phase="Succeeded")]
+    used = gpus_used(pods, lambda p: p["metadata"]["namespace"] == "default"
+                     and p["metadata"]["labels"].get("serving.kimik3.dev/deployment") == "k3-test")
+    assert used == {"b200-0": 8}
+    (message,) = shortfalls(plan, facts, used)
+    assert "1 of 2 replicas do not fit now" in message and "pool: 1" in message
+
+
+def test_pools_planned_ahead_of_their_nodes_are_not_short() -> None:
+    plan, facts = _setup([{"name": "later", "nodeSelector": {"x": "y"}, "gpu": {"product": "B300", "perNode": 8},
+                           "aggregated": {"replicas": 4}}], [])
+    assert shortfalls(plan, facts, {}) == []
