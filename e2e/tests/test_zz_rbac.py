@@ -23,7 +23,7 @@ def used_triples(audit_log: Path, since: str) -> set[tuple[str, str, str]]:
     for line in audit_log.read_text().splitlines():
         event = json.loads(line)
         ref = event.get("objectRef") or {}
-        if event["user"]["username"] != USER or not ref.get("resource"):
+        if (event.get("user") or {}).get("username") != USER or not ref.get("resource"):
             continue
         if event["requestReceivedTimestamp"][:19] < since:
             continue
