@@ -113,3 +113,19 @@ def test_schema_invalid_body_gets_invalid_spec_status() -> None:
     assert outcome.error is not None and outcome.error.reason == "InvalidSpec"
     assert "96 KDA heads" in outcome.error.message
     assert cluster.objects == {}
+
+
+def test_a_missing_kind_is_a_condition_not_a_crash() -> None:
+    from kimik3_operator.k8s import MissingApiError
+
+    class NoDra(MemoryCluster):
+        def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
+            if desired["kind"] == "ComputeDomain":
+                raise MissingApiError(desired["apiVersion"], desired["kind"])
+            return super().apply(desired, live)
+
+    cluster = NoDra(_pd(), NODES)
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is not None and outcome.error.reason == "MissingDependency"
+    ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "MissingDependency" and "NVIDIA's DRA driver" in ready["message"]

@@ -1,5 +1,6 @@
 """The only package that talks to the Kubernetes API server."""
 
-from .cluster import ApplyResult, Cluster, TransientApiError, api_client, unchanged_since_our_apply
+from .cluster import ApplyResult, Cluster, MissingApiError, TransientApiError, api_client, unchanged_since_our_apply
 
-__all__ = ["ApplyResult", "Cluster", "TransientApiError", "api_client", "unchanged_since_our_apply"]
+__all__ = ["ApplyResult", "Cluster", "MissingApiError", "TransientApiError", "api_client",
+           "unchanged_since_our_apply"]

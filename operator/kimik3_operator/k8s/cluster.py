@@ -34,6 +34,14 @@ class TransientApiError(Exception):
     """An API call failed in a way worth retrying (conflict, throttling, server error)."""
 
 
+class MissingApiError(Exception):
+    """The cluster does not serve a kind the plan needs (e.g. no LWS or DRA driver installed)."""
+
+    def __init__(self, api_version: str, kind: str) -> None:
+        super().__init__(f"the cluster does not serve {kind} ({api_version})")
+        self.api_version, self.kind = api_version, kind
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     obj: dict[str, Any]
@@ -110,7 +118,10 @@ class Cluster:
         if live is not None and unchanged_since_our_apply(
                 desired, live, self._answered.get(live["metadata"].get("uid", ""))):
             return ApplyResult(live, written=False)
-        res = self._resource(desired["apiVersion"], desired["kind"])
+        try:
+            res = self._resource(desired["apiVersion"], desired["kind"])
+        except ResourceNotFoundError as exc:
+            raise MissingApiError(desired["apiVersion"], desired["kind"]) from exc
         try:
             obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER,
                                               force_conflicts=True)

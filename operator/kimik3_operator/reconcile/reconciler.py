@@ -16,7 +16,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta
-from ..k8s import Cluster
+from ..k8s import Cluster, MissingApiError
 from ..planner import PlanningError, plan_deployment, pool_facts
 from ..render import Owner, render_children
 from ..planner.capacity import gpus_used, shortfalls
@@ -24,6 +24,12 @@ from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
 from .status import compute_status
 
 log = logging.getLogger(__name__)
+
+DEPENDENCIES = {
+    "LeaderWorkerSet": "install LeaderWorkerSet (sigs.k8s.io/lws)",
+    "ComputeDomain": "multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)",
+}
+"""What to install when the cluster lacks a kind the plan renders."""
 
 
 @dataclass
@@ -67,7 +73,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
         outcome.error = _invalid_spec(exc)
-        _write_status(cluster, owner, body, outcome, compute_status(
+        _write_status(cluster, owner, previous, outcome, compute_status(
             owner=owner, generation=meta.generation, previous=previous, plan=None,
             error=outcome.error, workloads={}, now=now()))
         return outcome
@@ -80,7 +86,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     except PlanningError as exc:
         outcome.error = exc
         workloads = {n: o for (k, n), o in live.items() if k == "LeaderWorkerSet"}
-        _write_status(cluster, owner, body, outcome, compute_status(
+        _write_status(cluster, owner, previous, outcome, compute_status(
             owner=owner, generation=meta.generation, previous=previous, plan=None, error=exc,
             workloads=workloads, now=now()))
         return outcome
@@ -93,7 +99,15 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     desired = render_children(owner, plan)
     current: dict[tuple[str, str], dict[str, Any]] = {}
     for obj in desired:
-        result = cluster.apply(obj, live.get(_key(obj)))
+        try:
+            result = cluster.apply(obj, live.get(_key(obj)))
+        except MissingApiError as exc:
+            outcome.error = PlanningError("MissingDependency", f"{exc}: {DEPENDENCIES.get(exc.kind, '')}".rstrip(": "),
+                                          depends_on_nodes=True)
+            _write_status(cluster, owner, previous, outcome, compute_status(
+                owner=owner, generation=meta.generation, previous=previous, plan=None, error=outcome.error,
+                workloads={}, now=now()))
+            return outcome
         current[_key(obj)] = result.obj
         if result.written:
             outcome.applied.append("/".join(_key(obj)))
@@ -104,7 +118,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             outcome.deleted.append("/".join(key))
 
     workloads = {n: o for (k, n), o in current.items() if k == "LeaderWorkerSet"}
-    _write_status(cluster, owner, body, outcome, compute_status(
+    _write_status(cluster, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=short))
     return outcome
@@ -120,9 +134,9 @@ def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
         return None  # written by something else: replace it wholesale
 
 
-def _write_status(cluster: Cluster, owner: Owner, body: dict[str, Any], outcome: Outcome,
+def _write_status(cluster: Cluster, owner: Owner, previous: KimiK3DeploymentStatus | None, outcome: Outcome,
                   status: KimiK3DeploymentStatus) -> None:
-    if _previous_status(body) == status:
+    if previous == status:
         return
     cluster.apply_status(owner.namespace, owner.name, status.wire())
     outcome.status_written = True
