@@ -11,7 +11,7 @@ import yaml
 
 from kimik3_operator.cli import main
 from tests.support.cases import EXAMPLES, base_deployment
-from tests.support.nodes import b200_nodes, gb300_rack
+from tests.support.nodes import all_pools
 
 ROLE_KEYS = {"role", "replicas", "gpusPerReplica", "nodesPerReplica", "tensorParallel", "pipelineParallel",
              "dataParallel", "expertParallel", "all2allBackend", "moeBackend", "computeDomain", "command", "env",
@@ -21,7 +21,7 @@ ROLE_KEYS = {"role", "replicas", "gpusPerReplica", "nodesPerReplica", "tensorPar
 @pytest.fixture
 def nodes_file(tmp_path: Path) -> Path:
     path = tmp_path / "nodes.yaml"
-    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": gb300_rack() + b200_nodes()}))
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": all_pools()}))
     return path
 
 

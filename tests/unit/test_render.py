@@ -13,10 +13,10 @@ from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.names import (ANNOTATION_HASH, LABEL_COMPAT, MAX_WORKLOAD_NAME, bounded,
                                           desired_hash, workload_name)
 from tests.support.cases import EXAMPLES, load_examples
-from tests.support.nodes import b200_nodes, gb300_rack
+from tests.support.nodes import all_pools
 
 OWNER = Owner(name="k3-pd", namespace="inference", uid="0000-1111")
-NODES = gb300_rack() + b200_nodes()
+NODES = all_pools()
 
 
 def _render(body: dict[str, Any], owner: Owner = OWNER) -> list[dict[str, Any]]:
