@@ -32,6 +32,13 @@ timed() { # timed NAME CMD...: run a build step and record its wall time
   fi
 }
 
+first_line() { # first_line CMD...: the first line of CMD's output. Not `| head -1`: under pipefail
+  # the command can die of SIGPIPE when head exits early, failing the build at random.
+  local out
+  out="$("$@" 2>&1)"
+  printf '%s\n' "${out%%$'\n'*}"
+}
+
 module_dir() { # module_dir MODULE@VERSION: where the module proxy unpacked it
   (cd "$(mktemp -d)" && go mod download -json "$1") | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
 }
@@ -49,7 +56,7 @@ build_etcd() {
     go build -o "$w/etcd" -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$ETCD_VERSION" go.etcd.io/etcd/server/v3
   )
   mkdir -p "$out" && mv "$w/etcd" "$out/etcd" && rm -rf "$w"
-  "$out/etcd" --version | head -1 >&2
+  first_line "$out/etcd" --version >&2
 }
 
 build_k8s() {
@@ -110,8 +117,10 @@ EOF
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   )
   mkdir -p "$out" && mv "$w"/out/* "$out/" && rm -rf "$w"
-  "$out/kube-apiserver" --version >&2
-  "$out/kube-apiserver" --version | grep -q "v$K8S_VERSION" || { log "kube-apiserver is not stamped v$K8S_VERSION"; exit 1; }
+  local version
+  version="$("$out/kube-apiserver" --version)"
+  log "$version"
+  [[ $version == *"v$K8S_VERSION"* ]] || { log "kube-apiserver is not stamped v$K8S_VERSION"; exit 1; }
 }
 
 build_kwok() {
@@ -139,7 +148,7 @@ build_lws() {
       sigs.k8s.io/lws/cmd
   )
   mkdir -p "$out" && mv "$w/lws-manager" "$out/lws-manager" && rm -rf "$w"
-  "$out/lws-manager" --version | head -1 >&2
+  first_line "$out/lws-manager" --version >&2
 }
 
 build_helm() {
