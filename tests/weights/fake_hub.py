@@ -54,6 +54,38 @@ class Repo:
     token: str | None = None  # required bearer token (private repo)
 
 
+def write_body(handler: BaseHTTPRequestHandler, entry: Any, status: int, data: bytes,
+               headers: dict[str, str], slow: "Slow | None", start: int) -> None:
+    """Send a (possibly partial) body, optionally trickled and cut at a bound to simulate a kill."""
+    entry.status = status
+    handler.send_response(status)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.send_header("Content-Type", "application/octet-stream")
+    for k, v in headers.items():
+        handler.send_header(k, v)
+    handler.end_headers()
+    if handler.command == "HEAD":
+        return
+    if slow is None:
+        handler.wfile.write(data)
+        entry.sent += len(data)
+        return
+    fast = max(0, slow.fast_bytes - start)
+    handler.wfile.write(data[:fast])
+    entry.sent += len(data[:fast])
+    handler.wfile.flush()
+    deadline = time.monotonic() + slow.max_seconds
+    pos = fast
+    while pos < len(data) and time.monotonic() < deadline:
+        handler.wfile.write(data[pos:pos + slow.chunk])
+        handler.wfile.flush()
+        entry.sent += len(data[pos:pos + slow.chunk])
+        pos += slow.chunk
+        time.sleep(slow.delay)
+    if pos < len(data):  # bound reached: cut the connection mid-body
+        handler.close_connection = True
+
+
 @dataclass
 class Slow:
     fast_bytes: int  # served at full speed
@@ -310,32 +342,6 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
                 data = data[start:end]
                 status = 206
-            entry.status = status
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Content-Type", "application/octet-stream")
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            slow = hub.slow.get(path)
-            if slow is None:
-                self.wfile.write(data)
-                entry.sent += len(data)
-                return
-            fast = max(0, slow.fast_bytes - start)
-            self.wfile.write(data[:fast])
-            entry.sent += len(data[:fast])
-            deadline = time.monotonic() + slow.max_seconds
-            pos = fast
-            while pos < len(data) and time.monotonic() < deadline:
-                self.wfile.write(data[pos:pos + slow.chunk])
-                self.wfile.flush()
-                entry.sent += len(data[pos:pos + slow.chunk])
-                pos += slow.chunk
-                time.sleep(slow.delay)
-            if pos < len(data):  # bound reached: cut the connection mid-body
-                self.close_connection = True
+            write_body(self, entry, status, data, headers, hub.slow.get(path), start)
 
     return Handler

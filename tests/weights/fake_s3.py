@@ -25,7 +25,7 @@ from xml.sax.saxutils import escape
 
 from kimik3_operator.weights.sigv4 import Credentials, canonical_request, signature
 
-from .fake_hub import Slow
+from .fake_hub import Slow, write_body
 
 ACCESS_KEY = "AKIDLOOPBACKTEST0001"
 SECRET_KEY = "loopback/secret+key/for-tests-only-0001"
@@ -251,33 +251,6 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(obj.data)}"
                 data = data[start:end]
                 status = 206
-            entry.status = status
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Content-Type", "application/octet-stream")
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            slow = s3.slow.get(key)
-            if slow is None:
-                self.wfile.write(data)
-                entry.sent += len(data)
-                return
-            fast = max(0, slow.fast_bytes - start)
-            self.wfile.write(data[:fast])
-            entry.sent += len(data[:fast])
-            self.wfile.flush()
-            deadline = time.monotonic() + slow.max_seconds
-            pos = fast
-            while pos < len(data) and time.monotonic() < deadline:
-                self.wfile.write(data[pos:pos + slow.chunk])
-                self.wfile.flush()
-                entry.sent += len(data[pos:pos + slow.chunk])
-                pos += slow.chunk
-                time.sleep(slow.delay)
-            if pos < len(data):
-                self.close_connection = True
+            write_body(self, entry, status, data, headers, s3.slow.get(key), start)
 
     return Handler
