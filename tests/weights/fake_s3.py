@@ -16,7 +16,6 @@ import base64
 import hashlib
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
