@@ -27,49 +27,38 @@ real plugin also publishes a `daemon-0` device for its IMEX daemon pods; nothing
 from __future__ import annotations
 
 import pathlib
+import uuid
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 # Two GB300 racks (two NVLink cliques) so tests can check a replica never straddles racks.
 # name prefix, file, node count, GPUs per node, product label, MiB per GPU, compute capability,
 # GPU family, CPU arch, CPUs, memory, NVLink clique of the whole pool (NVL72 racks only).
+def gb300_rack(n: int) -> dict:
+    """One GB300 NVL72 rack: 18 Grace trays x 4 GPUs, one NVLink clique. The clusterUUID is uuid5 of
+    "gb300-rack<n>.e2e.kimik3.dev", so the clique label is stable across runs."""
+    return dict(
+        file=f"gb300-nvl72-rack{n}.yaml",
+        comment=f"GB300 NVL72 rack {n}: 18 compute trays x 4 GPUs, one NVLink domain (clique).",
+        prefix=f"gb300-rack{n}-",
+        count=18,
+        digits=2,
+        gpus=4,
+        product="NVIDIA-GB300",
+        memory_mib=284208,
+        cc=(10, 3),
+        family="blackwell",
+        arch="arm64",  # Grace CPUs
+        cpu="144",
+        memory="960Gi",
+        instance_type="gb300-nvl72-tray",
+        clique=f"{uuid.uuid5(uuid.NAMESPACE_DNS, f'gb300-rack{n}.e2e.kimik3.dev')}.0",
+    )
+
+
 POOLS = [
-    dict(
-        file="gb300-nvl72-rack0.yaml",
-        comment="GB300 NVL72 rack 0: 18 compute trays x 4 GPUs, one NVLink domain (clique).",
-        prefix="gb300-rack0-",
-        count=18,
-        digits=2,
-        gpus=4,
-        product="NVIDIA-GB300",
-        memory_mib=284208,
-        cc=(10, 3),
-        family="blackwell",
-        arch="arm64",  # Grace CPUs
-        cpu="144",
-        memory="960Gi",
-        instance_type="gb300-nvl72-tray",
-        # A fixed clusterUUID (uuid5 of "gb300-rack0.e2e.kimik3.dev") keeps the label stable across runs.
-        clique="1b468d57-da77-5206-843e-577da47130e9.0",
-    ),
-    dict(
-        file="gb300-nvl72-rack1.yaml",
-        comment="GB300 NVL72 rack 1: 18 compute trays x 4 GPUs, one NVLink domain (clique).",
-        prefix="gb300-rack1-",
-        count=18,
-        digits=2,
-        gpus=4,
-        product="NVIDIA-GB300",
-        memory_mib=284208,
-        cc=(10, 3),
-        family="blackwell",
-        arch="arm64",  # Grace CPUs
-        cpu="144",
-        memory="960Gi",
-        instance_type="gb300-nvl72-tray",
-        # A fixed clusterUUID (uuid5 of "gb300-rack1.e2e.kimik3.dev") keeps the label stable across runs.
-        clique="15f0419e-0dca-5e51-9d8a-15f44a66fae5.0",
-    ),
+    gb300_rack(0),
+    gb300_rack(1),
     dict(
         file="b200-hgx.yaml",
         comment="Four HGX B200 nodes: 8 GPUs each, NVLink inside a node, InfiniBand (rdma/ib) between nodes.",
