@@ -54,6 +54,21 @@ class Repo:
     token: str | None = None  # required bearer token (private repo)
 
 
+def send(handler: BaseHTTPRequestHandler, entry: Any, status: int, body: bytes,
+         headers: dict[str, str] | None, content_type: str) -> None:
+    """Send a whole small response (JSON, XML, an error) and log it on `entry`."""
+    entry.status = status
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    handler.end_headers()
+    if handler.command != "HEAD" and body:
+        handler.wfile.write(body)
+        entry.sent += len(body)
+
+
 def write_body(handler: BaseHTTPRequestHandler, entry: Any, status: int, data: bytes,
                headers: dict[str, str], slow: "Slow | None", start: int) -> None:
     """Send a (possibly partial) body, optionally trickled and cut at a bound to simulate a kill."""
@@ -189,16 +204,7 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, entry: Logged, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
                   content_type: str = "application/json") -> None:
-            entry.status = status
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD" and body:
-                self.wfile.write(body)
-                entry.sent += len(body)
+            send(self, entry, status, body, headers, content_type)
 
         def _error(self, entry: Logged, status: int, code: str) -> None:
             self._send(entry, status, json.dumps({"error": code}).encode(), {"X-Error-Code": code,

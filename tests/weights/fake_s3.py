@@ -24,7 +24,7 @@ from xml.sax.saxutils import escape
 
 from kimik3_operator.weights.sigv4 import Credentials, canonical_request, signature
 
-from .fake_hub import Slow, write_body
+from .fake_hub import Slow, send, write_body
 
 ACCESS_KEY = "AKIDLOOPBACKTEST0001"
 SECRET_KEY = "loopback/secret+key/for-tests-only-0001"
@@ -114,16 +114,7 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, entry: Logged, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
                   ctype: str = "application/xml") -> None:
-            entry.status = status
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD" and body:
-                self.wfile.write(body)
-                entry.sent += len(body)
+            send(self, entry, status, body, headers, ctype)
 
         def _err(self, entry: Logged, status: int, code: str) -> None:
             self._send(entry, status, f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode())
