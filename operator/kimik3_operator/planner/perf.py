@@ -48,16 +48,17 @@ def distinct_experts(tokens: float) -> float:
     return NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens)
 
 
-def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8") -> float:
-    """Bytes on a decode step's critical path per GPU for `tokens` tokens (1, or 1 + k for a
-    speculative verify) at `context` tokens of context. Pipeline stages run one after another, so
-    a pipeline splits the bytes per GPU but not the bytes on the path."""
+def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8",
+               sequences: float = 1.0) -> float:
+    """Bytes on a decode step's critical path per GPU for `tokens` tokens in the step (1, 1 + k for
+    a speculative verify, or the batch) and `sequences` sequences per data-parallel rank at `context`
+    tokens of context. Pipeline stages run one after another, so a pipeline splits the bytes per
+    GPU but not the bytes on the path."""
     tp, ep = layout.tensor, layout.tensor * layout.data if layout.expert else layout.tensor
     bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / tp + DECODE_REPLICATED_BYTES
     experts = MOE_LAYERS * distinct_experts(tokens) * EXPERT_BYTES / ep
-    state = 2 * KDA_STATE_BYTES / tp
-    kv = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS
-    return bf16 + experts + state + kv
+    per_sequence = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS + 2 * KDA_STATE_BYTES / tp
+    return bf16 + experts + sequences * per_sequence
 
 
 @dataclass(frozen=True)
@@ -125,12 +126,7 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
 def decode_step_ms(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, batch: int, context: int,
                    kv_dtype: str) -> float:
     """Step time with `batch` sequences in flight per replica (spread over its DP ranks)."""
-    per_rank = batch / layout.data
-    ep = layout.tensor * layout.data if layout.expert else layout.tensor
-    bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / layout.tensor + DECODE_REPLICATED_BYTES
-    experts = MOE_LAYERS * distinct_experts(batch) * EXPERT_BYTES / ep
-    per_seq = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS + 2 * KDA_STATE_BYTES / layout.tensor
-    nbytes = bf16 + experts + per_rank * per_seq
+    nbytes = step_bytes(layout, batch, context, kv_dtype, sequences=batch / layout.data)
     rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
     flops = batch / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
                                    / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
