@@ -80,15 +80,13 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
 
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
-    live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
     try:
         plan = plan_deployment(cr.spec, facts)
     except PlanningError as exc:
         outcome.error = exc
-        workloads = {n: o for (k, n), o in live.items() if k == "LeaderWorkerSet"}
         _write_status(cluster, owner, previous, outcome, compute_status(
             owner=owner, generation=meta.generation, previous=previous, plan=None, error=exc,
-            workloads=workloads, now=now()))
+            workloads={}, now=now()))
         return outcome
 
     used = gpus_used(cluster.list_active_pods(), lambda pod: (
@@ -97,6 +95,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     short = shortfalls(plan, facts, used)
 
     desired = render_children(owner, plan)
+    live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
     current: dict[tuple[str, str], dict[str, Any]] = {}
     for obj in desired:
         try:

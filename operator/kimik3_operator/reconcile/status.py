@@ -102,14 +102,9 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         message = error.message if error else "the deployment could not be planned"
         conditions = set_condition(conditions, _condition(READY, False, reason, message, generation, now))
         conditions = set_condition(conditions, _condition(PROGRESSING, False, reason, message, generation, now))
-        return KimiK3DeploymentStatus(
-            observed_generation=generation, phase="Failed", conditions=conditions,
-            pools=list(previous.pools) if previous else [],
-            endpoint=previous.endpoint if previous else None,
-            engine=previous.engine if previous else None,
-            ready_summary=previous.ready_summary if previous else None,
-            gpus=previous.gpus if previous else None,
-        )
+        # The last known plan facts stay visible: what runs is still what was last planned.
+        return (previous or KimiK3DeploymentStatus()).model_copy(update={
+            "observed_generation": generation, "phase": "Failed", "conditions": conditions})
     pools = role_statuses(owner, plan, workloads)
     roles = [(p.name, r) for p in pools for r in p.roles]
     lagging = [f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
