@@ -10,7 +10,9 @@ CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 PY="${PYTHON:-python3}"
 deps="$("$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; print(p["dependencies"], p["optional-dependencies"])' "$ROOT/pyproject.toml")"
 key="$( (cat "$ROOT/constraints.txt"; echo "$deps") | sha256sum | cut -c1-12)"
-VENV="$CACHE/venv/$key"
+# KIMIK3_VENV: a venv of your own, e.g. for a second checkout (git worktree) whose editable install
+# must not re-point the shared one; it is not re-created when the pins change.
+VENV="${KIMIK3_VENV:-$CACHE/venv/$key}"
 if [[ ! -x "$VENV/bin/python" || ! -f "$VENV/.complete" ]]; then
   echo "[venv] creating $VENV" >&2
   rm -rf "$VENV"; mkdir -p "$CACHE/venv"
