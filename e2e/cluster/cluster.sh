@@ -255,12 +255,14 @@ EOF
 kwok_config() { # kwok_config STAGE_DIR
   local f first=1
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml \
+    pod/fast/pod-ready.yaml kimik3/pod-complete.yaml pod/fast/pod-delete.yaml \
     volume/fast/pvc-provision.yaml volume/fast/pv-bind.yaml volume/fast/pv-delete.yaml \
     volume/fast/pvc-delete.yaml; do
     ((first)) || echo "---"
     first=0
-    if [[ $f == pod/fast/pod-ready.yaml ]]; then
+    if [[ $f == kimik3/* ]]; then
+      cat "$ROOT/e2e/cluster/kwok/${f#kimik3/}" # our own stages (see the file)
+    elif [[ $f == pod/fast/pod-ready.yaml ]]; then
       # Hold pod readiness back for a moment, as a real engine start would, so tests can see a
       # workload that exists but is not ready yet (KIMIK3_POD_READY_DELAY_MS, 0 disables it).
       sed "s/^spec:$/spec:\n  delay:\n    durationMilliseconds: ${KIMIK3_POD_READY_DELAY_MS:-3000}/" "$1/$f"

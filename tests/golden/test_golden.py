@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kimik3_operator.api import KimiK3Deployment
-from kimik3_operator.planner import Plan, plan_deployment, pool_facts
+from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.report import plan_report
 from tests.support.nodes import all_pools
@@ -27,10 +27,15 @@ UPDATE = os.environ.get("KIMIK3_UPDATE_GOLDEN") == "1"
 OWNER_UID = "00000000-0000-0000-0000-000000000000"
 
 
+STAGED_COMMIT = "5eed" * 10
+"""What the staging Jobs reported: goldens show the steady state, serving pods included."""
+
+
 def plan_scenario(body: dict[str, Any]) -> Plan:
     spec = KimiK3Deployment.model_validate(body).spec
     nodes = all_pools()
-    return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+    plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+    return with_staged(plan, {s.name: STAGED_COMMIT for s in plan.weights.sources})
 
 
 def rendered(name: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from kimik3_operator.k8s import ApplyResult
@@ -20,7 +21,22 @@ class MemoryCluster:
         self.deployment["metadata"].update(uid="uid-1", generation=1)
         self.nodes = nodes
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
         self.writes: list[str] = []
+
+    def finish_staging(self, commit: str = "c0ffee" * 6 + "c0ff") -> None:
+        """Play the Job controller and kubelet: every staging Job succeeds, its pod reporting `commit`."""
+        for (kind, name), job in self.objects.items():
+            if kind == "Job":
+                job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+                record = json.dumps({"phase": "Complete", "commit": commit, "filesDone": 3, "filesTotal": 3})
+                self.pods.append({"metadata": {"name": f"{name}-x", "creationTimestamp": "2026-11-30T00:00:00Z",
+                                               "labels": {"batch.kubernetes.io/job-name": name}},
+                                  "status": {"phase": "Succeeded", "containerStatuses": [
+                                      {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.deployment)
@@ -66,18 +82,50 @@ def _pd() -> dict[str, Any]:
 NODES = gb300_rack() + b200_nodes()
 
 
-def test_first_pass_applies_children_and_status_second_pass_writes_nothing() -> None:
+def _staged(cluster: MemoryCluster) -> MemoryCluster:
+    reconcile(cluster, "ns", "k3")
+    cluster.finish_staging()
+    return cluster
+
+
+def test_weights_are_staged_before_anything_serves_then_steady_state_writes_nothing() -> None:
     cluster = MemoryCluster(_pd(), NODES)
     first = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:00:00Z")
-    assert len(first.applied) == 5 and first.status_written  # 2 Services, 1 ComputeDomain, 2 LWS
-    cluster.writes.clear()
+    assert sorted(k.split("/")[0] for k in first.applied) == [
+        "Job", "PersistentVolumeClaim", "Role", "RoleBinding", "ServiceAccount"]
+    status = cluster.deployment["status"]
+    assert status["phase"] == "Progressing"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "WeightsStaging")
+    assert [w["phase"] for w in status["weights"]] == ["Pending"]
+    cluster.finish_staging()
     second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
-    assert (second.applied, second.deleted, second.status_written) == ([], [], False)
+    assert len(second.applied) == 5 and second.status_written  # 2 Services, 1 ComputeDomain, 2 LWS
+    (weights,) = cluster.deployment["status"]["weights"]
+    assert weights["phase"] == "Staged" and weights["commit"] == "c0ffee" * 6 + "c0ff"
+    lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
+    (wait,) = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["initContainers"]
+    assert wait["command"][wait["command"].index("--commit") + 1] == weights["commit"]
+    cluster.writes.clear()
+    third = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:02:00Z")
+    assert (third.applied, third.deleted, third.status_written) == ([], [], False)
     assert cluster.writes == []
 
 
+def test_a_new_revision_stages_beside_what_serves() -> None:
+    cluster = _staged(MemoryCluster(_pd(), NODES))
+    reconcile(cluster, "ns", "k3")
+    serving = {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"}
+    cluster.deployment["spec"]["model"]["revision"] = "v2"
+    outcome = reconcile(cluster, "ns", "k3")
+    assert [k for k in outcome.applied if not k.startswith(("Job/", "Role/"))] == []
+    assert [k.split("/")[0] for k in outcome.deleted] == ["Job"]  # the old revision's Job
+    assert {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"} == serving
+    assert cluster.deployment["status"]["phase"] == "Progressing"
+
+
 def test_removed_pool_is_pruned_and_foreign_objects_are_kept() -> None:
-    cluster = MemoryCluster(_pd(), NODES)
+    cluster = _staged(MemoryCluster(_pd(), NODES))
     reconcile(cluster, "ns", "k3")
     foreign = {"kind": "Service", "apiVersion": "v1", "metadata": {
         "name": "someone-elses", "namespace": "ns", "annotations": {},
@@ -95,7 +143,7 @@ def test_removed_pool_is_pruned_and_foreign_objects_are_kept() -> None:
 
 
 def test_unplannable_spec_changes_nothing_that_runs() -> None:
-    cluster = MemoryCluster(_pd(), NODES)
+    cluster = _staged(MemoryCluster(_pd(), NODES))
     reconcile(cluster, "ns", "k3")
     before = copy.deepcopy(cluster.objects)
     cluster.deployment["spec"]["pools"][0]["decode"]["parallelism"] = {"tensor": 4}  # 400 GB of weights per GPU
@@ -124,7 +172,7 @@ def test_a_missing_kind_is_a_condition_not_a_crash() -> None:
                 raise MissingApiError(desired["apiVersion"], desired["kind"])
             return super().apply(desired, live)
 
-    cluster = NoDra(_pd(), NODES)
+    cluster = _staged(NoDra(_pd(), NODES))
     outcome = reconcile(cluster, "ns", "k3")
     assert outcome.error is not None and outcome.error.reason == "MissingDependency"
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")

@@ -37,7 +37,9 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
     assert sorted(_by_kind(objs, "LeaderWorkerSet")) == ["k3-pd-b200-prefill-prefill", "k3-pd-gb300-decode-decode"]
     assert sorted(_by_kind(objs, "Service")) == ["k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader"]
-    assert [o["kind"] for o in objs] == ["Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet"]
+    assert [o["kind"] for o in objs] == [
+        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job", "Job",  # model and draft
+        "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet"]
 
 
 def test_multi_tray_nvlink_replicas_claim_a_compute_domain_channel() -> None:
@@ -193,9 +195,12 @@ def test_serving_pod_essentials() -> None:
     assert c["command"][c["command"].index("--shutdown-timeout") + 1] == "120"
     assert pod["terminationGracePeriodSeconds"] > 120 + c["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    token = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
-    assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
-    assert not any("hf-token" in a for a in c["command"])
+    # Serving pods read staged local files: the Hub token goes to the staging Jobs only.
+    assert not any(e["name"] == "HF_TOKEN" or "secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
+    assert {"name": "model-cache", "mountPath": "/models/kimi-k3-draft", "readOnly": True,
+            "subPath": next(m["subPath"] for m in c["volumeMounts"] if m["mountPath"] == "/models/kimi-k3-draft")
+            } in c["volumeMounts"]
+    assert [i["name"] for i in pod["initContainers"]] == ["wait-model", "wait-draft"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1" and env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"
     spec_config = c["command"][c["command"].index("--speculative-config") + 1]

@@ -51,7 +51,11 @@ ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
 ImageRef = Annotated[str, Field(max_length=512)]
-ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf|pvc|s3|oci)://[^\s]+$")]
+# What the weights loader stages (operator/kimik3_operator/weights): the Hub, S3, or a claim in place.
+ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
+                                                        r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
+                                                        r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?)$")]
+EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
 EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -77,15 +81,22 @@ class ModelSource(SpecModel):
     """Where the checkpoint comes from and how it is served."""
 
     uri: ModelUri
-    """Checkpoint location: hf://org/name, pvc://claim/path, s3://bucket/prefix or oci://image."""
+    """Checkpoint location: hf://org/name, s3://bucket/prefix or pvc://claim/path (a claim of this
+    namespace that already holds the checkpoint; it is verified in place)."""
     revision: Annotated[str, Field(max_length=128)] = "main"
-    """Branch, tag or commit of the checkpoint (hf:// only)."""
+    """Branch, tag or commit of the checkpoint (hf:// only). A branch is resolved to a commit once,
+    when staging; status.weights shows it and a moved branch is not followed until this changes."""
     served_name: Annotated[str, Field(max_length=128)] = "kimi-k3"
     """Model name clients send in requests (--served-model-name)."""
     auth_secret_ref: SecretKeyRef | None = None
-    """Secret with the token to read the checkpoint; never rendered into arguments."""
+    """Secret to read the checkpoint with, given only to the staging Jobs and never rendered into
+    arguments: for hf:// the key holds the Hub token; for s3:// the Secret's keys (AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION) become the Job's environment."""
     cache: ModelCache | None = None
     """Shared weights volume; omitted means the default claim settings."""
+    endpoint: EndpointUrl | None = None
+    """Hub or S3 endpoint to download from (a mirror, a private S3 service); rendered as HF_ENDPOINT
+    or AWS_ENDPOINT_URL for the staging Jobs only. Default: the public Hub / AWS."""
 
 
 class Retention(SpecModel):
@@ -467,6 +478,29 @@ class EngineStatus(StatusModel):
     """Hash of every setting prefill and decode must share; stamped on both roles' pods."""
 
 
+class WeightsStatus(StatusModel):
+    """One checkpoint staged into the cache volume (the model, or the DSpark draft)."""
+
+    name: Literal["model", "draft"]
+    uri: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    """The commit the revision resolved to when it was staged; serving pods wait for exactly it."""
+    phase: Literal["Pending", "Staging", "Staged", "Failed"] | None = None
+    """Pending (Job not started) | Staging | Staged | Failed (the Job gave up)."""
+    job: str | None = None
+    """The staging Job."""
+    files_done: int | None = None
+    files_total: int | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    percent: float | None = None
+    attempts: int | None = None
+    """Pods the Job ran so far (a killed or failed attempt resumes where it stopped)."""
+    message: str | None = None
+    """Why it failed, or what it is doing."""
+
+
 class KimiK3DeploymentStatus(StatusModel):
     """Observed state, written by the operator only when it changes."""
 
@@ -486,6 +520,8 @@ class KimiK3DeploymentStatus(StatusModel):
     """Ready replicas over desired replicas, across roles ("3/3")."""
     gpus: int | None = None
     """GPUs requested by all roles at the desired replica counts."""
+    weights: Annotated[list[WeightsStatus], Field(max_length=2), list_map("name")] = []
+    """Staging of the checkpoint and the draft into the cache volume."""
 
 
 

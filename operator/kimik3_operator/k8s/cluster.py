@@ -8,6 +8,7 @@ carries the same desired-hash annotation and that nobody else has written since 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,10 +21,20 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
+from ..render.weights import PROGRESS_FIELD_MANAGER
+
+HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER})
+"""Writers that only touch fields we never set (a staging pod's progress annotation on its Job):
+their writes are not drift and cost no re-apply."""
 
 log = logging.getLogger(__name__)
 
 CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("batch/v1", "Job"),
     ("v1", "Service"),
     ("resource.nvidia.com/v1beta1", "ComputeDomain"),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
@@ -32,6 +43,15 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
 
 class TransientApiError(Exception):
     """An API call failed in a way worth retrying (conflict, throttling, server error)."""
+
+
+class RejectedApiError(Exception):
+    """The API server refused an object as invalid or forbidden: retrying the same object cannot help
+    (e.g. a changed storage class on an existing claim, whose spec is immutable)."""
+
+    def __init__(self, kind: str, name: str, status: int, message: str) -> None:
+        super().__init__(f"{kind} {name}: {status} {message}")
+        self.kind, self.name, self.status, self.message = kind, name, status, message
 
 
 class MissingApiError(Exception):
@@ -101,6 +121,10 @@ class Cluster:
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in self._resource("v1", "Pod").get(
+            namespace=namespace, label_selector=label_selector).items]
+
     def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for api_version, kind in CHILD_KINDS:
@@ -126,7 +150,11 @@ class Cluster:
             obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER,
                                               force_conflicts=True)
         except (ApiException, DynamicApiError) as exc:
-            raise _translate(exc) from exc
+            translated = _translate(exc)
+            if translated is exc and getattr(exc, "status", 0) in (400, 403, 422):
+                raise RejectedApiError(desired["kind"], desired["metadata"]["name"], exc.status,
+                                       _api_message(exc)) from exc
+            raise translated from exc
         result = obj.to_dict()
         meta = result.get("metadata") or {}
         foreign = _foreign_writes(meta.get("managedFields") or [])
@@ -164,6 +192,15 @@ class Cluster:
             raise _translate(exc) from exc
 
 
+def _api_message(exc: ApiException | DynamicApiError) -> str:
+    """The Status message the API server sent, else the HTTP reason."""
+    body = getattr(exc, "body", None)
+    try:
+        return str(json.loads(body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(getattr(exc, "reason", "") or body or exc)
+
+
 def _time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
@@ -195,6 +232,7 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
 def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
     return [t for e in _main_resource_entries(entries)
             if not (e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
+            and e.get("manager") not in HARMLESS_MANAGERS
             and (t := _time(e.get("time"))) is not None]
 
 

@@ -2,9 +2,10 @@
 
 from .facts import PoolFacts, pool_facts
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
-from .topology import plan_deployment
+from .topology import plan_deployment, with_staged
+from .weights import WeightsPlan, WeightsSource
 
 __all__ = [
     "EngineSettings", "Layout", "Plan", "PlanningError", "PoolFacts", "PoolPlan", "RolePlan",
-    "plan_deployment", "pool_facts",
+    "WeightsPlan", "WeightsSource", "plan_deployment", "pool_facts", "with_staged",
 ]

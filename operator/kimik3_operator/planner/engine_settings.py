@@ -9,9 +9,7 @@ from __future__ import annotations
 from ..api import KimiK3DeploymentSpec
 from ..api.v1alpha1 import Engine, Speculative
 from .plan import EngineSettings
-
-MODEL_PATH = "/models/kimi-k3"
-DRAFT_PATH = "/models/kimi-k3-draft"
+from .weights import DRAFT_PATH, MODEL_PATH
 
 
 def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
@@ -36,8 +34,6 @@ def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
         reasoning=engine.reasoning,
         mm_limits=mm_limits(engine),
         shutdown_timeout=engine.shutdown_timeout_seconds,
-        auth_secret=(spec.model.auth_secret_ref.name, spec.model.auth_secret_ref.key)
-        if spec.model.auth_secret_ref else None,
         extra_args=tuple(engine.extra_args),
         env=tuple((e.name, e.value) for e in engine.env),
     )

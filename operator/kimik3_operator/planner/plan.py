@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..api import RoleName
+from .weights import WeightsPlan
 
 
 class PlanningError(Exception):
@@ -67,10 +68,10 @@ class EngineSettings:
     mm_limits: tuple[tuple[str, int], ...] = ()
     """--limit-mm-per-prompt entries, e.g. (("image", 4),)."""
     shutdown_timeout: int = 300
-    auth_secret: tuple[str, str] | None = None
-    """(Secret name, key) of the model token; mounted as an env var, never an argument."""
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    commits: tuple[tuple[str, str], ...] = ()
+    """(source, commit) of the staged checkpoints: both roles must serve the same weights."""
 
     @property
     def kv_dtype_family(self) -> str:
@@ -97,6 +98,7 @@ class EngineSettings:
             "prefix_caching": self.prefix_caching,
             "retention_interval": self.retention_interval,
             "speculative_config": dict(self.speculative_config) if self.speculative_config else None,
+            **({"commits": dict(self.commits)} if self.commits else {}),
         }
 
 
@@ -150,6 +152,8 @@ class Plan:
     engine: EngineSettings
     compat_hash: str
     """Hash over every setting prefill and decode must share; stamped on both roles."""
+    weights: WeightsPlan
+    """What the staging Jobs fetch and where serving pods find it."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

@@ -25,10 +25,13 @@ from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .split import assign_replicas
 from .traps import check_traps
+from .weights import weights_plan, with_commits
 
 
-def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) -> Plan:
-    """Plan every pool; raise PlanningError naming the first pool that cannot be planned."""
+def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
+                    staged: Mapping[str, str] | None = None) -> Plan:
+    """Plan every pool; raise PlanningError naming the first pool that cannot be planned.
+    `staged` maps "model"/"draft" to the commit its staging Job reported."""
     engine = engine_settings(spec)
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
@@ -36,7 +39,15 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts]) 
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
-    return Plan(pools=pools, engine=engine, compat_hash=compat_hash(engine))
+    return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec)), staged or {})
+
+
+def with_staged(plan: Plan, commits: Mapping[str, str]) -> Plan:
+    """The plan once checkpoints are staged: their commits enter the compatibility hash (both
+    roles must serve the same weights) and the serving pods' wait condition."""
+    weights = with_commits(plan.weights, commits)
+    engine = dataclasses.replace(plan.engine, commits=tuple((s.name, s.commit) for s in weights.sources if s.commit))
+    return dataclasses.replace(plan, engine=engine, weights=weights, compat_hash=compat_hash(engine))
 
 
 def align_blocks(pools: tuple[PoolPlan, ...], engine: EngineSettings) -> tuple[tuple[PoolPlan, ...], EngineSettings]:

@@ -46,7 +46,7 @@ class State:
         with lock:
             started, result = time.monotonic(), "error"
             try:
-                outcome = reconcile(self.cluster, namespace, name)
+                outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image)
                 result = outcome.error.reason if outcome.error else "ok"
             except TransientApiError:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

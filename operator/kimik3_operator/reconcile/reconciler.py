@@ -16,12 +16,16 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta
-from ..k8s import Cluster, MissingApiError
-from ..planner import PlanningError, plan_deployment, pool_facts
-from ..render import Owner, render_children
+from ..k8s import Cluster, MissingApiError, RejectedApiError
+from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
+from ..planner.images import OPERATOR_IMAGE
+from ..render import WEIGHTS_KINDS, Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
 from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
 from .status import compute_status
+from .weights_status import weights_state
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,8 @@ def _invalid_spec(exc: ValidationError) -> PlanningError:
     return PlanningError("InvalidSpec", f"spec.{where}: {first['msg']}" if where else first["msg"])
 
 
-def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now) -> Outcome:
+def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
+              tools_image: str = OPERATOR_IMAGE) -> Outcome:
     outcome = Outcome()
     body = cluster.get_deployment(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -69,58 +74,72 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     meta = ObjectMeta.model_validate(body["metadata"])
     owner = Owner(name=meta.name, namespace=meta.namespace, uid=meta.uid)
     previous = _previous_status(body)
+
+    def fail(error: PlanningError) -> Outcome:
+        outcome.error = error
+        _write_status(cluster, owner, previous, outcome, compute_status(
+            owner=owner, generation=meta.generation, previous=previous, plan=None, error=error,
+            workloads={}, now=now()))
+        return outcome
+
     try:
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
-        outcome.error = _invalid_spec(exc)
-        _write_status(cluster, owner, previous, outcome, compute_status(
-            owner=owner, generation=meta.generation, previous=previous, plan=None,
-            error=outcome.error, workloads={}, now=now()))
-        return outcome
-
+        return fail(_invalid_spec(exc))
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
     try:
         plan = plan_deployment(cr.spec, facts)
     except PlanningError as exc:
-        outcome.error = exc
-        _write_status(cluster, owner, previous, outcome, compute_status(
-            owner=owner, generation=meta.generation, previous=previous, plan=None, error=exc,
-            workloads={}, now=now()))
-        return outcome
+        return fail(exc)
 
     used = gpus_used(cluster.list_active_pods(), lambda pod: (
         pod["metadata"].get("namespace") == namespace
         and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner)))
     short = shortfalls(plan, facts, used)
 
-    desired = render_children(owner, plan)
     live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
     current: dict[tuple[str, str], dict[str, Any]] = {}
-    for obj in desired:
-        try:
-            result = cluster.apply(obj, live.get(_key(obj)))
-        except MissingApiError as exc:
-            outcome.error = PlanningError("MissingDependency", f"{exc}: {DEPENDENCIES.get(exc.kind, '')}".rstrip(": "),
-                                          depends_on_nodes=True)
-            _write_status(cluster, owner, previous, outcome, compute_status(
-                owner=owner, generation=meta.generation, previous=previous, plan=None, error=outcome.error,
-                workloads={}, now=now()))
-            return outcome
-        current[_key(obj)] = result.obj
-        if result.written:
-            outcome.applied.append("/".join(_key(obj)))
-    wanted = {_key(o) for o in desired}
+    try:
+        # Weights first: nothing new serves until its checkpoints are staged at a known commit.
+        desired = render_weights(owner, plan, tools_image)
+        _apply_all(cluster, desired, live, current, outcome)
+        jobs = {n: o for (k, n), o in current.items() if k == "Job"}
+        pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
+        weights = weights_state(owner, plan.weights, jobs, pods)
+        wanted = {_key(o) for o in desired}
+        if weights.all_staged:
+            plan = with_staged(plan, weights.commits)
+            serving = render_serving(owner, plan, tools_image)
+            _apply_all(cluster, serving, live, current, outcome)
+            wanted |= {_key(o) for o in serving}
+        else:
+            # What serves now keeps serving (a new revision stages into a folder of its own).
+            wanted |= {k for k in live if k[0] not in WEIGHTS_KINDS}
+    except MissingApiError as exc:
+        return fail(PlanningError("MissingDependency", f"{exc}: {DEPENDENCIES.get(exc.kind, '')}".rstrip(": "),
+                                  depends_on_nodes=True))
+    except RejectedApiError as exc:
+        return fail(PlanningError("ApplyRejected", f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
     for key, obj in live.items():
         if key not in wanted and _owned_by(obj, meta.uid):
             cluster.delete(obj)
             outcome.deleted.append("/".join(key))
 
-    workloads = {n: o for (k, n), o in current.items() if k == "LeaderWorkerSet"}
+    workloads = {n: o for (k, n), o in {**live, **current}.items() if k == "LeaderWorkerSet" and (k, n) in wanted}
     _write_status(cluster, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads=workloads, now=now(), capacity=short))
+        workloads=workloads, now=now(), capacity=short, weights=weights))
     return outcome
+
+
+def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
+               current: dict[tuple[str, str], dict[str, Any]], outcome: Outcome) -> None:
+    for obj in desired:
+        result = cluster.apply(obj, live.get(_key(obj)))
+        current[_key(obj)] = result.obj
+        if result.written:
+            outcome.applied.append("/".join(_key(obj)))
 
 
 def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:

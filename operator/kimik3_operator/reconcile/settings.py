@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import kopf
 
 from ..api import GROUP
+from ..planner.images import OPERATOR_IMAGE
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,16 @@ class OperatorConfig:
     """Namespaces to watch; all when empty."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port."""
+    tools_image: str = OPERATOR_IMAGE
+    """Image of the staging Jobs and the serving pods' weights wait: the operator's own (the chart
+    passes the image it deployed)."""
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None) -> "OperatorConfig":
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
+            tools_image=os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,
         )

@@ -13,9 +13,13 @@ from ..api.v1alpha1 import EngineStatus
 from ..planner import Plan, PlanningError
 from ..render.names import Owner, workload_name
 from ..render.services import service_url
+from .weights_status import WeightsState
 
 READY = "Ready"
 PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+"""True when the deployment cannot reach what the spec asks without someone acting (a spec the
+planner refuses, nodes without room, a staging Job that gave up); what already runs keeps running."""
 
 
 def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
@@ -93,15 +97,22 @@ def entry_endpoint(pools: list[PoolStatus]) -> str | None:
 def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentStatus | None,
                    plan: Plan | None, error: PlanningError | None,
                    workloads: Mapping[str, Mapping[str, Any]], now: str,
-                   capacity: list[str] | None = None) -> KimiK3DeploymentStatus:
+                   capacity: list[str] | None = None, weights: WeightsState | None = None) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
-    are not ready while the nodes lack room for them (`capacity` shortfalls) say so."""
+    are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
+    checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got."""
     conditions = list(previous.conditions) if previous else []
+
+    def put(type_: str, ok: bool, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = set_condition(conditions, _condition(type_, ok, reason, message, generation, now))
+
     if error is not None or plan is None:
         reason = error.reason if error else "InvalidSpec"
         message = error.message if error else "the deployment could not be planned"
-        conditions = set_condition(conditions, _condition(READY, False, reason, message, generation, now))
-        conditions = set_condition(conditions, _condition(PROGRESSING, False, reason, message, generation, now))
+        put(READY, False, reason, message)
+        put(PROGRESSING, False, reason, message)
+        put(DEGRADED, True, reason, message)
         # The last known plan facts stay visible: what runs is still what was last planned.
         return (previous or KimiK3DeploymentStatus()).model_copy(update={
             "observed_generation": generation, "phase": "Failed", "conditions": conditions})
@@ -111,22 +122,44 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas]
     ready = sum(r.ready_replicas for _, r in roles)
     desired = sum(r.replicas for _, r in roles)
-    if lagging:
+    failed = weights.failed if weights else []
+    staging = weights is not None and not weights.all_staged and not failed
+    weights_message = weights.summary() if weights else ""
+
+    if failed:
+        put(READY, ready > 0 and not lagging, "WeightsFailed", weights_message)
+        put(PROGRESSING, False, "WeightsFailed", weights_message)
+        put(DEGRADED, True, "WeightsFailed", weights_message)
+        phase = "Degraded" if ready else "Failed"
+    elif staging:
+        if workloads and not lagging:  # a new revision stages beside the one serving
+            put(READY, True, "AllReplicasReady", f"{ready}/{desired} replicas ready; {weights_message}")
+        else:
+            put(READY, False, "WeightsStaging", weights_message)
+        put(PROGRESSING, True, "WeightsStaging", weights_message)
+        put(DEGRADED, False, "AsExpected", weights_message)
+        phase = "Progressing"
+    elif lagging:
         reason = "InsufficientCapacity" if capacity else "PodsNotReady"
         message = "; ".join(capacity or lagging)
-        conditions = set_condition(conditions, _condition(READY, False, reason, message, generation, now))
-        conditions = set_condition(conditions, _condition(PROGRESSING, True, "Updating", message, generation, now))
+        put(READY, False, reason, message)
+        put(PROGRESSING, True, "Updating", message)
+        put(DEGRADED, bool(capacity), "InsufficientCapacity" if capacity else "AsExpected", message)
+        phase = ("Degraded" if ready else "Pending") if capacity else "Progressing"
     else:
         message = f"{ready}/{desired} replicas ready"
-        conditions = set_condition(conditions, _condition(READY, True, "AllReplicasReady", message, generation, now))
-        conditions = set_condition(conditions, _condition(PROGRESSING, False, "Stable", message, generation, now))
+        put(READY, True, "AllReplicasReady", message)
+        put(PROGRESSING, False, "Stable", message)
+        put(DEGRADED, False, "AsExpected", message)
+        phase = "Ready"
     return KimiK3DeploymentStatus(
         observed_generation=generation,
-        phase="Progressing" if lagging else "Ready",
+        phase=phase,  # type: ignore[arg-type]
         conditions=conditions,
         pools=pools,
         endpoint=entry_endpoint(pools),
         engine=engine_status(plan),
         ready_summary=f"{ready}/{desired}",
         gpus=plan.gpus,
+        weights=weights.sources if weights else [],
     )

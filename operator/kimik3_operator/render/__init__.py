@@ -5,25 +5,40 @@ from __future__ import annotations
 from typing import Any
 
 from ..planner import Plan
+from ..planner.images import OPERATOR_IMAGE
 from .compute_domain import compute_domain
 from .names import Owner, stamp_hash
 from .services import leader_service
+from .weights import weights_children
 from .workloads import leader_worker_set
 
-# Apply order: what a workload needs (its Service, its ComputeDomain) before the workload.
-KIND_ORDER = ("Service", "ComputeDomain", "LeaderWorkerSet")
+# Apply order: what a workload needs (its Service, its ComputeDomain) before the workload, and an
+# identity before the Job that runs as it.
+KIND_ORDER = ("PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job",
+              "Service", "ComputeDomain", "LeaderWorkerSet")
+WEIGHTS_KINDS = frozenset(KIND_ORDER[:5])
 
 
-def render_children(owner: Owner, plan: Plan) -> list[dict[str, Any]]:
-    """Every child of one deployment, each stamped with its desired-state hash, in apply order."""
+def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
+    """What stages the checkpoints: needed before (and independent of) anything that serves."""
+    return [stamp_hash(c) for c in weights_children(owner, plan.weights, tools_image)]
+
+
+def render_serving(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
+    """What serves, once the plan carries the staged commits."""
     children: list[dict[str, Any]] = []
     for pool, role in plan.role_plans():
         children.append(leader_service(owner, pool, role))
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
-        children.append(leader_worker_set(owner, plan, pool, role))
+        children.append(leader_worker_set(owner, plan, pool, role, tools_image))
     children.sort(key=lambda o: KIND_ORDER.index(o["kind"]))
     return [stamp_hash(c) for c in children]
 
 
-__all__ = ["Owner", "render_children"]
+def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
+    """Every child of one deployment, each stamped with its desired-state hash, in apply order."""
+    return render_weights(owner, plan, tools_image) + render_serving(owner, plan, tools_image)
+
+
+__all__ = ["KIND_ORDER", "Owner", "WEIGHTS_KINDS", "render_children", "render_serving", "render_weights"]

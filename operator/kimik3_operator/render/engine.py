@@ -137,9 +137,6 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
-    if engine.auth_secret is not None:
-        name, key = engine.auth_secret
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     env += [{"name": n, "value": v} for n, v in engine.env]
     return env
 

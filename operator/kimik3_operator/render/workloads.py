@@ -15,6 +15,7 @@ from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
 from .compute_domain import CLAIM_NAME, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
+from .weights import serving_mounts, serving_volumes, wait_containers
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -29,15 +30,17 @@ PRE_STOP_SECONDS = 10
 SHM_SIZE = "128Gi"  # NCCL, NIXL and the DP coordinator exchange through /dev/shm
 
 
-def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, tools_image: str) -> dict[str, Any]:
+    """`tools_image` (the operator's) runs the serving pods' wait for staged weights."""
     name = workload_name(owner, pool.name, role.role)
     group: dict[str, Any] = {
         "size": role.nodes_per_replica,
         "restartPolicy": "RecreateGroupOnPodRestart",
-        "workerTemplate": pod_template(owner, plan, pool, role, name, worker=role.nodes_per_replica > 1),
+        "workerTemplate": pod_template(owner, plan, pool, role, name, tools_image,
+                                       worker=role.nodes_per_replica > 1),
     }
     if role.nodes_per_replica > 1:
-        group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, worker=False)
+        group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, tools_image, worker=False)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -54,14 +57,18 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) 
     }
 
 
-def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str,
+def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str, tools_image: str,
                  *, worker: bool) -> dict[str, Any]:
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
+    vllm = container(plan.engine, pool, role, worker=worker)
+    vllm["volumeMounts"] += serving_mounts(owner, plan.weights)
     spec: dict[str, Any] = {
-        "containers": [container(plan.engine, pool, role, worker=worker)],
+        "initContainers": wait_containers(owner, plan.weights, tools_image),
+        "containers": [vllm],
         # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
         "terminationGracePeriodSeconds": plan.engine.shutdown_timeout + PRE_STOP_SECONDS + 30,
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+                    *serving_volumes(owner, plan.weights)],
     }
     if pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from .model import WeightsError, read_manifest
 from .progress import JsonSink, Progress
+from .report import JobAnnotationReporter
 from .engine import VERIFY_MODES, make_source, stage
 from .wait import wait_ready
 
@@ -100,7 +101,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     env_secrets = [os.environ.get(n, "") for n in SECRET_ENV]
     redact = Redactor(env_secrets)
     _setup_logging(redact, args.verbose)
-    sink = JsonSink(sys.stdout, Path(args.progress_file) if args.progress_file else None, redact=redact)
+    reporter = JobAnnotationReporter(args.report_job) if args.report_job else None
+    sink = JsonSink(sys.stdout, Path(args.progress_file) if args.progress_file else None, redact=redact,
+                    forward=reporter)
     try:
         token = _read_token(args)
         if token:
@@ -175,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dest", required=True, help="destination folder on the shared volume (pvc: the mounted path)")
     s.add_argument("--progress-file", help="keep the latest progress record (JSON) in this file")
     s.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress records")
+    s.add_argument("--report-job", metavar="JOB",
+                   help="in a cluster: also keep the latest record in this Job's annotation "
+                        "(its namespace is the pod's; see report.py)")
     s.add_argument("--verify", choices=VERIFY_MODES, default="quick",
                    help="quick: trust files whose size and mtime match the marker; full: re-hash everything")
     s.add_argument("--workers", type=int, default=8, help="files fetched in parallel")

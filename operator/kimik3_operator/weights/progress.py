@@ -208,10 +208,13 @@ class JsonSink:
     ``progress_file`` (atomically replaced) when given."""
 
     def __init__(self, stream: TextIO | None = None, progress_file: Path | None = None,
-                 redact: Callable[[str], str] = lambda s: s) -> None:
+                 redact: Callable[[str], str] = lambda s: s,
+                 forward: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout
         self.progress_file = progress_file
         self.redact = redact
+        self.forward = forward
+        """Also handed every (redacted) record, e.g. the Job annotation reporter."""
         self._warned = False
 
     def emit(self, record: dict[str, Any]) -> None:
@@ -219,6 +222,8 @@ class JsonSink:
         record = json.loads(data)
         self.stream.write(data + "\n")
         self.stream.flush()
+        if self.forward is not None:
+            self.forward(record)
         if self.progress_file is not None:
             try:
                 write_progress_file(self.progress_file, record)

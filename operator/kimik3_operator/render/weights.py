@@ -1,0 +1,187 @@
+"""The weights cache claim, the staging Jobs, and what serving pods need to read the weights.
+
+One Job per checkpoint (model, draft) runs the loader (`python -m kimik3_operator.weights stage`,
+from the operator image) into its folder of the cache claim; its final progress record is the
+container's termination message, where the operator reads the resolved commit. While it runs it
+writes its latest record into an annotation of its own Job, through a ServiceAccount whose Role
+allows exactly that (patch on these Job names), so status shows progress without the operator
+reading pod logs. Serving pods mount the folder read-only and wait in an init container until its
+completion marker names the commit the status shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import GROUP
+from ..planner import WeightsPlan, WeightsSource
+from ..planner.weights import CACHE_MOUNT
+from .names import Owner, bounded, object_meta
+
+CACHE_VOLUME = "model-cache"
+PROGRESS_ANNOTATION = f"{GROUP}/weights-progress"
+PROGRESS_FIELD_MANAGER = "kimik3-weights-progress"
+"""The staging pod writes PROGRESS_ANNOTATION under this manager (weights/report.py)."""
+LABEL_SOURCE = f"{GROUP}/weights-source"
+RUN_AS = 65532  # the operator image's non-root user
+WAIT_TIMEOUT_SECONDS = 3600
+"""A serving pod starts only after its Job reported the commit; the wait guards against a folder
+that changed since (a claim restored from a snapshot, a hand edit) and then fails the pod loudly."""
+MAX_ATTEMPTS = 20
+"""Pods a staging Job may use up; every attempt resumes the files already fetched."""
+
+
+def cache_claim_name(owner: Owner) -> str:
+    return bounded(f"{owner.name}-model-cache", 253)
+
+
+def service_account_name(owner: Owner) -> str:
+    return bounded(f"{owner.name}-weights", 253)
+
+
+def job_name(owner: Owner, source: WeightsSource) -> str:
+    return bounded(f"{owner.name}-weights-{source.name}-{source.key}", 63)
+
+
+def claim_of(owner: Owner, source: WeightsSource) -> str:
+    return source.claim or cache_claim_name(owner)
+
+
+def volume_name(owner: Owner, source: WeightsSource) -> str:
+    return CACHE_VOLUME if source.claim is None else bounded(f"weights-{source.claim}", 63)
+
+
+def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dict[str, Any]]:
+    """The cache claim (when a source needs it), the staging identity and one Job per source."""
+    out: list[dict[str, Any]] = []
+    if weights.needs_cache:
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": weights.cache_size}},
+        }
+        if weights.cache_storage_class:
+            spec["storageClassName"] = weights.cache_storage_class
+        out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": object_meta(owner, cache_claim_name(owner), None, None), "spec": spec})
+    sa = service_account_name(owner)
+    out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(owner, sa, None, None),
+                "automountServiceAccountToken": True})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": object_meta(owner, sa, None, None),
+                "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["patch"],
+                           "resourceNames": [job_name(owner, s) for s in weights.sources]}]})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": object_meta(owner, sa, None, None),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": owner.namespace}]})
+    out += [staging_job(owner, weights, s, image) for s in weights.sources]
+    return out
+
+
+def _secret_env(weights: WeightsPlan, source: WeightsSource) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) carrying the source's credentials and endpoint; never an argument."""
+    env: list[dict[str, Any]] = []
+    env_from: list[dict[str, Any]] = []
+    if source.scheme == "hf":
+        if weights.auth_secret:
+            name, key = weights.auth_secret
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+        if weights.endpoint:
+            env.append({"name": "HF_ENDPOINT", "value": weights.endpoint})
+        env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
+    elif source.scheme == "s3":
+        if weights.auth_secret:
+            env_from.append({"secretRef": {"name": weights.auth_secret[0]}})
+        if weights.endpoint:
+            env.append({"name": "AWS_ENDPOINT_URL", "value": weights.endpoint})
+    return env, env_from
+
+
+def _restricted() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def stage_args(owner: Owner, source: WeightsSource) -> list[str]:
+    args = ["python", "-m", "kimik3_operator.weights", "stage", "--uri", source.uri]
+    if source.revision:
+        args += ["--revision", source.revision]
+    return args + ["--dest", f"{CACHE_MOUNT}/{source.folder}".rstrip("/"),
+                   "--progress-file", "/dev/termination-log", "--report-job", job_name(owner, source)]
+
+
+def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image: str) -> dict[str, Any]:
+    name = job_name(owner, source)
+    meta = object_meta(owner, name, None, None)
+    meta["labels"].update({"app.kubernetes.io/component": "weights", LABEL_SOURCE: source.name})
+    env, env_from = _secret_env(weights, source)
+    env += [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "HOME", "value": "/tmp"}]
+    container: dict[str, Any] = {
+        "name": "stage",
+        "image": image,
+        "command": stage_args(owner, source),
+        "env": env,
+        "volumeMounts": [{"name": volume_name(owner, source), "mountPath": CACHE_MOUNT},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+        "terminationMessagePolicy": "File",
+        "securityContext": _restricted(),
+    }
+    if env_from:
+        container["envFrom"] = env_from
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": MAX_ATTEMPTS,
+            "template": {
+                "metadata": {"labels": dict(meta["labels"])},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": service_account_name(owner),
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                                        "fsGroup": RUN_AS},
+                    "containers": [container],
+                    "volumes": [{"name": volume_name(owner, source),
+                                 "persistentVolumeClaim": {"claimName": claim_of(owner, source)}},
+                                {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def serving_volumes(owner: Owner, weights: WeightsPlan) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for s in weights.sources:
+        seen.setdefault(volume_name(owner, s), {"name": volume_name(owner, s), "persistentVolumeClaim": {
+            "claimName": claim_of(owner, s), "readOnly": True}})
+    return list(seen.values())
+
+
+def serving_mounts(owner: Owner, weights: WeightsPlan) -> list[dict[str, Any]]:
+    return [{"name": volume_name(owner, s), "mountPath": s.mount_path, "subPath": s.folder, "readOnly": True}
+            if s.folder else {"name": volume_name(owner, s), "mountPath": s.mount_path, "readOnly": True}
+            for s in weights.sources]
+
+
+def wait_containers(owner: Owner, weights: WeightsPlan, image: str) -> list[dict[str, Any]]:
+    """Init containers that hold a serving pod until its checkpoints are staged at the commit the
+    plan was made for (a Job that re-stages another revision never feeds a pod of this one)."""
+    out = []
+    for s in weights.sources:
+        args = ["python", "-m", "kimik3_operator.weights", "wait", "--dest", s.mount_path, "--uri", s.uri,
+                "--timeout", str(WAIT_TIMEOUT_SECONDS)]
+        if s.commit:
+            args += ["--commit", s.commit]
+        out.append({
+            "name": f"wait-{s.name}",
+            "image": image,
+            "command": args,
+            "volumeMounts": [m for m in serving_mounts(owner, weights) if m["mountPath"] == s.mount_path],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": {**_restricted(), "runAsNonRoot": True, "runAsUser": RUN_AS},
+        })
+    return out

@@ -1,0 +1,124 @@
+"""Staging Jobs, the cache claim and the serving pods' view of the weights: credentials only where
+needed and never in arguments, one folder and one Job per (source, revision), least privilege."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import plan_deployment, pool_facts, with_staged
+from kimik3_operator.render import Owner, render_serving, render_weights
+from kimik3_operator.render.weights import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+from kimik3_operator.weights import report
+from tests.support.cases import base_deployment
+from tests.support.nodes import all_pools
+
+OWNER = Owner(name="k3", namespace="ns", uid="u-1")
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _plan(model: dict[str, Any], engine: dict[str, Any] | None = None) -> Any:
+    body = base_deployment(name="k3", namespace="ns")
+    body["spec"]["model"] = model
+    if engine:
+        body["spec"]["engine"] = engine
+    spec = KimiK3Deployment.model_validate(body).spec
+    return plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools})
+
+
+def _kinds(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+DSPARK = {"speculative": {"method": "DSpark", "draftModelUri": "hf://moonshotai/Kimi-K3-DSpark"}}
+
+
+def test_hub_sources_stage_into_the_cache_claim_with_the_token_as_a_secret_reference() -> None:
+    plan = _plan({"uri": "hf://moonshotai/Kimi-K3", "revision": "main", "authSecretRef": {"name": "hf"},
+                  "endpoint": "https://hf-mirror.example", "cache": {"size": "3Ti", "storageClassName": "fast"}},
+                 DSPARK)
+    objs = render_weights(OWNER, plan, "img:1")
+    (claim,) = _kinds(objs, "PersistentVolumeClaim")
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "3Ti"}},
+                             "storageClassName": "fast"}
+    jobs = _kinds(objs, "Job")
+    assert [j["metadata"]["labels"]["serving.kimik3.dev/weights-source"] for j in jobs] == ["model", "draft"]
+    for job in jobs:
+        pod = job["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["image"] == "img:1" and pod["restartPolicy"] == "Never"
+        assert pod["serviceAccountName"] == "k3-weights"
+        env = {e["name"]: e for e in c["env"]}
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+        assert env["HF_ENDPOINT"]["value"] == "https://hf-mirror.example"
+        assert not any("hf" == a or "token" in a.lower() for a in c["command"] if a != "--report-job")
+        assert c["command"][c["command"].index("--report-job") + 1] == job["metadata"]["name"]
+        assert c["command"][c["command"].index("--progress-file") + 1] == "/dev/termination-log"
+        assert c["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    (role,) = _kinds(objs, "Role")
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["patch"],
+                              "resourceNames": [j["metadata"]["name"] for j in jobs]}]
+    (binding,) = _kinds(objs, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k3-weights", "namespace": "ns"}]
+
+
+def test_a_new_revision_is_a_new_job_and_a_new_folder() -> None:
+    def job_and_folder(revision: str) -> tuple[str, str]:
+        (job,) = _kinds(render_weights(OWNER, _plan({"uri": "hf://moonshotai/Kimi-K3", "revision": revision})), "Job")
+        cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        return job["metadata"]["name"], cmd[cmd.index("--dest") + 1]
+    main, v2 = job_and_folder("main"), job_and_folder("v2")
+    assert main[0] != v2[0] and main[1] != v2[1]
+    assert job_and_folder("main") == main
+
+
+def test_serving_pods_mount_read_only_and_wait_for_the_staged_commit() -> None:
+    plan = with_staged(_plan({"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf"}}), {"model": COMMIT})
+    unstaged = _plan({"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf"}})
+    assert plan.compat_hash != unstaged.compat_hash  # the weights enter the P/D compatibility hash
+    (lws,) = _kinds(render_serving(OWNER, plan, "img:1"), "LeaderWorkerSet")
+    pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    (wait,) = pod["initContainers"]
+    assert wait["image"] == "img:1"
+    assert wait["command"][wait["command"].index("--commit") + 1] == COMMIT
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "k3-model-cache", "readOnly": True}} \
+        in pod["volumes"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/models/kimi-k3")
+    assert mount["readOnly"] and mount["subPath"].startswith("model-")
+    assert "HF_TOKEN" not in json.dumps(pod)
+
+
+def test_a_commit_revision_is_known_before_staging() -> None:
+    plan = _plan({"uri": "hf://moonshotai/Kimi-K3", "revision": COMMIT})
+    assert plan.weights.staged and plan.weights.sources[0].commit == COMMIT
+
+
+def test_pvc_sources_are_verified_in_place_on_the_users_claim() -> None:
+    plan = _plan({"uri": "pvc://k3-weights/checkpoints/kimi-k3"})
+    objs = render_weights(OWNER, plan)
+    assert _kinds(objs, "PersistentVolumeClaim") == []  # nothing to stage into: no cache claim
+    (job,) = _kinds(objs, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "k3-weights"}
+    cmd = pod["containers"][0]["command"]
+    assert cmd[cmd.index("--dest") + 1] == "/cache/checkpoints/kimi-k3" and "--revision" not in cmd
+    (lws,) = _kinds(render_serving(OWNER, with_staged(plan, {"model": "f" * 64})), "LeaderWorkerSet")
+    mount = next(m for m in lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+                 ["volumeMounts"] if m["mountPath"] == "/models/kimi-k3")
+    assert mount == {"name": "weights-k3-weights", "mountPath": "/models/kimi-k3",
+                     "subPath": "checkpoints/kimi-k3", "readOnly": True}
+
+
+def test_s3_credentials_come_from_the_whole_secret_and_the_endpoint_from_the_spec() -> None:
+    plan = _plan({"uri": "s3://models/kimi-k3", "authSecretRef": {"name": "s3-creds"},
+                  "endpoint": "http://127.0.0.1:9000"})
+    (job,) = _kinds(render_weights(OWNER, plan), "Job")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert {"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"} in c["env"]
+    assert not any(e["name"].startswith("HF_") for e in c["env"])
+
+
+def test_the_loader_and_the_operator_agree_on_the_progress_annotation() -> None:
+    assert (report.PROGRESS_ANNOTATION, report.FIELD_MANAGER) == (PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER)
