@@ -16,6 +16,7 @@ from typing import Iterator
 import pytest
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
+from .stager import Stager
 
 pytestmark = pytest.mark.e2e
 # Loopback only, never through a proxy from the environment.
@@ -72,7 +73,15 @@ def chart(cluster: dict[str, str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def stager(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stager]:
+    """Runs every staging pod's real command on the host (kwok runs none): see stager.py."""
+    running = Stager(tmp_path_factory.mktemp("stager")).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`kimik3 run` as a separate process acting as the chart's ServiceAccount (kwok runs no
     containers, so the chart's own pod never executes): least privilege is what is tested."""
     folder = tmp_path_factory.mktemp("operator")

@@ -37,7 +37,9 @@ def pd_deployment(namespace: str, name: str = "k3") -> dict[str, Any]:
 
 
 def _pods(namespace: str, name: str) -> list[dict[str, Any]]:
-    return get_json("pods", "-n", namespace, "-l", f"serving.kimik3.dev/deployment={name}")["items"]
+    """Serving pods (the staging Jobs' pods have no role)."""
+    return get_json("pods", "-n", namespace, "-l",
+                    f"serving.kimik3.dev/deployment={name},serving.kimik3.dev/role")["items"]
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -47,7 +49,8 @@ def _ready(pod: dict[str, Any]) -> bool:
 def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -> None:
     apply(pd_deployment(namespace))
 
-    # Status: first PodsNotReady (pods exist, kwok holds readiness back for a moment), then Ready.
+    # Status: first the weights stage (nothing serves yet), then PodsNotReady (pods exist, kwok holds
+    # readiness back for a moment), then Ready.
     seen: list[tuple[str, str]] = []
     pods_waiting_while_not_ready = False
 
@@ -63,7 +66,8 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
         return cr if ready and ready["status"] == "True" else None
 
     cr = wait_for("Ready=True", observe, timeout=180, interval=0.2)
-    assert seen[0] == ("False", "PodsNotReady"), seen
+    assert seen[0] == ("False", "WeightsStaging"), seen
+    assert ("False", "PodsNotReady") in seen, seen
     assert pods_waiting_while_not_ready, "never saw Ready=False while pods were still starting"
     assert seen[-1] == ("True", "AllReplicasReady")
     assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]

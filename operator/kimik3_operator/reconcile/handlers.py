@@ -99,6 +99,7 @@ def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets",
                labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+@kopf.on.event("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
 async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):

@@ -1,0 +1,148 @@
+"""Weights on the real cluster: staging Jobs run (their real command, see stager.py) before anything
+serves, report progress through their own narrow Role, and hand the resolved commit to status, the
+compatibility hash and the serving pods' wait; a new revision stages beside what serves; a pvc://
+checkpoint is verified in place; the token never leaves its Secret."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimik3_operator.weights import marker_path
+from tests.support.cases import base_deployment
+
+from .kube import apply, condition, get_json, kubectl, wait_for
+from .stager import Stager
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "hf_e2e_token_that_must_never_be_logged"
+GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
+
+
+def _deployment(namespace: str) -> dict[str, Any]:
+    body = base_deployment(name="k3w", namespace=namespace)
+    body["spec"]["model"] = {"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf-token"}}
+    body["spec"]["engine"] = {"speculative": {"method": "DSpark", "draftModelUri": "hf://moonshotai/Kimi-K3-DSpark"}}
+    body["spec"]["pools"] = [{"name": "gb300", "nodeSelector": GB300,
+                              "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
+    return body
+
+
+def _cr(namespace: str) -> dict[str, Any]:
+    return get_json("kimik3deployment", "k3w", "-n", namespace)
+
+
+def _weights(cr: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {w["name"]: w for w in (cr.get("status") or {}).get("weights") or []}
+
+
+def _jobs(namespace: str) -> dict[str, dict[str, Any]]:
+    return {j["metadata"]["name"]: j for j in get_json("jobs", "-n", namespace, "--show-managed-fields")["items"]}
+
+
+def _lws_wait_commits(namespace: str) -> dict[str, str]:
+    (lws,) = get_json("leaderworkersets", "-n", namespace)["items"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    pod = (template.get("leaderTemplate") or template["workerTemplate"])["spec"]
+    return {c["name"]: c["command"][c["command"].index("--commit") + 1] for c in pod["initContainers"]}
+
+
+def _ready(namespace: str) -> dict[str, Any] | None:
+    cr = _cr(namespace)
+    ready = condition(cr, "Ready")
+    return cr if ready and ready["status"] == "True" else None
+
+
+def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stager, namespace: str) -> None:
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal=token={TOKEN}")
+    stager.held.add(namespace)
+    apply(_deployment(namespace))
+
+    # Held: the Jobs exist and run, nothing serves, status says why.
+    jobs = wait_for("two staging Jobs", lambda: len(_jobs(namespace)) == 2 and _jobs(namespace), timeout=60)
+    cr = wait_for("WeightsStaging", lambda: (c := _cr(namespace)) and (r := condition(c, "Ready"))
+                  and r["reason"] == "WeightsStaging" and c, timeout=60)
+    assert set(_weights(cr)) == {"model", "draft"}
+    assert get_json("leaderworkersets", "-n", namespace)["items"] == []
+    assert cr["status"]["phase"] == "Progressing"
+
+    stager.held.discard(namespace)
+    cr = wait_for("Ready after staging", lambda: _ready(namespace), timeout=180)
+    weights = _weights(cr)
+    assert weights["model"]["commit"] == stager.commits["moonshotai/Kimi-K3"]
+    assert weights["draft"]["commit"] == stager.commits["moonshotai/Kimi-K3-DSpark"]
+    assert all(w["phase"] == "Staged" and w["filesDone"] == w["filesTotal"] > 0 for w in weights.values())
+    assert _lws_wait_commits(namespace) == {"wait-model": weights["model"]["commit"],
+                                            "wait-draft": weights["draft"]["commit"]}
+    pods = get_json("pods", "-n", namespace, "-l", "serving.kimik3.dev/role")["items"]
+    assert pods and {p["metadata"]["labels"]["serving.kimik3.dev/compat-hash"] for p in pods} == {
+        cr["status"]["engine"]["compatibilityHash"]}
+
+    # Progress came through the pods' own Role: the annotation is there, written by the loader.
+    for job in _jobs(namespace).values():
+        record = json.loads(job["metadata"]["annotations"]["serving.kimik3.dev/weights-progress"])
+        assert record["phase"] == "Complete" and record["commit"]
+        assert any(m["manager"] == "kimik3-weights-progress" for m in job["metadata"]["managedFields"])
+    runs = stager.runs_in(namespace)
+    assert len(runs) == 2 and all(r.exit_code == 0 for r in runs), [(r.exit_code, r.stderr[-500:]) for r in runs]
+
+    # The token is only ever a Secret reference.
+    for kind in ("jobs", "leaderworkersets", "pods", "kimik3deployments"):
+        assert TOKEN not in kubectl("-n", namespace, "get", kind, "-o", "json").stdout, kind
+    assert TOKEN not in operator.read_text()
+    assert all(TOKEN not in r.stderr + r.message for r in runs)
+    assert jobs  # the two Jobs existed before anything served
+
+
+def test_a_new_revision_stages_beside_what_serves_then_rolls(operator: Path, stager: Stager, namespace: str,
+                                                             tmp_path: Path) -> None:
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal=token={TOKEN}")
+    body = _deployment(namespace)
+    apply(body)
+    wait_for("Ready", lambda: _ready(namespace), timeout=180)
+    before = _lws_wait_commits(namespace)
+    old_jobs = set(_jobs(namespace))
+
+    v2 = stager.hub.add_repo("moonshotai/Kimi-K3", {"config.json": b'{"model_type": "kimi_k3", "v": 2}',
+                                                    "model-00001-of-00001.safetensors": b"\x02" * 20_000},
+                             branch="v2")
+    stager.held.add(namespace)
+    body["spec"]["model"]["revision"] = "v2"
+    apply(body)
+    new_job = wait_for("the v2 Job", lambda: (set(_jobs(namespace)) - old_jobs) or None, timeout=60)
+    assert _lws_wait_commits(namespace) == before  # still serving the staged revision
+    ready = condition(_cr(namespace), "Ready")
+    assert ready is not None and ready["status"] == "True"
+    stager.held.discard(namespace)
+    wait_for("the LWS to wait for v2", lambda: _lws_wait_commits(namespace).get("wait-model") == v2, timeout=120)
+    assert len(new_job) == 1 and "-model-" in next(iter(new_job))
+    old_model_job = {j for j in old_jobs if "-model-" in j}
+    wait_for("the old revision's Job pruned", lambda: not old_model_job & set(_jobs(namespace)), timeout=60)
+
+    # pvc://: the user's claim holds the checkpoint; it is verified in place, the cache claim goes.
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "k3-weights"},
+             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Ti"}}}}
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(claim))
+    folder = stager.root / "claims" / namespace / "k3-weights" / "kimi-k3"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "kimi_k3"}')
+    (folder / "model-00001-of-00001.safetensors").write_bytes(b"\x03" * 10_000)
+    body["spec"]["model"] = {"uri": "pvc://k3-weights/kimi-k3"}
+    body["spec"]["engine"] = {}  # no draft either: nothing left for the cache claim
+    apply(body)
+
+    def verified_in_place() -> dict[str, Any] | None:
+        cr = _cr(namespace)
+        model = _weights(cr).get("model") or {}
+        return cr if model.get("uri") == "pvc://k3-weights/kimi-k3" and model.get("phase") == "Staged" else None
+
+    cr = wait_for("the pvc:// checkpoint verified", verified_in_place, timeout=120)
+    assert len(_weights(cr)["model"]["commit"]) == 64
+    wait_for("the cache claim pruned", lambda: "k3w-model-cache" not in {
+        p["metadata"]["name"] for p in get_json("pvc", "-n", namespace)["items"]}
+        or None, timeout=60)
+    assert marker_path(folder).is_file(), "the pvc:// stage wrote no completion marker"
