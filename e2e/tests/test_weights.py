@@ -97,6 +97,12 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     assert all(TOKEN not in r.stderr + r.message for r in runs)
     assert jobs  # the two Jobs existed before anything served
 
+    # Events mark the transitions, once each: staging, then ready.
+    events = get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=k3w")["items"]
+    reasons = [e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["creationTimestamp"])]
+    assert reasons.count("WeightsStaging") == 1 and reasons.count("AllReplicasReady") == 1, reasons
+    assert all(e["source"]["component"] == "kimik3-operator" for e in events)
+
 
 def test_a_new_revision_stages_beside_what_serves_then_rolls(operator: Path, stager: Stager, namespace: str,
                                                              tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ class MemoryCluster:
                                   "status": {"phase": "Succeeded", "containerStatuses": [
                                       {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
 
+    def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
+        self.writes.append(f"event {type_} {reason}")
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pods)
 

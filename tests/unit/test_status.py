@@ -109,3 +109,21 @@ def test_not_ready_for_lack_of_room_says_so() -> None:
                                   workloads={"k3-pd-b200-prefill-prefill": _lws(1, 1),
                                              "k3-pd-gb300-decode-decode": _lws(2, 2)}, capacity=["ignored"])
     assert _cond(ready_anyway, "Ready").status == "True"
+
+
+def test_events_only_on_transitions() -> None:
+    from kimik3_operator.reconcile.status import transitions
+
+    owner = Owner(name="k3", namespace="ns", uid="u")
+    plan = _plan()
+    starting = compute_status(owner=owner, generation=1, previous=None, plan=plan, error=None,
+                              workloads={}, now="t0")
+    first = transitions(None, starting)
+    assert [(t, r) for t, r, _ in first] == [("Normal", "AsExpected"), ("Normal", "Updating"), ("Normal", "PodsNotReady")]
+    again = compute_status(owner=owner, generation=1, previous=starting, plan=plan, error=None, workloads={},
+                           now="t1")
+    assert transitions(starting, again) == []
+    failed = compute_status(owner=owner, generation=2, previous=again, plan=None,
+                            error=PlanningError("InsufficientMemory", "no fit"), workloads={}, now="t2")
+    kinds = {(t, r) for t, r, _ in transitions(again, failed)}
+    assert ("Warning", "InsufficientMemory") in kinds and all(t == "Warning" for t, _ in kinds)

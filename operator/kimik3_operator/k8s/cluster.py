@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from kubernetes import client, config
@@ -90,8 +91,10 @@ def _translate(exc: ApiException | DynamicApiError) -> Exception:
 class Cluster:
     """Typed-dict access to the few resources the operator reads and writes."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, identity: str | None = None) -> None:
         self._dyn = DynamicClient(api)
+        self.identity = identity or socket.gethostname()
+        """Which operator process this is (events' reportingInstance)."""
         # uid -> newest foreign write to the main resource that a (no-op) apply already answered;
         # without it a controller that touches e.g. an annotation would cost a PATCH every pass.
         self._answered: dict[str, datetime] = {}
@@ -176,6 +179,24 @@ class Cluster:
         except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
         log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+
+    def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
+        event that cannot be posted is logged and never fails a pass."""
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ns = namespace
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": ns},
+            "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid")} | {"namespace": ns},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": self.identity, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self._resource("v1", "Event").create(body=body, namespace=ns)
+        except (ApiException, DynamicApiError) as exc:
+            log.warning("Could not post event %s on %s/%s: %s", reason, ns, involved["name"], exc)
 
     def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Server-side apply the whole status: fields we no longer send are removed."""

@@ -22,7 +22,7 @@ from ..planner.images import OPERATOR_IMAGE
 from ..render import WEIGHTS_KINDS, Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
 from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
-from .status import compute_status
+from .status import compute_status, transitions
 from .weights_status import weights_state
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -43,6 +43,7 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     status_written: bool = False
+    events: list[str] = field(default_factory=list)
     error: PlanningError | None = None
 
 
@@ -159,3 +160,6 @@ def _write_status(cluster: Cluster, owner: Owner, previous: KimiK3DeploymentStat
     cluster.apply_status(owner.namespace, owner.name, status.wire())
     outcome.status_written = True
     log.info("Updated status of %s/%s: phase %s", owner.namespace, owner.name, status.phase)
+    for type_, reason, message in transitions(previous, status):
+        cluster.post_event(owner.reference(), owner.namespace, type_, reason, message)
+        outcome.events.append(reason)

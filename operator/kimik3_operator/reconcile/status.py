@@ -163,3 +163,18 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         gpus=plan.gpus,
         weights=weights.sources if weights else [],
     )
+
+
+def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3DeploymentStatus) -> list[tuple[str, str, str]]:
+    """(event type, reason, message) for every condition whose status or reason changed: the
+    Kubernetes events worth posting. A pass that changes only counts or messages posts none."""
+    before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
+    out = []
+    for c in status.conditions:
+        if before.get(c.type) == (c.status, c.reason):
+            continue
+        bad = (c.type == DEGRADED and c.status == "True") or (c.type == READY and status.phase == "Failed")
+        if c.type == PROGRESSING and any(o.type == READY and o.reason == c.reason for o in status.conditions):
+            continue  # says what the Ready event says
+        out.append(("Warning" if bad else "Normal", c.reason, f"{c.type}={c.status}: {c.message}"))
+    return out
