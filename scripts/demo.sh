@@ -13,14 +13,18 @@ CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 STATE="${KIMIK3_STATE:-$CACHE/state}"
 PIDFILE="$STATE/run/operator.pid"
 OPLOG="$STATE/logs/operator.log"
+STAGER_PIDFILE="$STATE/run/stager.pid"
+STAGER_LOG="$STATE/logs/stager.log"
 
-stop_operator() {
-  if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    kill "$(cat "$PIDFILE")"
-    for _ in $(seq 30); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 1; done
+stop_pidfile() {
+  local pidfile=$1
+  if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    kill "$(cat "$pidfile")"
+    for _ in $(seq 30); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 1; done
   fi
-  rm -f "$PIDFILE"
+  rm -f "$pidfile"
 }
+stop_operator() { stop_pidfile "$PIDFILE"; stop_pidfile "$STAGER_PIDFILE"; }
 
 if [[ "${1:-}" == down ]]; then
   stop_operator
@@ -37,21 +41,41 @@ echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 # The chart installs the CRD, the operator's ServiceAccount and its least-privilege RBAC (and a
 # Deployment whose pod kwok only pretends to run); the operator itself runs on this host, acting as
 # that ServiceAccount.
-helm upgrade --install kimik3-operator "$ROOT/charts/kimik3-operator" -n kimik3-system --create-namespace
+# The webhook is served by the host operator on loopback with a local certificate, so the API
+# server calls 127.0.0.1, never the chart Service's (fake) cluster IP.
+WEBHOOK_PORT="${KIMIK3_WEBHOOK_PORT:-9643}"  # 9443 is the local LWS webhook's
+CA_BUNDLE="$("$ROOT/scripts/webhook-certs.sh" "$STATE/webhook")"
+helm upgrade --install kimik3-operator "$ROOT/charts/kimik3-operator" -n kimik3-system --create-namespace \
+  --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT/validate" --set "webhook.caBundle=$CA_BUNDLE"
 kubectl wait --for=condition=Established crd/kimik3deployments.serving.kimik3.dev --timeout=60s
 
 stop_operator
 mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$OPLOG")"
 SA_KUBECONFIG="$("$ROOT/scripts/sa-kubeconfig.sh" kimik3-system kimik3-operator "$STATE/operator-sa.kubeconfig")"
-KUBECONFIG="$SA_KUBECONFIG" setsid "$VENV/bin/kimik3" run >"$OPLOG" 2>&1 </dev/null &
+KUBECONFIG="$SA_KUBECONFIG" setsid "$VENV/bin/kimik3" run --webhook-host 127.0.0.1 --webhook-port "$WEBHOOK_PORT" \
+  --webhook-cert "$STATE/webhook/tls.crt" --webhook-key "$STATE/webhook/tls.key" >"$OPLOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
+sleep 3
+if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+  tail -n 30 "$OPLOG" >&2
+  echo "FAILED: the operator exited at start (log: $OPLOG)" >&2
+  exit 1
+fi
 echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $(cat "$PIDFILE"), log $OPLOG)"
+# kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
+# against a fake Hub and S3 on loopback (e2e/tests/stager.py), so the deployment can become Ready.
+(cd "$ROOT" && setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" >"$STAGER_LOG" 2>&1 </dev/null &
+ echo $! >"$STAGER_PIDFILE")
+echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
 
 read -r ns name < <("$VENV/bin/python" -c '
 import sys, yaml
 meta = yaml.safe_load(open(sys.argv[1]))["metadata"]
 print(meta.get("namespace", "default"), meta["name"])' "$EXAMPLE")
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# The examples read the Hub token from this Secret (the fake Hub takes any token).
+kubectl -n "$ns" create secret generic hf-token --from-literal=token=hf_demo_token --dry-run=client -o yaml \
+  | kubectl apply -f - >/dev/null
 kubectl apply -f "$EXAMPLE"
 echo "== waiting for $ns/$name to become Ready"
 if ! kubectl -n "$ns" wait --for=condition=Ready "k3/$name" --timeout=180s; then

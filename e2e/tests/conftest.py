@@ -49,7 +49,14 @@ SERVICE_ACCOUNT = "kimik3-operator"  # the chart's full name for this release na
 CRD = "crd/kimik3deployments.serving.kimik3.dev"
 
 
+WEBHOOK_VALUES: list[str] = []
+"""Set by the `chart` fixture: the webhook served by the host operator on loopback. Every install
+and upgrade passes them, so the API server is never pointed at a Service's fake ClusterIP."""
+
+
 def helm(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    if args and args[0] in ("install", "upgrade"):
+        args = (*args, *WEBHOOK_VALUES)
     result = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=timeout, env=os.environ)
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
     return result
@@ -67,6 +74,13 @@ def cluster() -> Iterator[dict[str, str]]:
 def chart(cluster: dict[str, str]) -> Iterator[str]:
     """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
     os.environ["KIMIK3_E2E_STARTED"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    certs = Path(os.environ.get("KIMIK3_STATE") or Path(cluster["KUBECONFIG"]).parent) / "webhook"
+    ca_bundle = subprocess.run([str(ROOT / "scripts" / "webhook-certs.sh"), str(certs)], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    port = free_port()
+    os.environ.update(KIMIK3_E2E_WEBHOOK_PORT=str(port), KIMIK3_E2E_WEBHOOK_CERTS=str(certs))
+    WEBHOOK_VALUES[:] = ["--set", f"webhook.url=https://127.0.0.1:{port}/validate",
+                         "--set", f"webhook.caBundle={ca_bundle}"]
     helm("upgrade", "--install", RELEASE, str(CHART), "-n", CHART_NAMESPACE, "--create-namespace")
     kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
     yield RELEASE
@@ -95,8 +109,11 @@ def operator(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactor
     port = free_port()
     liveness = f"http://127.0.0.1:{port}/healthz"
     with log.open("w") as out:
-        proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness], stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+        certs = Path(os.environ["KIMIK3_E2E_WEBHOOK_CERTS"])
+        proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness, "--webhook-host", "127.0.0.1",
+                                 "--webhook-port", os.environ["KIMIK3_E2E_WEBHOOK_PORT"],
+                                 "--webhook-cert", str(certs / "tls.crt"), "--webhook-key", str(certs / "tls.key")],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         def alive() -> bool:
             assert proc.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"

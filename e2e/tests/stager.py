@@ -174,3 +174,24 @@ class Stager:
         kubectl("-n", ns, "annotate", "pod", meta["name"], "--overwrite",
                 f"{EXIT_CODE}={result.returncode}", f"{MESSAGE}={message}")
 
+
+
+def main() -> None:
+    """`python -m e2e.tests.stager DIR`: keep staging until SIGTERM (scripts/demo.sh runs it)."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    root = Path(sys.argv[1])
+    root.mkdir(parents=True, exist_ok=True)
+    stager = Stager(root).start()
+    print(f"staging pods' commands run here; fake Hub {stager.hub.endpoint}, fake S3 {stager.s3.endpoint}", flush=True)
+    while not stop.wait(1):
+        for run in stager.runs[len(getattr(main, "_seen", [])):]:
+            print(f"{run.namespace}/{run.pod}: exit {run.exit_code} {run.message[:200]}", flush=True)
+        main._seen = list(stager.runs)  # type: ignore[attr-defined]
+    stager.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -72,6 +72,13 @@ def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
+    if args.webhook_port is not None:
+        from .webhook import serve_webhook
+
+        if not (args.webhook_cert and args.webhook_key):
+            print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
+            return 2
+        serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key)
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port)
     run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
     return 0
@@ -95,6 +102,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--namespace", action="append", help="watch this namespace (repeatable; default: all)")
     run.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     run.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--webhook-port", type=int, default=None,
+                     help="serve the validating admission webhook (HTTPS, path /validate) on this port")
+    run.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
+    run.add_argument("--webhook-cert", help="PEM certificate (chain) of the webhook")
+    run.add_argument("--webhook-key", help="PEM private key of the webhook")
     run.set_defaults(func=_run)
     return p
 

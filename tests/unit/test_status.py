@@ -119,7 +119,7 @@ def test_events_only_on_transitions() -> None:
     starting = compute_status(owner=owner, generation=1, previous=None, plan=plan, error=None,
                               workloads={}, now="t0")
     first = transitions(None, starting)
-    assert [(t, r) for t, r, _ in first] == [("Normal", "AsExpected"), ("Normal", "Updating"), ("Normal", "PodsNotReady")]
+    assert [(t, r) for t, r, _ in first] == [("Normal", "Updating"), ("Normal", "PodsNotReady")]
     again = compute_status(owner=owner, generation=1, previous=starting, plan=plan, error=None, workloads={},
                            now="t1")
     assert transitions(starting, again) == []

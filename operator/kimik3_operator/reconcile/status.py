@@ -176,5 +176,7 @@ def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3Deploymen
         bad = (c.type == DEGRADED and c.status == "True") or (c.type == READY and status.phase == "Failed")
         if c.type == PROGRESSING and any(o.type == READY and o.reason == c.reason for o in status.conditions):
             continue  # says what the Ready event says
+        if c.type == DEGRADED and c.status == "False" and before.get(c.type, ("False",))[0] == "False":
+            continue  # "not degraded" is news only when it was
         out.append(("Warning" if bad else "Normal", c.reason, f"{c.type}={c.status}: {c.message}"))
     return out
