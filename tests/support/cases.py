@@ -83,5 +83,8 @@ def all_rules() -> list[tuple[type, str]]:
 def load_examples() -> list[tuple[str, dict[str, Any]]]:
     return [(p.name, yaml.safe_load(p.read_text())) for p in EXAMPLES]
 
+INVALID["a rollout needs room to move: maxSurge or maxUnavailable must be at least 1 (maxSurge 0 with "
+        "maxUnavailable 1 updates in place on a cluster sized for one copy)"] = _edit(
+    lambda d: d["spec"].update(rollout={"maxSurge": 0, "maxUnavailable": 0}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))

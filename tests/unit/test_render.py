@@ -262,3 +262,12 @@ def test_amd_pools_turn_aiter_on() -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_ROCM_USE_AITER"] == "1" and _after(c["command"], "--moe-backend") == "aiter"
     assert c["resources"]["limits"] == {"amd.com/gpu": "8"}
+
+
+def test_rollout_surges_by_default_and_can_update_in_place() -> None:
+    body = _example("pd-gb300-decode-b200-prefill.yaml")
+    for lws in _by_kind(_render(body), "LeaderWorkerSet").values():
+        assert lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 1, "maxUnavailable": 0}
+    body["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
+    for lws in _by_kind(_render(body), "LeaderWorkerSet").values():
+        assert lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}

@@ -344,6 +344,25 @@ class Pool(SpecModel):
                                     ("aggregated", self.aggregated)) if r is not None]
 
 
+class Rollout(SpecModel):
+    """How a changed role replaces its replicas (LeaderWorkerSet rolling update, counted in replicas)."""
+
+    max_surge: Annotated[int, Field(ge=0, le=64)] = 1
+    """Extra replicas started before old ones stop: serving capacity never drops, but it needs the
+    GPUs of one more replica. 0 for clusters sized for exactly one copy."""
+    max_unavailable: Annotated[int, Field(ge=0, le=64)] = 0
+    """Replicas that may be down at once during the update."""
+
+    rules = (
+        Rule(
+            cel="self.maxSurge + self.maxUnavailable >= 1",
+            message="a rollout needs room to move: maxSurge or maxUnavailable must be at least 1 "
+            "(maxSurge 0 with maxUnavailable 1 updates in place on a cluster sized for one copy)",
+            check=lambda s: s.max_surge + s.max_unavailable >= 1,
+        ),
+    )
+
+
 class Router(SpecModel):
     """The router in front of all roles (one endpoint for clients)."""
 
@@ -397,6 +416,8 @@ class KimiK3DeploymentSpec(SpecModel):
     """Node pools and the roles each serves; every prefill role pairs with every decode role."""
     router: Router = Router()
     """Request router."""
+    rollout: Rollout = Rollout()
+    """How spec changes roll out to running replicas."""
     workload: Workload | None = None
     """Expected traffic; sizes the replicas the pools leave out."""
     slo: Slo | None = None

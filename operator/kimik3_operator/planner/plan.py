@@ -154,6 +154,9 @@ class Plan:
     """Hash over every setting prefill and decode must share; stamped on both roles."""
     weights: WeightsPlan
     """What the staging Jobs fetch and where serving pods find it."""
+    max_surge: int = 1
+    max_unavailable: int = 0
+    """The rolling update of every role (spec.rollout), in replicas."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

@@ -39,7 +39,9 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
-    return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec)), staged or {})
+    return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
+                            max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable),
+                       staged or {})
 
 
 def with_staged(plan: Plan, commits: Mapping[str, str]) -> Plan:

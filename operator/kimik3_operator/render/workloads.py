@@ -50,7 +50,7 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, 
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+                "rollingUpdateConfiguration": {"maxUnavailable": plan.max_unavailable, "maxSurge": plan.max_surge},
             },
             "leaderWorkerTemplate": group,
         },
