@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+import threading
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECONCILE_SECONDS = Histogram(
     "kimik3_operator_reconcile_duration_seconds", "Duration of one reconcile pass", ["result"],
@@ -14,6 +16,36 @@ RECONCILE_ERRORS = Counter(
 APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
 )
+
+
+DEPLOYMENTS = Gauge(
+    "kimik3_operator_deployments", "KimiK3Deployments by the phase their status shows", ["phase"],
+)
+PHASES = ("Pending", "Progressing", "Ready", "Degraded", "Failed")
+
+
+class PhaseBook:
+    """The last phase of every deployment this process reconciled, exported as DEPLOYMENTS; a
+    deployment that is gone is dropped at the next resync (`keep_only`)."""
+
+    def __init__(self) -> None:
+        self._phases: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def record(self, key: tuple[str, str], phase: str | None) -> None:
+        with self._lock:
+            if phase:
+                self._phases[key] = phase
+            self._export()
+
+    def keep_only(self, keys: set[tuple[str, str]]) -> None:
+        with self._lock:
+            self._phases = {k: v for k, v in self._phases.items() if k in keys}
+            self._export()
+
+    def _export(self) -> None:
+        for phase in PHASES:
+            DEPLOYMENTS.labels(phase).set(sum(1 for p in self._phases.values() if p == phase))
 
 
 def serve_metrics(port: int) -> None:

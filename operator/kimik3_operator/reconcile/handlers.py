@@ -19,7 +19,7 @@ import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..k8s import Cluster, TransientApiError, api_client
-from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, serve_metrics
+from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook, serve_metrics
 from ..render.names import MANAGED_BY
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -35,6 +35,7 @@ class State:
         self.config = config
         self.cluster = Cluster(api_client())
         self.queue = WorkQueue()
+        self.phases = PhaseBook()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self.worker: asyncio.Task[None] | None = None
@@ -53,6 +54,7 @@ class State:
                 raise
             finally:
                 RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
+            self.phases.record((namespace, name), outcome.phase)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
             for action, keys in (("apply", outcome.applied), ("delete", outcome.deleted)):
@@ -114,6 +116,7 @@ async def _drain(state: State) -> None:
             try:
                 keys = set(await asyncio.to_thread(state.cluster.list_deployments,
                                                    state.config.namespaces))
+                state.phases.keep_only(keys)
             except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
                 log.exception("Listing KimiK3Deployments for resync failed")
                 continue

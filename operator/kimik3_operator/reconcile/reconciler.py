@@ -44,6 +44,8 @@ class Outcome:
     deleted: list[str] = field(default_factory=list)
     status_written: bool = False
     events: list[str] = field(default_factory=list)
+    phase: str | None = None
+    """The phase the status shows after this pass (written or not)."""
     error: PlanningError | None = None
 
 
@@ -155,6 +157,7 @@ def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
 
 def _write_status(cluster: Cluster, owner: Owner, previous: KimiK3DeploymentStatus | None, outcome: Outcome,
                   status: KimiK3DeploymentStatus) -> None:
+    outcome.phase = status.phase
     if previous == status:
         return
     cluster.apply_status(owner.namespace, owner.name, status.wire())
