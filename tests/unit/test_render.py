@@ -107,10 +107,16 @@ def test_leader_serves_http_and_workers_run_headless() -> None:
 
 
 def test_leader_service_selects_leaders_of_its_workload() -> None:
-    svc = _by_kind(_render(_example("pd-gb300-decode-b200-prefill.yaml")), "Service")["k3-pd-gb300-decode-decode-leader"]
+    objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
+    svc = _by_kind(objs, "Service")["k3-pd-gb300-decode-decode-leader"]
+    lws = _by_kind(objs, "LeaderWorkerSet")["k3-pd-gb300-decode-decode"]
+    compat = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"][LABEL_COMPAT]
     assert svc["spec"]["type"] == "ClusterIP"
+    # Paired roles select one revision (reconcile/pairing.py): the plan's own when nothing else serves.
     assert svc["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": "k3-pd-gb300-decode-decode",
-                                       "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+                                       "leaderworkerset.sigs.k8s.io/worker-index": "0", LABEL_COMPAT: compat}
+    aggregated = _by_kind(_render(_example("gb300-aggregated-tp8.yaml")), "Service")
+    assert all(LABEL_COMPAT not in s["spec"]["selector"] for s in aggregated.values())
 
 
 @pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "design-reference.yaml"])

@@ -21,7 +21,8 @@ from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.images import OPERATOR_IMAGE
 from ..render import WEIGHTS_KINDS, Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
-from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
+from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, deployment_label, selector
+from .pairing import serving_hash
 from .status import compute_status, transitions
 from .weights_status import weights_state
 
@@ -96,9 +97,12 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     except PlanningError as exc:
         return fail(exc)
 
-    used = gpus_used(cluster.list_active_pods(), lambda pod: (
-        pod["metadata"].get("namespace") == namespace
-        and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner)))
+    def own(pod: dict[str, Any]) -> bool:
+        return (pod["metadata"].get("namespace") == namespace
+                and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
+
+    active_pods = cluster.list_active_pods()
+    used = gpus_used(active_pods, own)
     short = shortfalls(plan, facts, used)
 
     live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
@@ -113,7 +117,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         wanted = {_key(o) for o in desired}
         if weights.all_staged:
             plan = with_staged(plan, weights.commits)
-            serving = render_serving(owner, plan, tools_image)
+            paired = serving_hash(plan, [p for p in active_pods if own(p)], _selected_hashes(live))
+            serving = render_serving(owner, plan, tools_image, paired)
             _apply_all(cluster, serving, live, current, outcome)
             wanted |= {_key(o) for o in serving}
         else:
@@ -134,6 +139,12 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=short, weights=weights))
     return outcome
+
+
+def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:
+    """Compatibility hashes our Services select now (paired prefill/decode Services only)."""
+    return {h for (kind, _), o in live.items() if kind == "Service"
+            if (h := ((o.get("spec") or {}).get("selector") or {}).get(LABEL_COMPAT))}
 
 
 def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],

@@ -24,11 +24,13 @@ def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) 
     return [stamp_hash(c) for c in weights_children(owner, plan.weights, tools_image)]
 
 
-def render_serving(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
-    """What serves, once the plan carries the staged commits."""
+def render_serving(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
+                   paired_hash: str | None = None) -> list[dict[str, Any]]:
+    """What serves, once the plan carries the staged commits; prefill and decode Services select
+    `paired_hash` (default: the plan's own)."""
     children: list[dict[str, Any]] = []
     for pool, role in plan.role_plans():
-        children.append(leader_service(owner, pool, role))
+        children.append(leader_service(owner, pool, role, paired_hash or plan.compat_hash))
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role, tools_image))

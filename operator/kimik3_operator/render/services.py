@@ -6,21 +6,23 @@ from typing import Any
 
 from ..planner import PoolPlan, RolePlan
 from .engine import HTTP_PORT
-from .names import Owner, object_meta, service_name, workload_name
+from .names import LABEL_COMPAT, Owner, object_meta, service_name, workload_name
 from .workloads import LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
 
 
-def leader_service(owner: Owner, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+def leader_service(owner: Owner, pool: PoolPlan, role: RolePlan, paired_hash: str | None = None) -> dict[str, Any]:
+    """`paired_hash`: for prefill and decode, the one revision both roles' Services send traffic to
+    (reconcile/pairing.py), so a request never pairs engines that cannot hand KV over."""
+    selector = {LWS_NAME_LABEL: workload_name(owner, pool.name, role.role), LWS_WORKER_INDEX_LABEL: "0"}
+    if paired_hash and role.role in ("prefill", "decode"):
+        selector[LABEL_COMPAT] = paired_hash
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_meta(owner, service_name(owner, pool.name, role.role), pool.name, role.role),
         "spec": {
             "type": "ClusterIP",
-            "selector": {
-                LWS_NAME_LABEL: workload_name(owner, pool.name, role.role),
-                LWS_WORKER_INDEX_LABEL: "0",
-            },
+            "selector": selector,
             "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
