@@ -177,13 +177,15 @@ class Stager:
 
 
 def main() -> None:
-    """`python -m e2e.tests.stager DIR`: keep staging until SIGTERM (scripts/demo.sh runs it)."""
+    """`python -m e2e.tests.stager DIR [PIDFILE]`: keep staging until SIGTERM (scripts/demo.sh)."""
     import signal
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     root = Path(sys.argv[1])
     root.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 2:
+        Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
     stager = Stager(root).start()
     print(f"staging pods' commands run here; fake Hub {stager.hub.endpoint}, fake S3 {stager.s3.endpoint}", flush=True)
     while not stop.wait(1):

@@ -48,7 +48,7 @@ def _lws_wait_commits(namespace: str) -> dict[str, str]:
     (lws,) = get_json("leaderworkersets", "-n", namespace)["items"]
     template = lws["spec"]["leaderWorkerTemplate"]
     pod = (template.get("leaderTemplate") or template["workerTemplate"])["spec"]
-    return {c["name"]: c["command"][c["command"].index("--commit") + 1] for c in pod["initContainers"]}
+    return {c["name"]: c["command"][4] for c in pod["initContainers"]}  # python3 -c SCRIPT DEST COMMIT TIMEOUT
 
 
 def _ready(namespace: str) -> dict[str, Any] | None:

@@ -115,7 +115,7 @@ MUTANTS += (
            'env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})', "pass",
            "tests/unit/test_weights_render.py::test_hub_sources_stage_into_the_cache_claim_with_the_token_as_a_secret_reference"),
     Mutant("serving pods wait for the staged commit", "render/weights.py",
-           'args += ["--commit", s.commit]', "pass",
+           's.mount_path, s.commit or ""', 's.mount_path, ""',
            "tests/unit/test_weights_render.py::test_serving_pods_mount_read_only_and_wait_for_the_staged_commit"),
     Mutant("nothing serves before its weights are staged", "reconcile/reconciler.py",
            "if weights.all_staged:", "if True:",

@@ -108,7 +108,7 @@ def test_weights_are_staged_before_anything_serves_then_steady_state_writes_noth
     assert weights["phase"] == "Staged" and weights["commit"] == "c0ffee" * 6 + "c0ff"
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
     (wait,) = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["initContainers"]
-    assert wait["command"][wait["command"].index("--commit") + 1] == weights["commit"]
+    assert wait["command"][4] == weights["commit"]  # python3 -c SCRIPT DEST COMMIT TIMEOUT
     cluster.writes.clear()
     third = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:02:00Z")
     assert (third.applied, third.deleted, third.status_written) == ([], [], False)

@@ -77,11 +77,11 @@ def test_serving_pods_mount_read_only_and_wait_for_the_staged_commit() -> None:
     plan = with_staged(_plan({"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf"}}), {"model": COMMIT})
     unstaged = _plan({"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf"}})
     assert plan.compat_hash != unstaged.compat_hash  # the weights enter the P/D compatibility hash
-    (lws,) = _kinds(render_serving(OWNER, plan, "img:1"), "LeaderWorkerSet")
+    (lws,) = _kinds(render_serving(OWNER, plan), "LeaderWorkerSet")
     pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
     (wait,) = pod["initContainers"]
-    assert wait["image"] == "img:1"
-    assert wait["command"][wait["command"].index("--commit") + 1] == COMMIT
+    assert wait["image"] == pod["containers"][0]["image"]  # the serving image, not the operator's
+    assert wait["command"][:2] == ["python3", "-c"] and wait["command"][3:5] == ["/models/kimi-k3", COMMIT]
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "k3-model-cache", "readOnly": True}} \
         in pod["volumes"]
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/models/kimi-k3")
@@ -122,3 +122,42 @@ def test_s3_credentials_come_from_the_whole_secret_and_the_endpoint_from_the_spe
 
 def test_the_loader_and_the_operator_agree_on_the_progress_annotation() -> None:
     assert (report.PROGRESS_ANNOTATION, report.FIELD_MANAGER) == (PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER)
+
+
+def test_an_operator_upgrade_changes_no_serving_template() -> None:
+    """What an operator release changes (its version, its image) must not reach a pod template, or
+    upgrading the operator would restart every serving replica."""
+    from kimik3_operator.render import render_children
+
+    plan = with_staged(_plan({"uri": "hf://moonshotai/Kimi-K3"}, DSPARK), {"model": COMMIT, "draft": COMMIT})
+    before = render_children(OWNER, plan, "ghcr.io/kimik3-operator/kimik3-operator:0.1.0")
+    after = render_children(OWNER, plan, "ghcr.io/kimik3-operator/kimik3-operator:9.9.9")
+    serving = {"Service", "ComputeDomain", "LeaderWorkerSet"}
+    assert [o for o in before if o["kind"] in serving] == [o for o in after if o["kind"] in serving]
+    assert "kimik3-operator:" not in json.dumps([o for o in after if o["kind"] in serving])
+
+
+def test_the_inline_wait_agrees_with_the_loaders_marker(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from kimik3_operator.render.weights import WAIT_SCRIPT
+    from kimik3_operator.weights import stage
+    from kimik3_operator.weights.model import marker_path
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\0" * 1000)
+    result = stage("pvc://claim/src", "", src, env={}).commit  # pvc:// verifies the files in place
+    assert marker_path(src).is_file()
+
+    def wait(dest_path: Any, want: str) -> int:
+        return subprocess.run([sys.executable, "-c", WAIT_SCRIPT, str(dest_path), want, "0"],
+                              capture_output=True, text=True).returncode
+
+    assert wait(src, result) == 0
+    assert wait(src, "0" * 64) == 1
+    (src / "model.safetensors").write_bytes(b"\0" * 10)  # truncated after staging
+    assert wait(src, result) == 1
+    assert wait(tmp_path, result) == 1  # nothing staged there

@@ -27,6 +27,9 @@ from .status import compute_status, transitions
 from .weights_status import weights_state
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
+CREATE_ONLY = frozenset({"Job"})
+"""A Job's pod template is immutable and its name already says what it stages: once created it is
+left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +121,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         if weights.all_staged:
             plan = with_staged(plan, weights.commits)
             paired = serving_hash(plan, [p for p in active_pods if own(p)], _selected_hashes(live))
-            serving = render_serving(owner, plan, tools_image, paired)
+            serving = render_serving(owner, plan, paired)
             _apply_all(cluster, serving, live, current, outcome)
             wanted |= {_key(o) for o in serving}
         else:
@@ -150,6 +153,9 @@ def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:
 def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                current: dict[tuple[str, str], dict[str, Any]], outcome: Outcome) -> None:
     for obj in desired:
+        if obj["kind"] in CREATE_ONLY and _key(obj) in live:
+            current[_key(obj)] = live[_key(obj)]
+            continue
         result = cluster.apply(obj, live.get(_key(obj)))
         current[_key(obj)] = result.obj
         if result.written:

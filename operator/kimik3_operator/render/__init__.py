@@ -24,23 +24,22 @@ def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) 
     return [stamp_hash(c) for c in weights_children(owner, plan.weights, tools_image)]
 
 
-def render_serving(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
-                   paired_hash: str | None = None) -> list[dict[str, Any]]:
+def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None) -> list[dict[str, Any]]:
     """What serves, once the plan carries the staged commits; prefill and decode Services select
-    `paired_hash` (default: the plan's own)."""
+    `paired_hash` (default: the plan's own). Nothing here depends on the operator's version."""
     children: list[dict[str, Any]] = []
     for pool, role in plan.role_plans():
         children.append(leader_service(owner, pool, role, paired_hash or plan.compat_hash))
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
-        children.append(leader_worker_set(owner, plan, pool, role, tools_image))
+        children.append(leader_worker_set(owner, plan, pool, role))
     children.sort(key=lambda o: KIND_ORDER.index(o["kind"]))
     return [stamp_hash(c) for c in children]
 
 
 def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
     """Every child of one deployment, each stamped with its desired-state hash, in apply order."""
-    return render_weights(owner, plan, tools_image) + render_serving(owner, plan, tools_image)
+    return render_weights(owner, plan, tools_image) + render_serving(owner, plan)
 
 
 __all__ = ["KIND_ORDER", "Owner", "WEIGHTS_KINDS", "render_children", "render_serving", "render_weights"]

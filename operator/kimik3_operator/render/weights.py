@@ -167,21 +167,45 @@ def serving_mounts(owner: Owner, weights: WeightsPlan) -> list[dict[str, Any]]:
             for s in weights.sources]
 
 
+WAIT_SCRIPT = """\
+import json, os, sys, time
+dest, commit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+marker = os.path.join(dest, ".kimik3", "ready.json")
+deadline = time.monotonic() + timeout
+while True:
+    try:
+        m = json.load(open(marker))
+        bad = [f["path"] for f in m["files"] if os.path.getsize(os.path.join(dest, f["path"])) != f["size"]]
+        why = ("marker is for commit %s" % m["commit"]) if commit and m["commit"] != commit else (
+            "%s does not have the size the marker records" % bad[0] if bad else "")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = "%s: %s" % (marker, exc)
+    if not why:
+        print("weights ready at %s" % m["commit"])
+        sys.exit(0)
+    if time.monotonic() >= deadline:
+        print("NotReady: " + why, file=sys.stderr)
+        sys.exit(1)
+    time.sleep(5)
+"""
+"""The serving pods' wait, run by the serving image's own Python: what `weights wait` checks (the
+completion marker names the commit, every listed file has its size). Not the operator image, whose
+tag changes with every operator release: a pod template must not, or an upgrade would restart
+every replica."""
+
+
 def wait_containers(owner: Owner, weights: WeightsPlan, image: str) -> list[dict[str, Any]]:
     """Init containers that hold a serving pod until its checkpoints are staged at the commit the
-    plan was made for (a Job that re-stages another revision never feeds a pod of this one)."""
+    plan was made for (a Job that re-stages another revision never feeds a pod of this one).
+    `image` is the serving image."""
     out = []
     for s in weights.sources:
-        args = ["python", "-m", "kimik3_operator.weights", "wait", "--dest", s.mount_path, "--uri", s.uri,
-                "--timeout", str(WAIT_TIMEOUT_SECONDS)]
-        if s.commit:
-            args += ["--commit", s.commit]
         out.append({
             "name": f"wait-{s.name}",
             "image": image,
-            "command": args,
+            "command": ["python3", "-c", WAIT_SCRIPT, s.mount_path, s.commit or "", str(WAIT_TIMEOUT_SECONDS)],
             "volumeMounts": [m for m in serving_mounts(owner, weights) if m["mountPath"] == s.mount_path],
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-            "securityContext": {**_restricted(), "runAsNonRoot": True, "runAsUser": RUN_AS},
+            "securityContext": _restricted(),
         })
     return out

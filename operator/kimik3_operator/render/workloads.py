@@ -30,17 +30,15 @@ PRE_STOP_SECONDS = 10
 SHM_SIZE = "128Gi"  # NCCL, NIXL and the DP coordinator exchange through /dev/shm
 
 
-def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, tools_image: str) -> dict[str, Any]:
-    """`tools_image` (the operator's) runs the serving pods' wait for staged weights."""
+def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     name = workload_name(owner, pool.name, role.role)
     group: dict[str, Any] = {
         "size": role.nodes_per_replica,
         "restartPolicy": "RecreateGroupOnPodRestart",
-        "workerTemplate": pod_template(owner, plan, pool, role, name, tools_image,
-                                       worker=role.nodes_per_replica > 1),
+        "workerTemplate": pod_template(owner, plan, pool, role, name, worker=role.nodes_per_replica > 1),
     }
     if role.nodes_per_replica > 1:
-        group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, tools_image, worker=False)
+        group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, worker=False)
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -57,13 +55,13 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, 
     }
 
 
-def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str, tools_image: str,
+def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str,
                  *, worker: bool) -> dict[str, Any]:
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
     vllm = container(plan.engine, pool, role, worker=worker)
     vllm["volumeMounts"] += serving_mounts(owner, plan.weights)
     spec: dict[str, Any] = {
-        "initContainers": wait_containers(owner, plan.weights, tools_image),
+        "initContainers": wait_containers(owner, plan.weights, pool.image),
         "containers": [vllm],
         # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
         "terminationGracePeriodSeconds": plan.engine.shutdown_timeout + PRE_STOP_SECONDS + 30,
