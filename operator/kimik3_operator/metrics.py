@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECONCILE_SECONDS = Histogram(
     "kimik3_operator_reconcile_duration_seconds", "Duration of one reconcile pass", ["result"],
@@ -13,6 +13,10 @@ RECONCILE_ERRORS = Counter(
 )
 APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
+)
+
+LEADER = Gauge(
+    "kimik3_operator_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by",
 )
 
 

@@ -20,6 +20,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
+from .identity import user_agent
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +50,18 @@ class ApplyResult:
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster.
+    Its User-Agent names this process's identity, so the audit log tells replicas apart."""
     try:
-        return config.new_client_from_config(config_file=kubeconfig)
+        api = config.new_client_from_config(config_file=kubeconfig)
     except config.ConfigException:
         if kubeconfig:
             raise
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
+        api = client.ApiClient(cfg)
+    api.user_agent = user_agent()
+    return api
 
 
 def _translate(exc: ApiException | DynamicApiError) -> Exception:

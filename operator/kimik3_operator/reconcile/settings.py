@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import kopf
 
 from ..api import GROUP
+from ..k8s.lease import LeaseConfig
 
 
 @dataclass(frozen=True)
@@ -20,14 +21,18 @@ class OperatorConfig:
     """Namespaces to watch; all when empty."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port."""
+    lease: LeaseConfig | None = None
+    """Act only while holding this Lease (leader election among replicas); always when None."""
 
     @classmethod
-    def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None) -> "OperatorConfig":
+    def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
+                 lease: LeaseConfig | None = None) -> "OperatorConfig":
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
             namespaces=namespaces,
             metrics_port=metrics_port,
+            lease=lease,
         )
 
     def apply(self, settings: kopf.OperatorSettings) -> None:
