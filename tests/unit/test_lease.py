@@ -134,7 +134,7 @@ def test_first_candidate_creates_the_lease_and_the_second_stands_by() -> None:
     assert not b.try_acquire_or_renew() and b.holder == "a"
     for _ in range(20):  # a renews every 2 s: b never gets it
         clock.now += 2
-        assert a.try_acquire_or_renew()
+        assert a.try_acquire_or_renew() and a.renewed_at == clock.now
         assert not b.try_acquire_or_renew()
     assert store.holder == "a" and store.obj is not None
     assert store.obj["spec"]["leaseTransitions"] == 0

@@ -177,6 +177,7 @@ class LeaderElector:
         self._seen: Observation | None = None
         self._ours: dict[str, Any] | None = None  # the Lease as our last successful write left it
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+        self.renewed_at = float("-inf")  # when our last successful round began (our clock)
 
     @property
     def identity(self) -> str:
@@ -211,6 +212,8 @@ class LeaderElector:
     def _won(self, lease: dict[str, Any], now: float) -> bool:
         self._ours = lease
         self._seen = observe(self._seen, lease, now)
+        # From when the round began, not when it returned: a standby may have seen it that early.
+        self.renewed_at = now
         return True
 
     def release(self) -> bool:
@@ -253,17 +256,16 @@ class LeaderElector:
         return False
 
     async def hold(self) -> str:
-        """Renew every retry period; return why leadership ended (it never ends otherwise)."""
-        last = self._clock()
+        """Renew every retry period after `acquire`; return why leadership ended (it never ends
+        otherwise)."""
         while True:
             await asyncio.sleep(self._cfg.retry_period)
-            remaining = last + self._cfg.renew_deadline - self._clock()
-            if await self._call(self.try_acquire_or_renew, remaining):
-                last = self._clock()
+            deadline = self.renewed_at + self._cfg.renew_deadline
+            if await self._call(self.try_acquire_or_renew, deadline - self._clock()):
                 continue
             if self.holder and self.holder != self.identity:
                 return f"lease taken by {self.holder}"
-            if renew_overdue(last, self._clock(), self._cfg.renew_deadline):
+            if renew_overdue(self.renewed_at, self._clock(), self._cfg.renew_deadline):
                 return f"lease not renewed for {self._cfg.renew_deadline:g}s"
 
     async def step_down(self, timeout: float) -> bool:
