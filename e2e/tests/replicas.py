@@ -8,9 +8,8 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ class Replica:
     liveness: str
     metrics: str
     identity: str = ""
-    started: float = field(default_factory=time.monotonic)
 
     def health(self) -> dict[str, Any] | None:
         body = http_get(self.liveness)
