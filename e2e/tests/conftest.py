@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,11 +14,10 @@ from typing import Iterator
 import pytest
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
+from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
 
 pytestmark = pytest.mark.e2e
-# Loopback only, never through a proxy from the environment.
-NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port() -> int:
@@ -46,6 +43,8 @@ def _cluster_env() -> dict[str, str]:
 CHART = ROOT / "charts" / "kimik3-operator"
 RELEASE, CHART_NAMESPACE = "kimik3-operator", "kimik3-system"
 SERVICE_ACCOUNT = "kimik3-operator"  # the chart's full name for this release name
+LEASE = SERVICE_ACCOUNT  # the chart names the leader election Lease like the release
+OPERATOR_PODS = ("kimik3-operator-a", "kimik3-operator-b")  # the chart's default: 2 replicas
 CRD = "crd/kimik3deployments.serving.kimik3.dev"
 
 
@@ -95,42 +94,41 @@ def stager(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
-def operator(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """`kimik3 run` as a separate process acting as the chart's ServiceAccount (kwok runs no
-    containers, so the chart's own pod never executes): least privilege is what is tested."""
+def replicas(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    """The operator as the chart deploys it: two `kimik3 run --leader-elect` replicas on the
+    chart's Lease, as separate processes acting as the chart's ServiceAccount (kwok runs no
+    containers, so the chart's own pods never execute): least privilege is what is tested, and
+    every test runs against a leader with a standby beside it. test_ha.py kills and restarts them."""
     folder = tmp_path_factory.mktemp("operator")
-    log = folder / "operator.log"
     operator_kubeconfig = subprocess.run(
         [str(ROOT / "scripts" / "sa-kubeconfig.sh"), CHART_NAMESPACE, SERVICE_ACCOUNT, str(folder / "kubeconfig")],
         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    env = {**os.environ, "KUBECONFIG": operator_kubeconfig,
-           "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
-    kimik3 = Path(sys.executable).with_name("kimik3")
-    port = free_port()
-    liveness = f"http://127.0.0.1:{port}/healthz"
-    with log.open("w") as out:
-        certs = Path(os.environ["KIMIK3_E2E_WEBHOOK_CERTS"])
-        proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness, "--webhook-host", "127.0.0.1",
-                                 "--webhook-port", os.environ["KIMIK3_E2E_WEBHOOK_PORT"],
-                                 "--webhook-cert", str(certs / "tls.crt"), "--webhook-key", str(certs / "tls.key")],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    # A Lease left by an earlier run on this cluster would skip the create the RBAC test expects.
+    kubectl("-n", CHART_NAMESPACE, "delete", "lease", LEASE, "--ignore-not-found")
+    env = {**os.environ, "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
+    certs = Path(os.environ["KIMIK3_E2E_WEBHOOK_CERTS"])
+    # The chart's webhook URL names one loopback port: the first replica serves it (in a cluster
+    # every replica does, behind the webhook Service).
+    webhook = ["--webhook-host", "127.0.0.1", "--webhook-port", os.environ["KIMIK3_E2E_WEBHOOK_PORT"],
+               "--webhook-cert", str(certs / "tls.crt"), "--webhook-key", str(certs / "tls.key")]
+    group = Replicas(folder, operator_kubeconfig, LEASE, CHART_NAMESPACE, env, free_port,
+                     extra_args={OPERATOR_PODS[0]: webhook})
     try:
-        def alive() -> bool:
-            assert proc.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
-            try:
-                with NO_PROXY_OPENER.open(liveness, timeout=2) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-        wait_for("the operator's liveness endpoint", alive, timeout=60)
-        yield log
+        for slot in OPERATOR_PODS:
+            group.start(slot)
+        group.leader()
+        yield group
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print(f"operator log: {log}")
+        group.stop_all()
+        print(f"operator logs: {folder}")
+
+
+@pytest.fixture
+def operator(replicas: Replicas) -> Path:
+    """One replica leads (waited for before every test: test_ha.py replaces leaders); the folder
+    of the replicas' logs."""
+    replicas.leader()
+    return replicas.folder
 
 
 @pytest.fixture

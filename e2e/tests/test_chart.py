@@ -22,7 +22,8 @@ def test_lint_strict(cluster: dict[str, str]) -> None:
 
 
 def test_values_schema_rejects_unknown_and_unpinned_values(cluster: dict[str, str]) -> None:
-    for bad in ("replicas=9", "image.tag=latest", "unknownKey=1", "logLevel=LOUD"):
+    # more than one replica without leader election would have two operators acting at once
+    for bad in ("replicas=9", "image.tag=latest", "unknownKey=1", "logLevel=LOUD", "leaderElection.enabled=false"):
         result = subprocess.run(["helm", "template", "t", str(CHART), "--set", bad], capture_output=True, text=True)
         assert result.returncode != 0 and "values don't meet the specifications" in result.stderr, (bad, result.stderr)
 
@@ -36,6 +37,16 @@ def test_installed_objects(chart: str) -> None:
                                     "capabilities": {"drop": ["ALL"]}}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {p["name"] for p in c["ports"]} == {"metrics", "probes"}
+    # two replicas taking turns on the release's Lease, named by the downward API
+    assert deploy["spec"]["replicas"] == 2
+    assert {"--leader-elect", f"--lease-name={SERVICE_ACCOUNT}"} <= set(c["args"])
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    assert (env["POD_NAME"], env["POD_NAMESPACE"]) == ("metadata.name", "metadata.namespace")
+    assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    role_binding = get_json("rolebinding", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    assert role_binding["roleRef"]["kind"] == "Role"
+    assert role_binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                                         "namespace": CHART_NAMESPACE}]
     role = get_json("clusterrole", SERVICE_ACCOUNT)
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]

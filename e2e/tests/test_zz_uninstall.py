@@ -16,4 +16,5 @@ def test_uninstall_keeps_the_crd(chart: str) -> None:
     assert kubectl("get", CRD, check=False).returncode == 0
     for kind in ("clusterrole", "clusterrolebinding"):
         assert kubectl("get", kind, SERVICE_ACCOUNT, check=False).returncode != 0
-    assert kubectl("-n", CHART_NAMESPACE, "get", "deployment", SERVICE_ACCOUNT, check=False).returncode != 0
+    for kind in ("deployment", "role", "rolebinding"):
+        assert kubectl("-n", CHART_NAMESPACE, "get", kind, SERVICE_ACCOUNT, check=False).returncode != 0

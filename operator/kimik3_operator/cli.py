@@ -69,6 +69,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .k8s.identity import IDENTITY
+    from .k8s.lease import LeaseConfig, default_lease_namespace
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
@@ -79,9 +81,14 @@ def _run(args: argparse.Namespace) -> int:
             print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
             return 2
         serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key)
-    config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port)
-    run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
-    return 0
+    # In a pod, another replica may always exist (scaling, a stuck old pod): elect unless told
+    # not to. On a workstation `kimik3 run` is one developer's process: act at once, no Lease RBAC.
+    elect = args.leader_elect if args.leader_elect is not None else "KUBERNETES_SERVICE_HOST" in os.environ
+    lease = LeaseConfig(name=args.lease_name, namespace=args.lease_namespace or default_lease_namespace(),
+                        identity=IDENTITY) if elect else None
+    config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
+                                     lease=lease)
+    return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -107,6 +114,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
     run.add_argument("--webhook-cert", help="PEM certificate (chain) of the webhook")
     run.add_argument("--webhook-key", help="PEM private key of the webhook")
+    run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
+                     help="act only while holding a Lease, so replicas take turns "
+                          "(default: on in a pod, off elsewhere)")
+    run.add_argument("--lease-name", default="kimik3-operator", help="the Lease of the leader election")
+    run.add_argument("--lease-namespace", default=None,
+                     help="its namespace (default: $POD_NAMESPACE, else the pod's or the kubeconfig "
+                          "context's namespace, else default)")
     run.set_defaults(func=_run)
     return p
 

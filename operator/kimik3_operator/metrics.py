@@ -17,6 +17,10 @@ APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
 )
 
+LEADER = Gauge(
+    "kimik3_operator_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by",
+)
+
 
 DEPLOYMENTS = Gauge(
     "kimik3_operator_deployments", "KimiK3Deployments by the phase their status shows", ["phase"],

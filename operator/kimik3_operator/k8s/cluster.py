@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -27,6 +26,7 @@ from ..render.weights import PROGRESS_FIELD_MANAGER
 HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER})
 """Writers that only touch fields we never set (a staging pod's progress annotation on its Job):
 their writes are not drift and cost no re-apply."""
+from .identity import IDENTITY, user_agent
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,18 @@ class ApplyResult:
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster.
+    Its User-Agent names this process's identity, so the audit log tells replicas apart."""
     try:
-        return config.new_client_from_config(config_file=kubeconfig)
+        api = config.new_client_from_config(config_file=kubeconfig)
     except config.ConfigException:
         if kubeconfig:
             raise
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
+        api = client.ApiClient(cfg)
+    api.user_agent = user_agent()
+    return api
 
 
 def _translate(exc: ApiException | DynamicApiError) -> Exception:
@@ -93,7 +96,7 @@ class Cluster:
 
     def __init__(self, api: client.ApiClient, identity: str | None = None) -> None:
         self._dyn = DynamicClient(api)
-        self.identity = identity or socket.gethostname()
+        self.identity = identity or IDENTITY
         """Which operator process this is (events' reportingInstance)."""
         # uid -> newest foreign write to the main resource that a (no-op) apply already answered;
         # without it a controller that touches e.g. an annotation would cost a PATCH every pass.

@@ -19,7 +19,7 @@ import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..k8s import Cluster, TransientApiError, api_client
-from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook, serve_metrics
+from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from ..render.names import MANAGED_BY
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -71,8 +71,6 @@ def _state(memo: kopf.Memo) -> State:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = memo.get("config") or OperatorConfig.from_env()
     config.apply(settings)
-    if config.metrics_port:
-        serve_metrics(config.metrics_port)
     state = await asyncio.to_thread(State, config)  # API discovery blocks: keep it off the loop
     memo["state"] = state
     state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")

@@ -1,24 +1,160 @@
-"""Run the operator: kopf's loop with our handlers registered."""
+"""Run the operator: kopf's loop with our handlers, alone or as one of several replicas.
+
+With leader election (`OperatorConfig.lease`), a replica first stands by: it serves its liveness
+endpoint and metrics (`kimik3_operator_leader` 0) and tries for the Lease every retry period. Once
+it holds the Lease it starts kopf in the same event loop and keeps renewing. The ends:
+
+- SIGTERM/SIGINT: kopf stops gracefully, the reconcile passes already running finish (bounded by
+  `DRAIN_SECONDS`, still renewing meanwhile), the Lease is released so the standby takes over on
+  its next retry, exit 0. A standby that is told to stop simply exits 0.
+- Leadership lost (no renewal for the renew deadline, or someone else holds the Lease): the
+  process exits 1 at once, like client-go's OnStoppedLeading. A graceful kopf stop could outlast
+  the 5 s between our renew deadline and the earliest moment a standby may act, and a reconcile
+  pass on a worker thread cannot be cancelled; exiting now is the only way to be sure two
+  replicas never write at once. The pod restarts and stands by.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import kopf
 
+from ..k8s import api_client
+from ..k8s.identity import IDENTITY
+from ..k8s.lease import LeaderElector, LeaseLock
+from ..metrics import LEADER, serve_metrics
 from . import handlers  # noqa: F401 - registers the handlers with kopf's default registry
+from . import login  # noqa: F401 - kopf's requests carry our identity in their User-Agent
+from .health import HealthServer
 from .settings import OperatorConfig
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 20.0
+"""How long a stopping leader waits for running reconcile passes before it releases the Lease."""
 
 
 def run_operator(config: OperatorConfig, *, liveness: str | None, log_level: str = "INFO",
-                 standalone: bool = True) -> None:
+                 standalone: bool = True) -> int:
+    """Run until told to stop; the process exit code."""
     kopf.configure(verbose=log_level == "DEBUG")
     logging.getLogger().setLevel(log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes every few seconds
-    kopf.run(
-        standalone=standalone,
-        clusterwide=not config.namespaces,
-        namespaces=config.namespaces,
-        liveness_endpoint=liveness,
-        memo=kopf.Memo(config=config),
-    )
+    return asyncio.run(_Replica(config, liveness, standalone).run())
+
+
+class _Replica:
+    def __init__(self, config: OperatorConfig, liveness: str | None, standalone: bool) -> None:
+        self.config, self.standalone = config, standalone
+        self.stop = asyncio.Event()
+        self.leading = False
+        self.health = HealthServer(liveness, self._status) if liveness else None
+        # Our own default pool (set as the loop's in `run`), so a stopping leader can wait for
+        # the reconcile passes running on it; kopf's sync handlers run on kopf's own pool.
+        self.pool = ThreadPoolExecutor(max_workers=min(32, (os.cpu_count() or 1) + 4),
+                                       thread_name_prefix="reconcile")
+        self.kopf_pool: Executor | None = None
+
+    def _status(self) -> dict[str, str]:
+        return {"role": "leader" if self.leading else "standby", "identity": IDENTITY}
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("%s received: stopping", signal.Signals(signum).name)
+        self.stop.set()
+
+    def _trap_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    async def run(self) -> int:
+        asyncio.get_running_loop().set_default_executor(self.pool)
+        self._trap_signals()
+        if self.config.metrics_port:
+            serve_metrics(self.config.metrics_port)
+        LEADER.set(0)
+        if self.health is not None:
+            await self.health.start()
+        try:
+            if self.config.lease is None:
+                self.leading = True
+                LEADER.set(1)
+                await self._kopf()
+                return 0
+            return await self._elected()
+        finally:
+            LEADER.set(0)
+            if self.health is not None:
+                await self.health.stop()
+
+    async def _elected(self) -> int:
+        cfg = self.config.lease
+        assert cfg is not None
+        elector = LeaderElector(LeaseLock(await asyncio.to_thread(api_client), cfg), cfg)
+        log.info("Leader election on lease %s/%s as %s", cfg.namespace, cfg.name, cfg.identity)
+        if not await elector.acquire(self.stop):
+            return 0  # stopped while standing by: nothing to hand over
+        self.leading = True
+        LEADER.set(1)
+        holding = asyncio.create_task(elector.hold(), name="kimik3-lease")
+        holding.add_done_callback(_exit_when_lost)
+        try:
+            await self._kopf()
+        finally:
+            idle = await _wait_idle([e for e in (self.kopf_pool, self.pool) if e], DRAIN_SECONDS)
+            holding.remove_done_callback(_exit_when_lost)
+            holding.cancel()
+            self.leading = False
+            LEADER.set(0)
+            if not idle:
+                log.warning("Reconcile passes still running after %ss: not releasing the lease; "
+                            "the standby takes over when it expires", DRAIN_SECONDS)
+            elif await elector.step_down(cfg.request_timeout):
+                log.info("Lease %s/%s released", cfg.namespace, cfg.name)
+        return 0
+
+    async def _kopf(self) -> None:
+        """kopf until `stop` is set. spawn_tasks + run_tasks is kopf.operator() with one change:
+        kopf installs its own signal handlers, and ours must stay (they set kopf's stop flag)."""
+        settings = kopf.OperatorSettings()
+        self.kopf_pool = settings.execution.executor
+        existing = asyncio.all_tasks()  # ours (health, lease): kopf must not cancel them on exit
+        tasks = await kopf.spawn_tasks(
+            settings=settings, standalone=self.standalone, clusterwide=not self.config.namespaces,
+            namespaces=self.config.namespaces, liveness_endpoint=None, stop_flag=self.stop,
+            memo=kopf.Memo(config=self.config))
+        self._trap_signals()
+        await kopf.run_tasks(tasks, ignored=existing)
+
+
+def _exit_when_lost(task: asyncio.Task[str]) -> None:
+    if task.cancelled():
+        return
+    reason = task.exception() or task.result()
+    log.critical("Leadership lost (%s): exiting now so that only one replica acts", reason)
+    LEADER.set(0)
+    logging.shutdown()
+    os._exit(1)
+
+
+async def _wait_idle(executors: list[Executor], timeout: float) -> bool:
+    """Shut the pools down and wait (bounded) for the work already on them; True when done."""
+    done = threading.Event()
+
+    def shut() -> None:
+        for executor in executors:
+            executor.shutdown(wait=True)
+        done.set()
+
+    threading.Thread(target=shut, name="drain", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not done.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return done.is_set()

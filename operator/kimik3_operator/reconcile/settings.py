@@ -9,6 +9,7 @@ import kopf
 
 from ..api import GROUP
 from ..planner.images import OPERATOR_IMAGE
+from ..k8s.lease import LeaseConfig
 
 
 @dataclass(frozen=True)
@@ -24,15 +25,19 @@ class OperatorConfig:
     tools_image: str = OPERATOR_IMAGE
     """Image of the staging Jobs and the serving pods' weights wait: the operator's own (the chart
     passes the image it deployed)."""
+    lease: LeaseConfig | None = None
+    """Act only while holding this Lease (leader election among replicas); always when None."""
 
     @classmethod
-    def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None) -> "OperatorConfig":
+    def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
+                 lease: LeaseConfig | None = None) -> "OperatorConfig":
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
             tools_image=os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,
+            lease=lease,
         )
 
     def apply(self, settings: kopf.OperatorSettings) -> None:

@@ -1,0 +1,127 @@
+"""The operator's replicas as host processes, the way the chart runs them: `kimik3 run
+--leader-elect` with POD_NAME/POD_NAMESPACE as the downward API sets them, acting as the chart's
+ServiceAccount. Like the kubelet, `restart` starts a slot's process again (a new identity)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .kube import get_json, kubectl, wait_for
+
+# Loopback only, never through a proxy from the environment.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_get(url: str, timeout: float = 2) -> str | None:
+    """The body of a 200 answer from loopback, else None."""
+    try:
+        with NO_PROXY_OPENER.open(url, timeout=timeout) as response:
+            return response.read().decode() if response.status == 200 else None
+    except OSError:
+        return None
+
+
+@dataclass
+class Replica:
+    slot: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    liveness: str
+    metrics: str
+    identity: str = ""
+
+    def health(self) -> dict[str, Any] | None:
+        body = http_get(self.liveness)
+        return json.loads(body) if body else None
+
+    def leader_gauge(self) -> float | None:
+        body = http_get(self.metrics) or ""
+        return next((float(line.split()[-1]) for line in body.splitlines()
+                     if line.startswith("kimik3_operator_leader ")), None)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+class Replicas:
+    """Replicas of the operator sharing one Lease."""
+
+    def __init__(self, folder: Path, kubeconfig: str, lease: str, lease_namespace: str,
+                 env: dict[str, str], free_port: Any, extra_args: dict[str, list[str]] | None = None) -> None:
+        self.folder, self.kubeconfig = folder, kubeconfig
+        self.extra_args = extra_args or {}
+        self.lease, self.lease_namespace = lease, lease_namespace
+        self.env, self.free_port = env, free_port
+        self.slots: dict[str, Replica] = {}
+        self.lives = 0
+
+    def start(self, slot: str) -> Replica:
+        self.lives += 1
+        log = self.folder / f"{slot}.{self.lives}.log"
+        live_port, metrics_port = self.free_port(), self.free_port()
+        env = {**self.env, "KUBECONFIG": self.kubeconfig, "POD_NAME": slot, "POD_NAMESPACE": self.lease_namespace}
+        kimik3 = Path(sys.executable).with_name("kimik3")
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [str(kimik3), "run", "--leader-elect", f"--lease-name={self.lease}",
+                 f"--liveness=http://127.0.0.1:{live_port}/healthz", f"--metrics-port={metrics_port}",
+                 *self.extra_args.get(slot, [])],
+                stdout=out, stderr=subprocess.STDOUT, env=env)
+        replica = Replica(slot, proc, log, f"http://127.0.0.1:{live_port}/healthz",
+                          f"http://127.0.0.1:{metrics_port}/metrics")
+
+        def served() -> dict[str, Any] | None:
+            assert replica.alive(), f"replica {slot} exited:\n{replica.tail()}"
+            return replica.health()
+
+        replica.identity = wait_for(f"replica {slot}'s liveness endpoint", served, timeout=60)["identity"]
+        self.slots[slot] = replica
+        return replica
+
+    def holder(self) -> str:
+        """The Lease's holderIdentity ("" when free or absent)."""
+        lease = kubectl("-n", self.lease_namespace, "get", "lease", self.lease, "-o", "json", check=False)
+        if lease.returncode != 0:
+            return ""
+        return str((json.loads(lease.stdout).get("spec") or {}).get("holderIdentity") or "")
+
+    def leader(self, timeout: float = 60) -> Replica:
+        """The replica that holds the Lease and says it leads (waits for one)."""
+        def find() -> Replica | None:
+            holder = self.holder()
+            for replica in self.slots.values():
+                if replica.identity == holder and replica.alive() and (replica.health() or {}).get("role") == "leader":
+                    return replica
+            return None
+        return wait_for(f"a leader among {sorted(r.identity for r in self.slots.values())}", find, timeout=timeout)
+
+    def others(self, leader: Replica) -> list[Replica]:
+        return [r for r in self.slots.values() if r is not leader]
+
+    def stop_all(self) -> None:
+        for replica in self.slots.values():
+            if replica.alive():
+                replica.kill(signal.SIGTERM)
+        for replica in self.slots.values():
+            try:
+                replica.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                replica.proc.kill()
+                replica.proc.wait(10)
+
+
+def lease_json(replicas: Replicas) -> dict[str, Any]:
+    return get_json("-n", replicas.lease_namespace, "lease", replicas.lease)  # type: ignore[no-any-return]
