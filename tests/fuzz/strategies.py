@@ -84,7 +84,9 @@ def _enum(literal: Any) -> tuple[str, ...]:
 # ---- plausible bodies -----------------------------------------------------------------------
 
 def _maybe(draw: Draw, p_percent: int) -> bool:
-    return draw(st.integers(0, 99)) < p_percent
+    """True with probability p_percent; False when shrunk (towards 0), so a failing example
+    shrinks to a body with as few optional parts as still fail."""
+    return draw(st.integers(0, 99)) >= 100 - p_percent
 
 
 SELECTOR_WEIGHTS = (("nvidia.com/gpu.product", 6), ("amd.com/gpu.product-name", 6), ("nvidia.com/gpu.clique", 3),
