@@ -71,8 +71,11 @@ def chart(cluster: dict[str, str]) -> Iterator[str]:
     yield RELEASE
 
 
+OPERATOR_PROCESS = pytest.StashKey["subprocess.Popen[bytes]"]()
+
+
 @pytest.fixture(scope="session")
-def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def operator(chart: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
     """`kimik3 run` as a separate process acting as the chart's ServiceAccount (kwok runs no
     containers, so the chart's own pod never executes): least privilege is what is tested."""
     folder = tmp_path_factory.mktemp("operator")
@@ -88,6 +91,7 @@ def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     with log.open("w") as out:
         proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
+    request.config.stash[OPERATOR_PROCESS] = proc
     try:
         def alive() -> bool:
             assert proc.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
@@ -105,6 +109,12 @@ def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         except subprocess.TimeoutExpired:
             proc.kill()
         print(f"operator log: {log}")
+
+
+@pytest.fixture
+def operator_process(operator: Path, request: pytest.FixtureRequest) -> "subprocess.Popen[bytes]":
+    """The running operator, for tests that check it survives what they do to it."""
+    return request.config.stash[OPERATOR_PROCESS]
 
 
 @pytest.fixture
