@@ -19,12 +19,6 @@ from tests.support.nodes import all_pools
 ROOT = Path(__file__).resolve().parents[2]
 E2E_NODES = ROOT / "e2e" / "cluster" / "nodes"
 
-SELECTOR_KEYS = (
-    "nvidia.com/gpu.product", "amd.com/gpu.product-name", "nvidia.com/gpu.clique", "nvidia.com/gpu.family",
-    "node.kubernetes.io/instance-type", "kubernetes.io/arch", "kubernetes.io/hostname", "type",
-)
-"""Labels a user would select a pool by; their values come from the nodes themselves."""
-
 ABSENT = ({"nvidia.com/gpu.product": "NVIDIA-H100"}, {"nvidia.com/gpu.product": "NVIDIA-GB200"},
           {"pool": "does-not-exist"})
 """Selectors no node matches: planning must either use gpu.product or say NoMatchingNodes."""
@@ -39,13 +33,6 @@ def e2e_nodes() -> tuple[dict[str, Any], ...]:
 @lru_cache(maxsize=1)
 def nodes() -> tuple[dict[str, Any], ...]:
     return e2e_nodes() + tuple(all_pools())
-
-
-@lru_cache(maxsize=1)
-def selector_values() -> tuple[tuple[str, str], ...]:
-    """Every (label, value) of SELECTOR_KEYS found on a fake node, sorted (a stable vocabulary)."""
-    pairs = {(k, v) for n in nodes() for k, v in n["metadata"]["labels"].items() if k in SELECTOR_KEYS}
-    return tuple(sorted(pairs))
 
 
 def facts_for(spec: Any, node_list: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None) -> dict[str, PoolFacts]:
