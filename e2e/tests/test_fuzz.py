@@ -38,7 +38,7 @@ from tests.fuzz.fleet import facts_for
 from tests.fuzz.strategies import Case, cases
 from tests.fuzz.verdict import Verdict, agree, api_verdict, pydantic_verdict
 
-from .kube import condition, get_json, wait_for
+from .kube import condition, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -148,10 +148,6 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
     chosen = sample()
     reasons = Counter(o.reason if isinstance(o, PlanningError) else "planned" for _, o in chosen)
     assert reasons["planned"] >= LIVE_PLANNED // 2 and len(reasons) >= 3, reasons
-    for body, _ in chosen:
-        body["metadata"]["namespace"] = namespace
-        verdict = create(custom_objects, namespace, body, dry_run=False)
-        assert verdict.category == "accepted", verdict.detail
     expected: dict[str, set[tuple[str, str]] | str] = {}
     for body, outcome in chosen:
         name = body["metadata"]["name"]
@@ -179,14 +175,24 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
         return wrong
 
     try:
-        wait_for("every sampled deployment to settle as planned", lambda: not mismatches(), timeout=240, interval=2)
-    except AssertionError:
-        raise AssertionError(json.dumps(mismatches(), indent=1)) from None
-    time.sleep(5)  # a resync later nothing changed: no extra child, no flapping status
-    assert not mismatches()
-    assert operator_process.poll() is None
-    log = operator.read_text()[log_start:]
-    assert "Traceback" not in log, log[log.index("Traceback"):][:4000]
-    print(f"\nfuzz (live operator): {len(chosen)} deployments {dict(reasons)}, "
-          f"{sum(len(v) for v in expected.values() if isinstance(v, set))} children, "
-          f"settled in {time.monotonic() - started:.1f}s")
+        for body, _ in chosen:
+            body["metadata"]["namespace"] = namespace
+            verdict = create(custom_objects, namespace, body, dry_run=False)
+            assert verdict.category == "accepted", verdict.detail
+        try:
+            wait_for("every sampled deployment to settle as planned", lambda: not mismatches(), timeout=240, interval=2)
+        except AssertionError:
+            raise AssertionError(json.dumps(mismatches(), indent=1)) from None
+        time.sleep(5)  # a resync later nothing changed: no extra child, no flapping status
+        assert not mismatches()
+        assert operator_process.poll() is None
+        log = operator.read_text()[log_start:]
+        assert "Traceback" not in log, log[log.index("Traceback"):][:4000]
+        print(f"\nfuzz (live operator): {len(chosen)} deployments {dict(reasons)}, "
+              f"{sum(len(v) for v in expected.values() if isinstance(v, set))} children, "
+              f"settled in {time.monotonic() - started:.1f}s")
+    finally:
+        # The sample's pods hold GPUs of the shared fake nodes: free them for the tests after this one.
+        kubectl("delete", "k3", "--all", "-n", namespace, "--wait=true", "--timeout=120s", check=False, timeout=150)
+        wait_for("the sample's pods to be gone", lambda: not get_json("pods", "-n", namespace)["items"],
+                 timeout=180, interval=2)
