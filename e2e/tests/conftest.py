@@ -131,6 +131,7 @@ def operator(replicas: Replicas) -> Path:
     return replicas.folder
 
 
+
 @pytest.fixture
 def namespace(chart: str) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:8]}"

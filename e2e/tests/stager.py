@@ -147,6 +147,25 @@ class Stager:
         secret = json.loads(kubectl("-n", namespace, "get", "secret", name, "-o", "json").stdout)
         return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
+    def _provide(self, uri: str, volume: Path) -> None:
+        """Make the checkpoint `uri` names exist in this fake world (the loader's own failure modes
+        are tested in tests/weights; here every referenced checkpoint is there)."""
+        scheme, _, rest = uri.partition("://")
+        if scheme == "hf" and rest not in self.hub.repos:
+            self.commits[rest] = self.hub.add_repo(rest, HUB_REPOS["moonshotai/Kimi-K3"])
+        elif scheme == "s3":
+            bucket, _, prefix = rest.partition("/")
+            if not any(b == bucket and k.startswith(prefix) for b, k in
+                       ((b, k) for b, objs in self.s3.buckets.items() for k in objs)):
+                for (_, key), data in S3_OBJECTS.items():
+                    self.s3.put(bucket, f"{prefix.strip('/')}/{key.rsplit('/', 1)[-1]}".lstrip("/"), data)
+        elif scheme == "pvc":
+            folder = volume / rest.partition("/")[2]
+            if not folder.exists():
+                folder.mkdir(parents=True)
+                (folder / "config.json").write_text('{"model_type": "kimi_k3"}')
+                (folder / "model.safetensors").write_bytes(b"\1" * 4096)
+
     def _run(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         ns = meta["namespace"]
@@ -157,6 +176,7 @@ class Stager:
         workdir.mkdir(parents=True, exist_ok=True)
         volume = self.root / "claims" / ns / claim
         volume.mkdir(parents=True, exist_ok=True)
+        self._provide(container["command"][container["command"].index("--uri") + 1], volume)
         termination_log = workdir / "termination-log"
         args = []
         for arg in container["command"]:

@@ -41,14 +41,24 @@ def cases() -> list[dict[str, Any]]:
 
 
 @lru_cache(maxsize=1)
-def verdicts() -> dict[str, dict[str, Any]]:
+def vllm_python() -> Path:
+    """The python of the cached vLLM 0.33.0 venv (built on first use)."""
     venv = subprocess.run([str(ROOT / "scripts" / "vllm-venv.sh")], capture_output=True, text=True, timeout=1800)
     assert venv.returncode == 0, f"could not build the vLLM 0.33.0 venv:\n{venv.stderr[-3000:]}"
-    python = Path(venv.stdout.strip().splitlines()[-1]) / "bin" / "python"
-    run = subprocess.run([str(python), str(ROOT / "tests" / "contract" / "vllm_check.py")],
-                         input=json.dumps(cases()), capture_output=True, text=True, timeout=600)
+    return Path(venv.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def run_check(batch: list[dict[str, Any]], timeout: float = 600) -> dict[str, dict[str, Any]]:
+    """vllm_check.py's verdict per case name, all cases in one subprocess."""
+    run = subprocess.run([str(vllm_python()), str(ROOT / "tests" / "contract" / "vllm_check.py")],
+                         input=json.dumps(batch), capture_output=True, text=True, timeout=timeout)
     assert run.returncode in (0, 1), f"vllm_check.py failed to run:\n{run.stderr[-3000:]}"
     return {v["name"]: v for v in json.loads(run.stdout)}
+
+
+@lru_cache(maxsize=1)
+def verdicts() -> dict[str, dict[str, Any]]:
+    return run_check(cases())
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in cases()])

@@ -9,7 +9,8 @@ the project's own venv, which has no vllm):
 
 Input (stdin): a JSON list of cases
     {"name": str, "argv": ["vllm", "serve", ...], "env": {NAME: value},
-     "substitutions": {NAME: value}}            # "substitutions" is optional
+     "substitutions": {NAME: value},            # optional
+     "operator_args": int}                      # optional
 Output (stdout): a JSON list of {"name": str, "ok": bool, "errors": [str]}.
 Exit status: 0 all cases ok, 1 some case failed, 2 the harness itself failed.
 
@@ -24,6 +25,10 @@ Per case:
   env       every VLLM_* name must be in vllm.envs.environment_variables (the
             list vLLM's own --fail-on-environ-validation uses), and its value
             must pass vLLM's reader for it (choices, int/bool conversion).
+  override  with "operator_args": n, argv[:n] is what the operator rendered and
+            the rest are the user's extraArgs: every setting the operator's
+            options set must parse to the same value with and without them
+            (an alias, abbreviation or `--flag.key=` spelling would change it).
 Not checked: anything that needs the model's config.json or a GPU
 (create_engine_config), nor ServeSubcommand.cmd's launch-mode checks.
 
@@ -38,6 +43,7 @@ $(POD_IP). Any other name is reported as an error: pass it in "substitutions".
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -68,9 +74,11 @@ def _substitute(text: str, subs: dict[str, str], errors: list[str]) -> str:
     return _REF.sub(one, text).replace("$$(", "$(")  # $$(X) is Kubernetes' escape for a literal $(X)
 
 
+@functools.lru_cache(maxsize=1)
 def _serve_parser():
     """The parser `vllm serve` uses (entrypoints/cli/main.py + cli/serve.py subparser_init),
-    without importing cli/serve.py itself, which pulls in the whole HTTP server."""
+    without importing cli/serve.py itself, which pulls in the whole HTTP server. Built once:
+    parsing does not change it, and building it costs more than parsing a batch."""
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -102,6 +110,27 @@ def _unknown_parsers(args) -> list[str]:
     return errors
 
 
+def _comparable(value):
+    """A parsed value without what differs between two parses of the same argv (the random
+    engine_id vLLM gives each KVTransferConfig)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: v for k, v in dataclasses.asdict(value).items() if k != "engine_id"}
+    return value
+
+
+def _overridden(parser, argv: list[str], operator_args: int, args) -> list[str]:
+    """Settings of the operator's own options that the trailing user arguments change."""
+    serve = next(a for a in parser._actions if isinstance(getattr(a, "choices", None), dict)).choices["serve"]
+    dests = {serve._option_string_actions[t.split("=", 1)[0]].dest for t in argv[2:operator_args]
+             if t.split("=", 1)[0] in serve._option_string_actions}
+    with contextlib.redirect_stderr(io.StringIO()):
+        alone = parser.parse_args(argv[1:operator_args])
+    return [f"override: extra arguments change {d} from {getattr(alone, d)!r} to {getattr(args, d)!r}"
+            for d in sorted(dests) if _comparable(getattr(alone, d)) != _comparable(getattr(args, d))]
+
+
 def check_case(case: dict) -> dict:
     from vllm import envs
     from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
@@ -128,9 +157,10 @@ def check_case(case: dict) -> dict:
                 errors.append(f"env: {var}={env[var]!r}: {e}")
 
         captured = io.StringIO()
+        parser = _serve_parser()
         try:
             with contextlib.redirect_stderr(captured):
-                args = _serve_parser().parse_args(argv[1:])
+                args = parser.parse_args(argv[1:])
         except SystemExit:
             errors.append("parse: " + (_argparse_message(captured.getvalue()) or "argparse exited"))
             return {"name": name, "ok": False, "errors": errors}
@@ -143,6 +173,8 @@ def check_case(case: dict) -> dict:
                 args.model = args.model_tag
             validate_parsed_serve_args(args)
             errors.extend(_unknown_parsers(args))
+            if case.get("operator_args") is not None and case["operator_args"] < len(argv):
+                errors.extend(_overridden(parser, argv, int(case["operator_args"]), args))
         except SystemExit as e:
             errors.append(f"validate: exited {e.code}")
         except Exception as e:  # noqa: BLE001

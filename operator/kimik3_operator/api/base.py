@@ -8,8 +8,10 @@ a negative example per rule to both and compare.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from functools import cache
+from typing import Annotated, Any, Callable, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
 from pydantic.alias_generators import to_camel
@@ -68,20 +70,59 @@ def _add_rules(cls: type[BaseModel], schema: CoreSchema, handler: GetJsonSchemaH
     return json_schema
 
 
-_WIRE = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True, use_attribute_docstrings=True)
+_WIRE = ConfigDict(alias_generator=to_camel, frozen=True, use_attribute_docstrings=True)
 """camelCase on the wire, snake_case in Python, immutable, attribute docstrings as descriptions."""
+
+_CEL_READS = re.compile(r"(?<!has\()self\.(\w+)")
+
+
+def _is_integer(annotation: Any) -> bool:
+    """int, Annotated[int, ...] or an optional one."""
+    if get_origin(annotation) is Annotated:
+        return _is_integer(get_args(annotation)[0])
+    return annotation is int or any(_is_integer(a) for a in get_args(annotation) if a is not type(None))
+
+
+@cache
+def _integer_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """Wire names of the integer fields whose integral floats the API server takes as integers:
+    all of them except those a CEL rule reads (CEL sees the float and fails)."""
+    read = {name for rule in getattr(cls, "rules", ()) for name in _CEL_READS.findall(rule.cel)}
+    return frozenset(wire for name, f in cls.model_fields.items()
+                     if _is_integer(f.annotation) and (wire := f.alias or name) not in read)
 
 
 class SpecModel(BaseModel):
-    """Base of every spec model: unknown fields are rejected, so typos fail loudly."""
+    """Base of every spec model. It validates what the API server validates, the same way, so
+    `kimik3 plan -f` and `kubectl apply` agree on every object: unknown fields (snake_case
+    spellings included) are rejected, no type is coerced into another (no "8" for 8, no 1 for
+    true), nulls are dropped as the API server prunes them, and a number without a fraction
+    (8.0) is an integer, as in JSON Schema."""
 
-    model_config = ConfigDict(**_WIRE, extra="forbid")
+    model_config = ConfigDict(**_WIRE, extra="forbid", strict=True, validate_by_name=False, validate_by_alias=True)
 
     rules: ClassVar[tuple[Rule, ...]] = ()
 
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
         return _add_rules(cls, schema, handler)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_the_api_server_reads_it(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        integers = _integer_fields(cls)
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if value is None:
+                continue  # no field is nullable: the API server prunes the null before validating
+            if isinstance(value, dict):
+                value = {k: v for k, v in value.items() if v is not None}  # map values too
+            elif key in integers and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            out[key] = value
+        return out
 
     @model_validator(mode="after")
     def _check_rules(self) -> "SpecModel":
@@ -99,7 +140,7 @@ class StatusModel(BaseModel):
     """Base of status and read-only models: tolerant of fields a newer operator (or the API
     server) wrote."""
 
-    model_config = ConfigDict(**_WIRE, extra="ignore")
+    model_config = ConfigDict(**_WIRE, extra="ignore", populate_by_name=True)
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -3,6 +3,12 @@
 A second copy of a flag would silently win or lose depending on argparse order, and several of
 these must agree between prefill and decode for NIXL to hand over KV and KDA state. Each flag
 maps to the spec field that controls it (or why it is never rendered).
+
+Every spelling vLLM 0.33.0's parser maps onto one of these settings is listed (aliases, the
+--disable-/--no- negations; the contract test checks the list against vLLM's own parser), and
+an argument is matched the way that parser reads it (`flag_name`, `owner_of`): `_` for `-`,
+`--json-flag.key=v` sets part of `--json-flag`, any unique prefix of a long option abbreviates
+it, and `-n4` is `-n 4`.
 """
 
 from __future__ import annotations
@@ -36,17 +42,51 @@ OWNED_FLAGS: dict[str, str] = {
     "--quantization": "never: K3's MXFP4 experts are detected from the checkpoint",
     "-q": "never: K3's MXFP4 experts are detected from the checkpoint",
     "--mamba-cache-mode": "never: deprecated in vLLM 0.33.0, no effect",
+    "--device-memory-utilization": "fixed: the planner's memory model assumes it",
+    "--disable-expert-parallel": _PARALLELISM,
+    "--mamba-ssm-cache-dtype": "engine.kdaStateDtype",
+    "--enable-hybrid-kv-cache-manager": "always: NIXL needs the hybrid KV cache manager",
+    "--no-disable-hybrid-kv-cache-manager": "always: NIXL needs the hybrid KV cache manager",
+    "--disable-auto-tool-choice": "engine.toolCalling", "--no-enable-auto-tool-choice": "engine.toolCalling",
+    "--disable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
+    "--no-enable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
+    "--fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
+    "--no-fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
 }
 
 
 def flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
+    """The option an argument names, as vLLM's FlexibleArgumentParser reads it."""
+    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+
+
+def owner_of(name: str) -> str | None:
+    """The owned flag that option `name` sets (itself, the long flag it abbreviates, or the
+    one-letter flag it starts with), or None for a value or a flag we do not own."""
+    if not name.startswith("-"):
+        return None
+    if name in OWNED_FLAGS:
+        return name
+    if not name.startswith("--") and name[:2] in OWNED_FLAGS:
+        return name[:2]
+    return next((f for f in OWNED_FLAGS if f.startswith(name)), None)
 
 
 def owned_flag(args: list[str]) -> str | None:
-    """The first argument that sets an owned flag, or None."""
-    return next((flag_name(a) for a in args if flag_name(a) in OWNED_FLAGS), None)
+    """The first argument that sets an owned flag (as its flag_name), or None."""
+    return next((flag_name(a) for a in args if owner_of(flag_name(a))), None)
 
 
 def cel_list() -> str:
     return "[" + ", ".join(f"'{f}'" for f in OWNED_FLAGS) + "]"
+
+
+CEL_FLAG_NAME = "a.split('=')[0].split('.')[0].replace('_', '-')"
+"""flag_name in CEL, of the list element `a`."""
+
+
+def cel_owned(n: str) -> str:
+    """owner_of(n) is not None, in CEL."""
+    owned = cel_list()
+    return (f"{n}.startsWith('-') && ((size({n}) > 2 && !{n}.startsWith('--') && {n}.substring(0, 2) in {owned}) "
+            f"|| {owned}.exists(f, f.startsWith({n})))")

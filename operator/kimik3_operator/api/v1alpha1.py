@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .base import Rule, SpecModel, StatusModel, list_map
-from .owned_flags import OWNED_FLAGS, cel_list, owned_flag
+from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
 
 GROUP = "serving.kimik3.dev"
@@ -53,9 +53,10 @@ Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMG
 ImageRef = Annotated[str, Field(max_length=512)]
 # What the weights loader stages (operator/kimik3_operator/weights): the Hub, S3, or a claim in place.
 ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
-                                                        r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
-                                                        r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?)$")]
-EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+                                                        r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\t\n\v\f\r ]*)?"
+                                                        r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\t\n\v\f\r ]*)?)$")]
+EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\t\n\v\f\r /]+(/[^\t\n\v\f\r ]*)?$")]
+"""No whitespace, spelled out: `\\s` is ASCII in the API server's Go regexp but Unicode in pydantic's."""
 EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -204,13 +205,13 @@ class Engine(SpecModel):
 
     rules = (
         Rule(
-            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {cel_list()}))",
+            cel=f"!has(self.extraArgs) || !self.extraArgs.map(a, {CEL_FLAG_NAME}).exists(n, {cel_owned('n')})",
             message="extraArgs sets a flag the operator owns",
             message_expression=(
-                "'extraArgs sets a flag the operator owns: ' + self.extraArgs.filter(a, a.split('=')[0] in "
-                f"{cel_list()})[0].split('=')[0]"),
+                "'extraArgs sets a flag the operator owns: ' + "
+                f"self.extraArgs.map(a, {CEL_FLAG_NAME}).filter(n, {cel_owned('n')})[0]"),
             explain=lambda e: (f"extraArgs sets a flag the operator owns: {owned_flag(e.extra_args)} "
-                               f"(set by {OWNED_FLAGS[owned_flag(e.extra_args)]})"),
+                               f"(set by {OWNED_FLAGS[owner_of(owned_flag(e.extra_args))]})"),
             check=lambda e: owned_flag(e.extra_args) is None,
             field_path=".extraArgs",
         ),
@@ -264,8 +265,8 @@ class Gpu(SpecModel):
 class Backends(SpecModel):
     """Overrides of the planner's kernel choices (validated against the pool's hardware)."""
 
-    all2all: All2AllBackend | None = None
-    """--all2all-backend."""
+    all2all: All2AllBackend | None = Field(default=None, alias="all2all")
+    """--all2all-backend."""  # the alias keeps design.md's spelling; to_camel would say all2All
     moe: MoeBackend | None = None
     """--moe-backend."""
 
@@ -281,8 +282,8 @@ class Toleration(SpecModel):
     """Taint value for operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; all effects when empty."""
-    toleration_seconds: int | None = None
-    """How long a NoExecute taint is tolerated."""
+    toleration_seconds: Annotated[int, Field(ge=-(1 << 53), le=1 << 53)] | None = None
+    """How long a NoExecute taint is tolerated."""  # bounds a float64 holds exactly, as the API server compares them
 
 
 class Pool(SpecModel):

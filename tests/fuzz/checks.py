@@ -1,0 +1,106 @@
+"""Invariants every accepted-and-planned spec's children must hold, shared by the pure fuzz and
+the vLLM contract fuzz."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterator
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.owned_flags import flag_name, owned_flag
+from kimik3_operator.planner import Plan
+from kimik3_operator.render import Owner, render_children
+from kimik3_operator.render.names import LABEL_POOL, LABEL_ROLE, labels
+
+PLANNER_REASONS = frozenset({
+    "NoMatchingNodes", "HardwareUnsupported", "InvalidSpec", "InsufficientMemory", "KnownIssue",
+    "PDIncompatible", "SLOUnattainable",
+})
+"""The status reasons plan_deployment may raise (planner/*.py): a closed set users and alerts key on."""
+
+SECRET_REF_PATH = ("valueFrom", "secretKeyRef", "name")
+
+
+def leaves(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+def containers(child: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(template, container) of a LeaderWorkerSet's worker and leader templates."""
+    group = child["spec"]["leaderWorkerTemplate"]
+    out = []
+    for template in ("leaderTemplate", "workerTemplate"):
+        if template in group:
+            out += [(template, c) for c in group[template]["spec"]["containers"]]
+    return out
+
+
+SERVING_KINDS = frozenset({"Service", "ComputeDomain", "LeaderWorkerSet"})
+
+
+def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Owner) -> list[dict[str, Any]]:
+    """Render `plan`, assert the invariants and return the children."""
+    children = render_children(owner, plan)
+    assert children == render_children(owner, replanned), "rendering is not deterministic"
+    keys = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert len(keys) == len(set(keys)), f"two children share a name: {keys}"
+    assert len([k for k in keys if k[0] == "LeaderWorkerSet"]) == len(plan.role_plans())
+    ours = labels(owner)
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == owner.namespace
+        assert meta["ownerReferences"] == [owner.reference()], f"{keys}: owner reference"
+        assert ours.items() <= meta["labels"].items()
+        if child["kind"] in SERVING_KINDS:
+            assert LABEL_POOL in meta["labels"] and LABEL_ROLE in meta["labels"], keys
+        assert len(meta["name"]) <= 63, meta["name"]
+        _check_secret(cr, child)
+        if child["kind"] == "LeaderWorkerSet":
+            _check_workload(cr, child)
+    return children
+
+
+def _check_secret(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
+    """The model token is referenced by Secret name only, from an env var's secretKeyRef."""
+    ref = cr.spec.model.auth_secret_ref
+    if ref is None:
+        return
+    for path, value in leaves(child):
+        if isinstance(value, str) and ref.name in value:
+            assert child["kind"] == "Job" and (path[-3:] == SECRET_REF_PATH or path[-2:] == ("secretRef", "name")), \
+                f"Secret name {ref.name} rendered at {path}: {value!r}"
+    if child["kind"] == "LeaderWorkerSet":  # serving pods read staged files: no credential at all
+        for _, c in containers(child):
+            assert not [e for e in c["env"] if "secretKeyRef" in (e.get("valueFrom") or {})] and "envFrom" not in c
+    if child["kind"] == "Job":  # the staging Job: by reference only, never a literal value
+        (c,) = child["spec"]["template"]["spec"]["containers"]
+        refs = [e for e in c["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
+        assert all("value" not in e for e in refs)
+        assert [e["valueFrom"]["secretKeyRef"] for e in refs] in ([], [{"name": ref.name, "key": ref.key}]), refs
+
+
+def _check_workload(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
+    extra = list(cr.spec.engine.extra_args)
+    for template, c in containers(child):
+        argv = c["command"]
+        assert argv[:2] == ["vllm", "serve"] and argv[len(argv) - len(extra):] == extra, (template, argv)
+        rendered = argv[: len(argv) - len(extra)]
+        ours = {flag_name(a) for a in rendered if a.startswith("-")}
+        theirs = {flag_name(a) for a in extra if a.startswith("-")}
+        assert not ours & theirs, f"extraArgs repeat rendered flags {sorted(ours & theirs)}"
+        assert owned_flag(extra) is None
+        counts = Counter(flag_name(a) for a in argv if a.startswith("-"))
+        assert not [f for f, n in counts.items() if n > 1 and owned_flag([f])], counts
+        names = [e["name"] for e in c["env"]]
+        assert len(names) == len(set(names)), f"{template}: duplicate env {sorted(n for n in names if names.count(n) > 1)}"
+        for e in c["env"]:
+            assert ("value" in e) != ("valueFrom" in e), e
+        pod_labels = child["spec"]["leaderWorkerTemplate"][template]["metadata"]["labels"]
+        assert child["metadata"]["labels"].items() <= pod_labels.items()

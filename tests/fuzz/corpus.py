@@ -1,0 +1,55 @@
+"""A fixed list of generated cases, for checks that need the whole batch at once (one vLLM
+subprocess, one sample of live deployments) rather than one example at a time.
+
+Derandomized and database-less, so every run and every process gets the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hypothesis import HealthCheck, Phase, given, settings
+
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import Plan, PlanningError, plan_deployment
+
+from .fleet import facts_for
+from .strategies import Case, cases
+from .verdict import pydantic_verdict
+
+
+@lru_cache(maxsize=4)
+def generate(count: int) -> tuple[Case, ...]:
+    out: list[Case] = []
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases())
+    def collect(case: Case) -> None:
+        out.append(case)
+
+    collect()
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Planned:
+    index: int
+    case: Case
+    cr: KimiK3Deployment
+    plan: Plan
+
+
+def planned(count: int) -> list[Planned]:
+    """The accepted cases among `generate(count)` that plan on the fake nodes."""
+    out = []
+    for i, case in enumerate(generate(count)):
+        _, cr = pydantic_verdict(case.body)
+        if cr is None:
+            continue
+        try:
+            out.append(Planned(i, case, cr, plan_deployment(cr.spec, facts_for(cr.spec))))
+        except PlanningError:
+            continue
+    return out
