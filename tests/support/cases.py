@@ -86,5 +86,7 @@ def load_examples() -> list[tuple[str, dict[str, Any]]]:
 INVALID["a rollout needs room to move: maxSurge or maxUnavailable must be at least 1 (maxSurge 0 with "
         "maxUnavailable 1 updates in place on a cluster sized for one copy)"] = _edit(
     lambda d: d["spec"].update(rollout={"maxSurge": 0, "maxUnavailable": 0}))
+INVALID["env sets a variable the operator owns: " + ", ".join(v1.OWNED_ENV)] = _edit(
+    lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))

@@ -277,3 +277,15 @@ def test_rollout_surges_by_default_and_can_update_in_place() -> None:
     body["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 1}
     for lws in _by_kind(_render(body), "LeaderWorkerSet").values():
         assert lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES])
+def test_every_variable_the_renderer_sets_is_owned(example: str) -> None:
+    """engine.env may not repeat these (Kubernetes would take the user's silently)."""
+    from kimik3_operator.api.v1alpha1 import OWNED_ENV
+
+    for lws in _by_kind(_render(_example(example)), "LeaderWorkerSet").values():
+        for template in lws["spec"]["leaderWorkerTemplate"].values():
+            if isinstance(template, dict) and "spec" in template:
+                for c in template["spec"]["containers"]:
+                    assert {e["name"] for e in c["env"]} - set(OWNED_ENV) == set(), example

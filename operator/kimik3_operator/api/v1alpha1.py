@@ -162,6 +162,15 @@ class Multimodal(SpecModel):
     """Images per prompt; 0 turns image input off."""
 
 
+OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+             "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RUST_FRONTEND",
+             "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "VLLM_ROCM_USE_AITER",
+             "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
+Hub token, which belongs in model.authSecretRef."""
+OWNED_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in OWNED_ENV) + "]"
+
+
 class EnvVar(SpecModel):
     """A plain environment variable for the serving containers."""
 
@@ -201,9 +210,15 @@ class Engine(SpecModel):
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = []
     """Extra vLLM arguments; flags the operator renders itself are rejected."""
     env: Annotated[list[EnvVar], Field(max_length=64), list_map("name")] = []
-    """Extra environment variables for serving containers."""
+    """Extra environment variables for serving containers (not those the operator sets)."""
 
     rules = (
+        Rule(
+            cel=f"!has(self.env) || !self.env.exists(e, e.name in {OWNED_ENV_CEL})",
+            message="env sets a variable the operator owns: " + ", ".join(OWNED_ENV),
+            check=lambda s: not any(e.name in OWNED_ENV for e in s.env),
+            field_path=".env",
+        ),
         Rule(
             cel=f"!has(self.extraArgs) || !self.extraArgs.map(a, {CEL_FLAG_NAME}).exists(n, {cel_owned('n')})",
             message="extraArgs sets a flag the operator owns",
