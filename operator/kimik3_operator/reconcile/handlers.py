@@ -106,16 +106,22 @@ async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def _drain(state: State) -> None:
-    """Reconcile queued deployments; every resync interval, queue all of them."""
+    """Reconcile queued deployments; every resync interval, all of them.
+
+    The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
+    failing (requeued every retry interval) or a steady stream of child events would otherwise
+    postpone every other deployment's drift repair and node re-plan forever.
+    """
+    loop = asyncio.get_running_loop()
+    due = loop.time() + state.config.resync_seconds
     while True:
-        keys = await state.queue.take(timeout=state.config.resync_seconds)
-        if keys is None:
+        keys = await state.queue.take(timeout=max(0.0, due - loop.time())) or set()
+        if loop.time() >= due:
+            due = loop.time() + state.config.resync_seconds
             try:
-                keys = set(await asyncio.to_thread(state.cluster.list_deployments,
-                                                   state.config.namespaces))
+                keys |= set(await asyncio.to_thread(state.cluster.list_deployments, state.config.namespaces))
             except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
                 log.exception("Listing KimiK3Deployments for resync failed")
-                continue
         for namespace, name in sorted(keys):
             try:
                 await asyncio.to_thread(state.run, namespace, name)
