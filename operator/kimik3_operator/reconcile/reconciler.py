@@ -20,7 +20,8 @@ from ..k8s import Cluster, MissingApiError
 from ..planner import PlanningError, plan_deployment, pool_facts
 from ..render import Owner, render_children
 from ..planner.capacity import gpus_used, shortfalls
-from ..render.names import LABEL_DEPLOYMENT, deployment_label, selector
+from ..planner.facts import PoolFacts
+from ..render.names import LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
 from .status import compute_status
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,16 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
 
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
+    pods: list[dict[str, Any]] | None = None
+    if any(not f.nodes for f in facts.values()):  # only then do pods matter before planning
+        pods = cluster.list_active_pods()
+
+    def own(pod: dict[str, Any]) -> bool:
+        return (pod["metadata"].get("namespace") == namespace
+                and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
+
     try:
+        _check_not_stranded(cr, facts, [p for p in pods or [] if own(p)])
         plan = plan_deployment(cr.spec, facts)
     except PlanningError as exc:
         outcome.error = exc
@@ -89,9 +99,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             workloads={}, now=now()))
         return outcome
 
-    used = gpus_used(cluster.list_active_pods(), lambda pod: (
-        pod["metadata"].get("namespace") == namespace
-        and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner)))
+    used = gpus_used(cluster.list_active_pods() if pods is None else pods, own)
     short = shortfalls(plan, facts, used)
 
     desired = render_children(owner, plan)
@@ -121,6 +129,25 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=short))
     return outcome
+
+
+def _check_not_stranded(cr: KimiK3Deployment, facts: dict[str, PoolFacts], own_pods: list[dict[str, Any]]) -> None:
+    """A pool that selects no node any more (nodes deleted, relabelled or cordoned) while its pods
+    still run on nodes is not re-planned: planned ahead of nodes it would lose what only the nodes
+    tell (RDMA device, NVLink clique, GPU memory) and roll the serving pods onto nowhere. Its
+    children stay as they are and the status says why until nodes match again."""
+    for pool in cr.spec.pools:
+        if facts[pool.name].nodes:
+            continue
+        hosts = sorted({p["spec"]["nodeName"] for p in own_pods
+                        if (p["metadata"].get("labels") or {}).get(LABEL_POOL) == pool.name
+                        and (p.get("spec") or {}).get("nodeName")})
+        if hosts:
+            raise PlanningError(
+                "NoMatchingNodes",
+                f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)} "
+                f"any more; its pods still run on {', '.join(hosts)} and are left as they are until "
+                "nodes match again", depends_on_nodes=True)
 
 
 def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
