@@ -1,6 +1,7 @@
 """The only package that talks to the Kubernetes API server."""
 
-from .cluster import ApplyResult, Cluster, MissingApiError, TransientApiError, api_client, unchanged_since_our_apply
+from .cluster import (UNREACHABLE, ApplyResult, Cluster, MissingApiError, TransientApiError, api_client,
+                      unchanged_since_our_apply)
 
-__all__ = ["ApplyResult", "Cluster", "MissingApiError", "TransientApiError", "api_client",
+__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "TransientApiError", "api_client",
            "unchanged_since_our_apply"]

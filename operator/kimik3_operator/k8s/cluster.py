@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -32,6 +33,11 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
 
 class TransientApiError(Exception):
     """An API call failed in a way worth retrying (conflict, throttling, server error)."""
+
+
+UNREACHABLE: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError,)
+"""The API server could not be reached or the connection broke (refused while it restarts,
+reset mid-response): worth a prompt retry, like a TransientApiError."""
 
 
 class MissingApiError(Exception):

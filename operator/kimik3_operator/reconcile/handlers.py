@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
-from ..k8s import Cluster, TransientApiError, api_client
+from ..k8s import UNREACHABLE, Cluster, TransientApiError, api_client
 from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, serve_metrics
 from ..render.names import MANAGED_BY
 from .queue import WorkQueue
@@ -48,7 +48,7 @@ class State:
             try:
                 outcome = reconcile(self.cluster, namespace, name)
                 result = outcome.error.reason if outcome.error else "ok"
-            except TransientApiError:
+            except (TransientApiError, *UNREACHABLE):
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
@@ -89,7 +89,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     try:
         outcome = _state(memo).run(namespace, name)
-    except TransientApiError as exc:
+    except (TransientApiError, *UNREACHABLE) as exc:
+        # kopf's own delay for other exceptions is 60 s: a pass cut by an API server restart
+        # would hold back the next spec change that long.
         raise kopf.TemporaryError(str(exc), delay=5) from exc
     if outcome.error is not None and not outcome.error.depends_on_nodes:
         # The status already says why; retrying the same spec cannot help. The periodic
