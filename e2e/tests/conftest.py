@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -20,6 +20,18 @@ from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
 pytestmark = pytest.mark.e2e
 # Loopback only, never through a proxy from the environment.
 NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+REPORT: list[str] = []
+"""Figures tests measured (faults survived, idle writes, reads per minute), shown in the terminal
+summary so that they appear even with -q and output capture."""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORT:
+        terminalreporter.section("kimik3 e2e figures")
+        for line in REPORT:
+            terminalreporter.write_line(line)
 
 
 def free_port() -> int:
@@ -71,40 +83,68 @@ def chart(cluster: dict[str, str]) -> Iterator[str]:
     yield RELEASE
 
 
-@pytest.fixture(scope="session")
-def operator(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+class OperatorProcess:
     """`kimik3 run` as a separate process acting as the chart's ServiceAccount (kwok runs no
-    containers, so the chart's own pod never executes): least privilege is what is tested."""
-    folder = tmp_path_factory.mktemp("operator")
-    log = folder / "operator.log"
-    operator_kubeconfig = subprocess.run(
-        [str(ROOT / "scripts" / "sa-kubeconfig.sh"), CHART_NAMESPACE, SERVICE_ACCOUNT, str(folder / "kubeconfig")],
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    env = {**os.environ, "KUBECONFIG": operator_kubeconfig,
-           "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
-    kimik3 = Path(sys.executable).with_name("kimik3")
-    port = free_port()
-    liveness = f"http://127.0.0.1:{port}/healthz"
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(kimik3), "run", "--liveness", liveness], stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
-    try:
-        def alive() -> bool:
-            assert proc.poll() is None, f"operator exited:\n{log.read_text()[-4000:]}"
+    containers, so the chart's own pod never executes): least privilege is what is tested.
+    Tests that need the operator down, or one with other settings, stop and start it."""
+
+    def __init__(self, folder: Path, settings: dict[str, str]) -> None:
+        self.folder, self.log = folder, folder / "operator.log"
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness = ""
+        self.kubeconfig = subprocess.run(
+            [str(ROOT / "scripts" / "sa-kubeconfig.sh"), CHART_NAMESPACE, SERVICE_ACCOUNT,
+             str(folder / "kubeconfig")], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.settings}
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen([str(Path(sys.executable).with_name("kimik3")), "run",
+                                          "--liveness", self.liveness],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env)
+
+        def live() -> bool:
+            assert self.alive(), f"operator exited:\n{self.log.read_text()[-4000:]}"
             try:
-                with NO_PROXY_OPENER.open(liveness, timeout=2) as response:
+                with NO_PROXY_OPENER.open(self.liveness, timeout=2) as response:
                     return response.status == 200
             except OSError:
                 return False
-        wait_for("the operator's liveness endpoint", alive, timeout=60)
-        yield log
-    finally:
-        proc.terminate()
+        wait_for("the operator's liveness endpoint", live, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
         try:
-            proc.wait(30)
+            self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-        print(f"operator log: {log}")
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def operator_process(chart: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The suite's operator, with short resync and retry intervals so tests converge fast."""
+    process = OperatorProcess(tmp_path_factory.mktemp("operator"),
+                              {"KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"})
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(f"operator log: {process.log}")
+
+
+@pytest.fixture(scope="session")
+def operator(operator_process: OperatorProcess) -> Path:
+    return operator_process.log
 
 
 @pytest.fixture
