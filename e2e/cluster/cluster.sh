@@ -7,6 +7,8 @@
 #                       prints the kubeconfig path as the last line of stdout, all else to stderr
 #   cluster.sh down     stop what `up` started (by pidfile) and delete the cluster's data
 #   cluster.sh status   which components run (exit 1 unless all are healthy)
+#   cluster.sh restart [--kill] COMPONENT...   stop running components (TERM, or KILL: a crash)
+#                       and start them again as `up` does; waits until they are healthy (fault tests)
 #   cluster.sh env      `export KUBECONFIG=...` and `export PATH=...` lines: eval "$(cluster.sh env)"
 #
 # Environment:
@@ -358,6 +360,8 @@ command_of() {
       ;;
     kube-apiserver)
       # --endpoint-reconciler-type=none: Endpoints validation rejects the loopback address.
+      # --shutdown-watch-termination-grace-period: on TERM, end open watches after 2 s; without it
+      # the server holds them until the 60 s request timeout before it exits (restart, down).
       # Service and pod CIDRs are labels only: nothing routes them, never connect to them.
       CMD=("${BINARY[kube-apiserver]}" --etcd-servers="http://127.0.0.1:${PORT[ETCD_PORT]}"
         --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${PORT[APISERVER_PORT]}"
@@ -370,7 +374,7 @@ command_of() {
         --endpoint-reconciler-type=none --profiling=false
         --audit-policy-file="$CONF/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
         --audit-log-format=json --audit-log-mode=blocking
-        --audit-log-maxsize=200 --audit-log-maxbackup=5)
+        --audit-log-maxsize=200 --audit-log-maxbackup=5 --shutdown-watch-termination-grace-period=2s)
       ;;
     kube-controller-manager)
       # Leader election off: a restarted process would otherwise wait for its old lease.
@@ -470,6 +474,23 @@ stop() { # stop NAME...: TERM, wait, then KILL what is left; only pids from our 
   done
   ((${#left[@]} == 0)) || die "could not stop: ${left[*]}"
   for name in "$@"; do rm -f "$RUN/$name.pid" "$RUN/$name.ready"; done
+}
+
+crash() { # crash NAME...: SIGKILL, as a crashed process would end; wait until it and its ports are gone
+  local name pid i port
+  for name in "$@"; do
+    pid="$(pid_of "$name")" || continue
+    kill -KILL "$pid" 2>/dev/null || true
+    for i in $(seq 100); do # the cmdline empties before the sockets close: wait for /proc/PID itself
+      [[ -e /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || break
+      sleep 0.1
+    done
+    ! pid_of "$name" >/dev/null || die "$name survived SIGKILL"
+    for port in $(component_ports "$name"); do
+      for i in $(seq 100); do port_in_use "$port" || break; sleep 0.1; done
+    done
+    rm -f "$RUN/$name.pid" "$RUN/$name.ready"
+  done
 }
 
 CURL=(curl -sS --noproxy '*' --max-time 3)
@@ -789,6 +810,40 @@ cmd_down() {
   log "down; etcd data and audit log removed"
 }
 
+# Stop and start components of a running cluster with the command line `up` uses, so a later `up`
+# finds them current and leaves them alone. Only running components: a stopped one is `up`'s job.
+cmd_restart() {
+  local name t0 dt how=stop
+  if [[ ${1:-} == --kill ]]; then
+    how=crash
+    shift
+  fi
+  (($#)) || die "usage: cluster.sh restart [--kill] COMPONENT... (of: ${COMPONENTS[*]})"
+  for name in "$@"; do
+    [[ " ${COMPONENTS[*]} " == *" $name "* ]] || die "unknown component $name (of: ${COMPONENTS[*]})"
+  done
+  mkdir -p "$STATE"
+  exec 8>"$STATE/.lock"
+  flock 8
+  resolve_ports
+  for name in "$@"; do
+    pid_of "$name" >/dev/null || die "$name is not running; start the cluster with 'up'"
+  done
+  t0="$(now_ms)"
+  "$how" "$@"
+  for name in "${COMPONENTS[@]}"; do # start order, whatever order the arguments came in
+    if [[ " $* " == *" $name "* ]]; then
+      if [[ $name == kwok ]]; then release_node_leases; fi
+      start "$name"
+    fi
+  done
+  for name in "${COMPONENTS[@]}"; do
+    if [[ " $* " == *" $name "* ]]; then wait_healthy "$name" 120; fi
+  done
+  dt=$(($(now_ms) - t0))
+  log "restarted $* ($how) in $((dt / 1000)).$(printf '%03d' $((dt % 1000)))s"
+}
+
 cmd_status() {
   resolve_ports
   local name pid state all=0
@@ -835,9 +890,13 @@ main() {
       ;;
     down) cmd_down ;;
     status) cmd_status ;;
+    restart)
+      shift
+      cmd_restart "$@"
+      ;;
     env) cmd_env ;;
     *)
-      sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+      sed -n '2,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
       exit 2
       ;;
   esac

@@ -9,7 +9,7 @@ import subprocess
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -18,6 +18,18 @@ from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER 
 from .stager import Stager
 
 pytestmark = pytest.mark.e2e
+
+
+REPORT: list[str] = []
+"""Figures tests measured (faults survived, idle writes, reads per minute), shown in the terminal
+summary so that they appear even with -q and output capture."""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORT:
+        terminalreporter.section("kimik3 e2e figures")
+        for line in REPORT:
+            terminalreporter.write_line(line)
 
 
 def free_port() -> int:

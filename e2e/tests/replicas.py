@@ -108,6 +108,13 @@ class Replicas:
             return None
         return wait_for(f"a leader among {sorted(r.identity for r in self.slots.values())}", find, timeout=timeout)
 
+    def alive(self) -> bool:
+        """Every replica's process still runs."""
+        return all(r.alive() for r in self.slots.values())
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {slot}\n{r.tail()}" for slot, r in self.slots.items())
+
     def others(self, leader: Replica) -> list[Replica]:
         return [r for r in self.slots.values() if r is not leader]
 

@@ -180,3 +180,38 @@ def test_a_missing_kind_is_a_condition_not_a_crash() -> None:
     assert outcome.error is not None and outcome.error.reason == "MissingDependency"
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "MissingDependency" and "NVIDIA's DRA driver" in ready["message"]
+
+
+def _pod(pool: str, node: str | None) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "labels": {"serving.kimik3.dev/deployment": "k3",
+                                                        "serving.kimik3.dev/pool": pool}},
+            "spec": {"nodeName": node, "containers": []}, "status": {"phase": "Running" if node else "Pending"}}
+
+
+def _b200_ahead_of_nodes() -> dict[str, Any]:
+    body = base_deployment(name="k3", namespace="ns")
+    body["spec"]["pools"] = [{"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+                              "gpu": {"product": "B200"}, "aggregated": {"replicas": 1}}]
+    return body
+
+
+def test_a_pool_whose_nodes_went_away_keeps_its_serving_children() -> None:
+    # gpu.product is set, so the pool could be planned without nodes; but its pods still run, and
+    # a plan without the nodes' facts (RDMA device) would roll them onto nowhere.
+    cluster = MemoryCluster(_b200_ahead_of_nodes(), b200_nodes())
+    assert reconcile(cluster, "ns", "k3").error is None
+    before = copy.deepcopy(cluster.objects)
+    cluster.nodes = []  # relabelled, cordoned or deleted
+    cluster.list_active_pods = lambda: [_pod("b200", "b200-0"), _pod("b200", "b200-1")]  # type: ignore[method-assign]
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is not None and outcome.error.reason == "NoMatchingNodes"
+    assert outcome.error.depends_on_nodes
+    assert "its pods still run on b200-0, b200-1" in outcome.error.message
+    assert outcome.applied == [] and outcome.deleted == [] and cluster.objects == before
+
+
+def test_a_pool_without_running_pods_is_still_planned_ahead_of_its_nodes() -> None:
+    cluster = MemoryCluster(_b200_ahead_of_nodes(), [])
+    cluster.list_active_pods = lambda: [_pod("b200", None)]  # type: ignore[method-assign]
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is None and outcome.applied

@@ -1,8 +1,9 @@
 """The only package that talks to the Kubernetes API server."""
 
 from .cluster import (
-    ApplyResult, Cluster, MissingApiError, RejectedApiError, TransientApiError, api_client, unchanged_since_our_apply,
+    UNREACHABLE, ApplyResult, Cluster, MissingApiError, RejectedApiError, TransientApiError, api_client,
+    unchanged_since_our_apply,
 )
 
-__all__ = ["ApplyResult", "Cluster", "MissingApiError", "RejectedApiError", "TransientApiError", "api_client",
+__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "RejectedApiError", "TransientApiError", "api_client",
            "unchanged_since_our_apply"]

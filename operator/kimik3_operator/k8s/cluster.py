@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -53,6 +54,11 @@ class RejectedApiError(Exception):
     def __init__(self, kind: str, name: str, status: int, message: str) -> None:
         super().__init__(f"{kind} {name}: {status} {message}")
         self.kind, self.name, self.status, self.message = kind, name, status, message
+
+
+UNREACHABLE: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError,)
+"""The API server could not be reached or the connection broke (refused while it restarts,
+reset mid-response): worth a prompt retry, like a TransientApiError."""
 
 
 class MissingApiError(Exception):
@@ -153,15 +159,18 @@ class Cluster:
         except ResourceNotFoundError as exc:
             raise MissingApiError(desired["apiVersion"], desired["kind"]) from exc
         try:
-            obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER,
-                                              force_conflicts=True)
+            try:
+                result = self._server_side_apply(res, desired)
+            except (ApiException, DynamicApiError) as exc:
+                if live is None or getattr(exc, "status", None) != 422 or "spec" not in desired:
+                    raise
+                result = self._take_back(res, desired, live, exc)
         except (ApiException, DynamicApiError) as exc:
             translated = _translate(exc)
             if translated is exc and getattr(exc, "status", 0) in (400, 403, 422):
                 raise RejectedApiError(desired["kind"], desired["metadata"]["name"], exc.status,
                                        _api_message(exc)) from exc
             raise translated from exc
-        result = obj.to_dict()
         meta = result.get("metadata") or {}
         foreign = _foreign_writes(meta.get("managedFields") or [])
         if foreign:
@@ -169,6 +178,35 @@ class Cluster:
         log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
                  desired["metadata"]["name"])
         return ApplyResult(result, written=True)
+
+    def _server_side_apply(self, res: Any, desired: dict[str, Any]) -> dict[str, Any]:
+        obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER, force_conflicts=True)
+        return obj.to_dict()  # type: ignore[no-any-return]
+
+    def _take_back(self, res: Any, desired: dict[str, Any], live: dict[str, Any], exc: Exception) -> dict[str, Any]:
+        """Apply was refused as Invalid on an object someone edited: an edit apply cannot merge.
+
+        A Service port renumbered by hand is a list item of the editor's (the port is the key),
+        and ours collides with it on the port name, so no apply succeeds again. Replace the spec
+        with ours (the API server keeps a Service's allocated clusterIP), apply, then drop the
+        Update entry the replace left under our name: while it co-owns fields, a later apply
+        could not remove a field we stop sending.
+        """
+        meta = live["metadata"]
+        where = {"name": meta["name"], "namespace": meta["namespace"], "field_manager": FIELD_MANAGER,
+                 "content_type": "application/json-patch+json"}
+        log.warning("Apply of %s %s/%s refused (%s); replacing its spec with ours", desired["kind"],
+                    meta["namespace"], meta["name"], getattr(exc, "status", exc))
+        self._dyn.patch(res, body=[{"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+                                   {"op": "replace", "path": "/spec", "value": desired["spec"]}], **where)
+        result = self._server_side_apply(res, desired)
+        entries = (result.get("metadata") or {}).get("managedFields") or []
+        kept = [e for e in entries if e.get("manager") != FIELD_MANAGER or e.get("operation") == "Apply"]
+        if len(kept) < len(entries):
+            result = self._dyn.patch(res, body=[
+                {"op": "test", "path": "/metadata/resourceVersion", "value": result["metadata"]["resourceVersion"]},
+                {"op": "replace", "path": "/metadata/managedFields", "value": kept}], **where).to_dict()
+        return result
 
     def delete(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]

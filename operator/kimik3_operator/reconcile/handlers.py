@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
-from ..k8s import Cluster, TransientApiError, api_client
+from ..k8s import UNREACHABLE, Cluster, TransientApiError, api_client
 from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, PhaseBook
 from ..render.names import MANAGED_BY
 from .queue import WorkQueue
@@ -49,7 +49,7 @@ class State:
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image)
                 result = outcome.error.reason if outcome.error else "ok"
-            except TransientApiError:
+            except (TransientApiError, *UNREACHABLE):
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
@@ -89,7 +89,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     try:
         outcome = _state(memo).run(namespace, name)
-    except TransientApiError as exc:
+    except (TransientApiError, *UNREACHABLE) as exc:
+        # kopf's own delay for other exceptions is 60 s: a pass cut by an API server restart
+        # would hold back the next spec change that long.
         raise kopf.TemporaryError(str(exc), delay=5) from exc
     if outcome.error is not None and not outcome.error.depends_on_nodes:
         # The status already says why; retrying the same spec cannot help. The periodic
@@ -107,17 +109,24 @@ async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def _drain(state: State) -> None:
-    """Reconcile queued deployments; every resync interval, queue all of them."""
+    """Reconcile queued deployments; every resync interval, all of them.
+
+    The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
+    failing (requeued every retry interval) or a steady stream of child events would otherwise
+    postpone every other deployment's drift repair and node re-plan forever.
+    """
+    loop = asyncio.get_running_loop()
+    due = loop.time() + state.config.resync_seconds
     while True:
-        keys = await state.queue.take(timeout=state.config.resync_seconds)
-        if keys is None:
+        keys = await state.queue.take(timeout=max(0.0, due - loop.time())) or set()
+        if loop.time() >= due:
+            due = loop.time() + state.config.resync_seconds
             try:
-                keys = set(await asyncio.to_thread(state.cluster.list_deployments,
-                                                   state.config.namespaces))
-                state.phases.keep_only(keys)
+                listed = set(await asyncio.to_thread(state.cluster.list_deployments, state.config.namespaces))
+                state.phases.keep_only(listed)
+                keys |= listed
             except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
                 log.exception("Listing KimiK3Deployments for resync failed")
-                continue
         for namespace, name in sorted(keys):
             try:
                 await asyncio.to_thread(state.run, namespace, name)

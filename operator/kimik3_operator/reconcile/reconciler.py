@@ -21,7 +21,8 @@ from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.images import OPERATOR_IMAGE
 from ..render import WEIGHTS_KINDS, Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
-from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, deployment_label, selector
+from ..planner.facts import PoolFacts
+from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
 from .pairing import serving_hash
 from .status import compute_status, transitions
 from .weights_status import weights_state
@@ -95,16 +96,21 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         return fail(_invalid_spec(exc))
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
-    try:
-        plan = plan_deployment(cr.spec, facts)
-    except PlanningError as exc:
-        return fail(exc)
+    pods: list[dict[str, Any]] | None = None
+    if any(not f.nodes for f in facts.values()):  # only then do pods matter before planning
+        pods = cluster.list_active_pods()
 
     def own(pod: dict[str, Any]) -> bool:
         return (pod["metadata"].get("namespace") == namespace
                 and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
 
-    active_pods = cluster.list_active_pods()
+    try:
+        _check_not_stranded(cr, facts, [p for p in pods or [] if own(p)])
+        plan = plan_deployment(cr.spec, facts)
+    except PlanningError as exc:
+        return fail(exc)
+
+    active_pods = cluster.list_active_pods() if pods is None else pods
     used = gpus_used(active_pods, own)
     short = shortfalls(plan, facts, used)
 
@@ -160,6 +166,25 @@ def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple
         current[_key(obj)] = result.obj
         if result.written:
             outcome.applied.append("/".join(_key(obj)))
+
+
+def _check_not_stranded(cr: KimiK3Deployment, facts: dict[str, PoolFacts], own_pods: list[dict[str, Any]]) -> None:
+    """A pool that selects no node any more (nodes deleted, relabelled or cordoned) while its pods
+    still run on nodes is not re-planned: planned ahead of nodes it would lose what only the nodes
+    tell (RDMA device, NVLink clique, GPU memory) and roll the serving pods onto nowhere. Its
+    children stay as they are and the status says why until nodes match again."""
+    for pool in cr.spec.pools:
+        if facts[pool.name].nodes:
+            continue
+        hosts = sorted({p["spec"]["nodeName"] for p in own_pods
+                        if (p["metadata"].get("labels") or {}).get(LABEL_POOL) == pool.name
+                        and (p.get("spec") or {}).get("nodeName")})
+        if hosts:
+            raise PlanningError(
+                "NoMatchingNodes",
+                f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)} "
+                f"any more; its pods still run on {', '.join(hosts)} and are left as they are until "
+                "nodes match again", depends_on_nodes=True)
 
 
 def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:

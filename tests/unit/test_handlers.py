@@ -1,0 +1,61 @@
+"""The kopf wiring: the periodic resync keeps its clock (a deployment that fails on every pass,
+requeued every retry interval, must not postpone the others), and a pass cut short by an API
+server that went away is retried promptly, not after kopf's default minute."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import kopf
+import pytest
+import urllib3
+
+from kimik3_operator.metrics import PhaseBook
+from kimik3_operator.reconcile.handlers import _drain, on_deployment
+from kimik3_operator.reconcile.queue import WorkQueue
+from kimik3_operator.reconcile.settings import OperatorConfig
+
+
+class _Cluster:
+    def list_deployments(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        return [("ns", "broken"), ("ns", "fine")]
+
+
+class _State:
+    def __init__(self) -> None:
+        self.config = OperatorConfig(resync_seconds=0.2, retry_seconds=0.02)
+        self.queue = WorkQueue()
+        self.cluster = _Cluster()
+        self.runs: Counter[str] = Counter()
+        self.phases = PhaseBook()
+
+    def run(self, namespace: str, name: str) -> None:
+        self.runs[name] += 1
+        if name == "broken":
+            raise RuntimeError("fails every pass")
+
+
+def test_a_failing_deployment_does_not_starve_the_resync() -> None:
+    state = _State()
+
+    async def main() -> None:
+        state.queue.put(("ns", "broken"))
+        task = asyncio.create_task(_drain(state))  # type: ignore[arg-type]
+        await asyncio.sleep(1.1)
+        task.cancel()
+
+    asyncio.run(main())
+    assert state.runs["broken"] > 10  # retried every 20 ms
+    assert 4 <= state.runs["fine"] <= 6  # and still resynced every 200 ms with the others
+
+
+def test_an_unreachable_api_server_is_a_prompt_retry() -> None:
+    class Refused:
+        def run(self, namespace: str, name: str) -> Any:
+            raise urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())  # type: ignore[arg-type]
+
+    with pytest.raises(kopf.TemporaryError) as caught:
+        on_deployment(namespace="ns", name="k3", memo=kopf.Memo(state=Refused()))
+    assert caught.value.delay == 5
