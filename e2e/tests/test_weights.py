@@ -67,6 +67,9 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     cr = wait_for("WeightsStaging", lambda: (c := _cr(namespace)) and (r := condition(c, "Ready"))
                   and r["reason"] == "WeightsStaging" and c, timeout=60)
     assert set(_weights(cr)) == {"model", "draft"}
+    # The cache claim binds (the local cluster's default StorageClass provisions it).
+    wait_for("the cache claim to bind", lambda: get_json("pvc", "k3w-model-cache", "-n", namespace)
+             .get("status", {}).get("phase") == "Bound", timeout=60)
     assert get_json("leaderworkersets", "-n", namespace)["items"] == []
     assert cr["status"]["phase"] == "Progressing"
 
