@@ -126,9 +126,7 @@ def replicas(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactor
     group = Replicas(folder, operator_kubeconfig, LEASE, CHART_NAMESPACE, env, free_port,
                      extra_args={OPERATOR_PODS[0]: webhook})
     try:
-        for slot in OPERATOR_PODS:
-            group.start(slot)
-        group.leader()
+        group.start_all(OPERATOR_PODS)
         yield group
     finally:
         group.stop_all()

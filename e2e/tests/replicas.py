@@ -108,6 +108,12 @@ class Replicas:
             return None
         return wait_for(f"a leader among {sorted(r.identity for r in self.slots.values())}", find, timeout=timeout)
 
+    def start_all(self, slots: tuple[str, ...]) -> Replica:
+        """Start every slot (as the Deployment's pods) and wait for one to lead."""
+        for slot in slots:
+            self.start(slot)
+        return self.leader()
+
     def alive(self) -> bool:
         """Every replica's process still runs."""
         return all(r.alive() for r in self.slots.values())

@@ -45,15 +45,11 @@ def idle_operator(replicas: Replicas, tmp_path: Path) -> Iterator[Replicas]:
     env = {**replicas.env, "KIMIK3_RESYNC_SECONDS": str(RESYNC_SECONDS), "KIMIK3_RETRY_SECONDS": "10"}
     own = Replicas(tmp_path, replicas.kubeconfig, LEASE, CHART_NAMESPACE, env, free_port)
     try:
-        for slot in OPERATOR_PODS:
-            own.start(slot)
-        own.leader()
+        own.start_all(OPERATOR_PODS)
         yield own
     finally:
         own.stop_all()
-        for slot in OPERATOR_PODS:
-            replicas.start(slot)
-        replicas.leader()
+        replicas.start_all(OPERATOR_PODS)
 
 
 def operator_requests(state: Path, since: datetime, until: datetime) -> list[dict[str, Any]]:
