@@ -215,3 +215,24 @@ def test_a_pool_without_running_pods_is_still_planned_ahead_of_its_nodes() -> No
     cluster.list_active_pods = lambda: [_pod("b200", None)]  # type: ignore[method-assign]
     outcome = reconcile(cluster, "ns", "k3")
     assert outcome.error is None and outcome.applied
+
+
+def test_an_object_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> None:
+    from kimik3_operator.k8s import RejectedApiError
+
+    class Immutable(MemoryCluster):
+        def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
+            if desired["kind"] == "PersistentVolumeClaim" and live is not None and \
+                    live["metadata"]["annotations"][ANNOTATION_HASH] != desired["metadata"]["annotations"][ANNOTATION_HASH]:
+                raise RejectedApiError("PersistentVolumeClaim", desired["metadata"]["name"], 422,
+                                       "spec is immutable after creation")
+            return super().apply(desired, live)
+
+    cluster = _staged(Immutable(_pd(), NODES))
+    reconcile(cluster, "ns", "k3")
+    cluster.deployment["spec"]["model"]["cache"] = {"storageClassName": "other"}
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.error is not None and outcome.error.reason == "ApplyRejected"
+    ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ApplyRejected" and "spec is immutable" in ready["message"]
+    assert ("LeaderWorkerSet", "k3-gb300-decode") in cluster.objects  # what serves is left alone
