@@ -31,6 +31,9 @@ class _State:
         self.runs: Counter[str] = Counter()
         self.phases = PhaseBook()
 
+    def forget_all_but(self, keys: set[tuple[str, str]]) -> None:
+        self.phases.keep_only(keys)
+
     def run(self, namespace: str, name: str) -> None:
         self.runs[name] += 1
         if name == "broken":
@@ -59,3 +62,18 @@ def test_an_unreachable_api_server_is_a_prompt_retry() -> None:
     with pytest.raises(kopf.TemporaryError) as caught:
         on_deployment(namespace="ns", name="k3", memo=kopf.Memo(state=Refused()))
     assert caught.value.delay == 5
+
+
+def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
+    import threading
+
+    from kimik3_operator.reconcile.handlers import State
+
+    state = State.__new__(State)  # no API client: only the bookkeeping is under test
+    state._guard, state.phases = threading.Lock(), PhaseBook()
+    busy = threading.Lock()
+    busy.acquire()
+    state._locks = {("ns", "gone"): threading.Lock(), ("ns", "kept"): threading.Lock(), ("ns", "running"): busy}
+    state.phases.record(("ns", "gone"), "Ready")
+    state.forget_all_but({("ns", "kept")})
+    assert set(state._locks) == {("ns", "kept"), ("ns", "running")}  # a pass still running keeps its lock

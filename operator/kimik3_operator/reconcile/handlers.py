@@ -40,6 +40,12 @@ class State:
         self._guard = threading.Lock()
         self.worker: asyncio.Task[None] | None = None
 
+    def forget_all_but(self, keys: set[tuple[str, str]]) -> None:
+        """Drop what is kept per deployment (its lock, its phase) for deployments that are gone."""
+        with self._guard:
+            self._locks = {k: v for k, v in self._locks.items() if k in keys or v.locked()}
+        self.phases.keep_only(keys)
+
     def run(self, namespace: str, name: str) -> Outcome:
         """Reconcile one deployment; passes for the same deployment never overlap."""
         with self._guard:
@@ -123,7 +129,7 @@ async def _drain(state: State) -> None:
             due = loop.time() + state.config.resync_seconds
             try:
                 listed = set(await asyncio.to_thread(state.cluster.list_deployments, state.config.namespaces))
-                state.phases.keep_only(listed)
+                state.forget_all_but(listed)
                 keys |= listed
             except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
                 log.exception("Listing KimiK3Deployments for resync failed")
