@@ -121,8 +121,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         desired = render_weights(owner, plan, tools_image)
         _apply_all(cluster, desired, live, current, outcome)
         jobs = {n: o for (k, n), o in current.items() if k == "Job"}
-        pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
-        weights = weights_state(owner, plan.weights, jobs, pods)
+        job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
+        weights = weights_state(owner, plan.weights, jobs, job_pods)
         wanted = {_key(o) for o in desired}
         if weights.all_staged:
             plan = with_staged(plan, weights.commits)
