@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .api import KimiK3Deployment
+from .api import KimiK3Deployment, first_error
 from .api.crd import CHART_CRD_PATH, CRD_FILENAME, chart_crd_template, crd_yaml
 from .planner import PlanningError, plan_deployment, pool_facts
 from .render.report import plan_report, plan_table
@@ -51,9 +51,7 @@ def _plan(args: argparse.Namespace) -> int:
         nodes = _load_nodes(args.nodes)
         plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        print(f"InvalidSpec: spec.{where}: {first['msg']}", file=sys.stderr)
+        print(f"InvalidSpec: {first_error(exc)}", file=sys.stderr)
         return 2
     except PlanningError as exc:
         print(f"{exc.reason}: {exc.message}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The KimiK3Deployment API: pydantic models that are the single source of truth for the CRD."""
 
-from .base import Rule, SpecModel, StatusModel
+from .base import Rule, SpecModel, StatusModel, first_error
 from .meta import Condition, ObjectMeta
 from .v1alpha1 import (
     GROUP, KIND, PLURAL, VERSION, KimiK3Deployment, KimiK3DeploymentSpec, KimiK3DeploymentStatus,
@@ -10,5 +10,5 @@ from .v1alpha1 import (
 __all__ = [
     "GROUP", "KIND", "PLURAL", "VERSION", "Condition", "KimiK3Deployment", "KimiK3DeploymentSpec",
     "KimiK3DeploymentStatus", "ObjectMeta", "Parallelism", "Pool", "PoolStatus", "Role", "RoleName",
-    "RoleStatus", "Rule", "SpecModel", "StatusModel",
+    "RoleStatus", "Rule", "SpecModel", "StatusModel", "first_error",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Callable, ClassVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import CoreSchema, core_schema
 
@@ -144,3 +144,12 @@ class StatusModel(BaseModel):
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def first_error(exc: ValidationError) -> str:
+    """`path: why` of the first problem pydantic found in a whole resource (the path starts at
+    the resource, e.g. `spec.pools.0.aggregated`): the one line an InvalidSpec status, `kimik3
+    plan` and the webhook print."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])

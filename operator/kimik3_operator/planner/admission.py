@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api import KimiK3Deployment
+from ..api import KimiK3Deployment, first_error
 from .facts import PoolFacts
 from .plan import PlanningError
 from .topology import plan_deployment
@@ -24,9 +24,7 @@ def admission_verdict(body: dict[str, Any]) -> str | None:
     try:
         spec = KimiK3Deployment.model_validate(body).spec
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"InvalidSpec: {where}: {first['msg']}" if where else f"InvalidSpec: {first['msg']}"
+        return f"InvalidSpec: {first_error(exc)}"
     if any(pool.gpu.product == "Auto" for pool in spec.pools):
         return None  # the nodes decide the hardware: judged by the operator, as a condition
     try:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta
+from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.images import OPERATOR_IMAGE
@@ -67,12 +67,6 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
                for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def _invalid_spec(exc: ValidationError) -> PlanningError:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return PlanningError("InvalidSpec", f"spec.{where}: {first['msg']}" if where else first["msg"])
-
-
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
               tools_image: str = OPERATOR_IMAGE) -> Outcome:
     outcome = Outcome()
@@ -93,7 +87,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     try:
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
-        return fail(_invalid_spec(exc))
+        return fail(PlanningError("InvalidSpec", first_error(exc)))
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
     pods: list[dict[str, Any]] | None = None
