@@ -155,8 +155,7 @@ class Stager:
             self.commits[rest] = self.hub.add_repo(rest, HUB_REPOS["moonshotai/Kimi-K3"])
         elif scheme == "s3":
             bucket, _, prefix = rest.partition("/")
-            if not any(b == bucket and k.startswith(prefix) for b, k in
-                       ((b, k) for b, objs in self.s3.buckets.items() for k in objs)):
+            if not any(key.startswith(prefix) for key in self.s3.buckets.get(bucket, {})):
                 for (_, key), data in S3_OBJECTS.items():
                     self.s3.put(bucket, f"{prefix.strip('/')}/{key.rsplit('/', 1)[-1]}".lstrip("/"), data)
         elif scheme == "pvc":
@@ -208,10 +207,11 @@ def main() -> None:
         Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
     stager = Stager(root).start()
     print(f"staging pods' commands run here; fake Hub {stager.hub.endpoint}, fake S3 {stager.s3.endpoint}", flush=True)
+    shown = 0
     while not stop.wait(1):
-        for run in stager.runs[len(getattr(main, "_seen", [])):]:
+        for run in stager.runs[shown:]:
             print(f"{run.namespace}/{run.pod}: exit {run.exit_code} {run.message[:200]}", flush=True)
-        main._seen = list(stager.runs)  # type: ignore[attr-defined]
+            shown += 1
     stager.stop()
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import time
 from collections import Counter
 from functools import lru_cache

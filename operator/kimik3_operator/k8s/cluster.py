@@ -100,10 +100,8 @@ def _translate(exc: ApiException | DynamicApiError) -> Exception:
 class Cluster:
     """Typed-dict access to the few resources the operator reads and writes."""
 
-    def __init__(self, api: client.ApiClient, identity: str | None = None) -> None:
+    def __init__(self, api: client.ApiClient) -> None:
         self._dyn = DynamicClient(api)
-        self.identity = identity or IDENTITY
-        """Which operator process this is (events' reportingInstance)."""
         # uid -> newest foreign write to the main resource that a (no-op) apply already answered;
         # without it a controller that touches e.g. an annotation would cost a PATCH every pass.
         self._answered: dict[str, datetime] = {}
@@ -225,19 +223,18 @@ class Cluster:
         """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
         event that cannot be posted is logged and never fails a pass."""
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        ns = namespace
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{involved['name']}.", "namespace": ns},
-            "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid")} | {"namespace": ns},
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid")} | {"namespace": namespace},
             "type": type_, "reason": reason, "message": message[:1024],
             "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "reportingInstance": self.identity, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingInstance": IDENTITY, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            self._resource("v1", "Event").create(body=body, namespace=ns)
+            self._resource("v1", "Event").create(body=body, namespace=namespace)
         except (ApiException, DynamicApiError) as exc:
-            log.warning("Could not post event %s on %s/%s: %s", reason, ns, involved["name"], exc)
+            log.warning("Could not post event %s on %s/%s: %s", reason, namespace, involved["name"], exc)
 
     def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Server-side apply the whole status: fields we no longer send are removed."""
