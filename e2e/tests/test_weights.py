@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kimik3_operator.weights import marker_path
+from kimik3_operator.stager import marker_path
 from tests.support.cases import base_deployment
 
 from .kube import apply, condition, get_json, kubectl, wait_for
@@ -85,7 +85,7 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     assert pods and {p["metadata"]["labels"]["serving.kimik3.dev/compat-hash"] for p in pods} == {
         cr["status"]["engine"]["compatibilityHash"]}
 
-    # Progress came through the pods' own Role: the annotation is there, written by the loader.
+    # Progress came through the pods' own Role: the annotation is there, written by the stager.
     for job in _jobs(namespace).values():
         record = json.loads(job["metadata"]["annotations"]["serving.kimik3.dev/weights-progress"])
         assert record["phase"] == "Complete" and record["commit"]

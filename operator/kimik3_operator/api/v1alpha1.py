@@ -10,11 +10,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..contract.names import GROUP
 from .base import Rule, SpecModel, StatusModel, list_map
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
 
-GROUP = "serving.kimik3.dev"
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
 PLURAL = "kimik3deployments"
@@ -51,7 +51,7 @@ ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
 ImageRef = Annotated[str, Field(max_length=512)]
-# What the weights loader stages (operator/kimik3_operator/weights): the Hub, S3, or a claim in place.
+# What the stager stages (operator/kimik3_operator/stager): the Hub, S3, or a claim in place.
 ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
                                                         r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\t\n\v\f\r ]*)?"
                                                         r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\t\n\v\f\r ]*)?)$")]

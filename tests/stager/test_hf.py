@@ -13,8 +13,9 @@ from typing import Callable
 
 import pytest
 
-from kimik3_operator.weights import ChecksumMismatch, Progress, WeightsError, read_manifest, stage
-from kimik3_operator.weights.model import PARTIAL_DIR, STATE_DIR
+from kimik3_operator.stager import ChecksumMismatch, Progress, WeightsError, read_manifest, stage
+from kimik3_operator.contract.stager import STATE_DIR
+from kimik3_operator.stager.manifest import PARTIAL_DIR
 
 from .conftest import cli, cli_env, cli_popen
 from .fake_hub import FakeHub, Slow

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kimik3_operator.weights.report import FIELD_MANAGER, PROGRESS_ANNOTATION, JobAnnotationReporter
+from kimik3_operator.contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+from kimik3_operator.stager.job_annotation import JobAnnotationReporter
 
 
 class Session:
@@ -39,7 +40,7 @@ def test_patches_its_job_at_most_every_interval_and_always_the_final_record(tmp_
     assert len(session.calls) == 2 and session.trust_env is False
     call = session.calls[-1]
     assert call["url"] == "https://127.0.0.1:6443/apis/batch/v1/namespaces/team-a/jobs/k3-weights-model-1"
-    assert call["params"] == {"fieldManager": FIELD_MANAGER}
+    assert call["params"] == {"fieldManager": PROGRESS_FIELD_MANAGER}
     assert call["headers"]["Authorization"] == "Bearer tok-1"
     assert call["headers"]["Content-Type"] == "application/merge-patch+json"
     record = json.loads(json.loads(call["data"])["metadata"]["annotations"][PROGRESS_ANNOTATION])

@@ -1,17 +1,15 @@
-"""Model URIs the loader stages: ``hf://org/name``, ``s3://bucket/prefix``, ``pvc://claim/path``."""
+"""Model URIs the stager stages: ``hf://org/name``, ``s3://bucket/prefix``, ``pvc://claim/path``."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from .model import WeightsError
+from .errors import WeightsError
 
 _HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?$")
-HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -47,13 +45,3 @@ def parse_uri(uri: str) -> ModelUri:
             raise WeightsError("InvalidUri", f"{uri!r}: '..' is not allowed in the path")
         return ModelUri("pvc", claim, path.strip("/"))
     raise WeightsError("InvalidUri", f"{uri!r}: unsupported scheme {scheme!r} (hf, s3, pvc)")
-
-
-def parse_sha256sums(text: str) -> dict[str, str]:
-    """`sha256sum` output (`HEX  path` or `HEX *path`) as {path: hex}; other lines are ignored."""
-    sums = {}
-    for line in text.splitlines():
-        parts = line.strip().split(None, 1)
-        if len(parts) == 2 and SHA256_HEX.match(parts[0].lower()):
-            sums[parts[1].lstrip("*").removeprefix("./")] = parts[0].lower()
-    return sums

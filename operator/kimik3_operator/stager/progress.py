@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from .model import atomic_write_bytes
+from .atomic import atomic_write_bytes
 
 MAX_RECORD_BYTES = 4000
 PHASES = ("Pending", "Resolving", "Listing", "Downloading", "Verifying", "Complete", "Failed")
@@ -229,7 +229,7 @@ class JsonSink:
                 write_progress_file(self.progress_file, record)
             except OSError as exc:  # never fail a long download over a status file
                 if not self._warned:
-                    logging.getLogger("kimik3_operator.weights").warning(
+                    logging.getLogger(__name__).warning(
                         "cannot write the progress file %s: %s", self.progress_file, exc.strerror)
                     self._warned = True
 

@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .engine import PartialWriter
-from .model import STATE_DIR, FileEntry, Manifest, RemoteFile, WeightsError
-from .uri import parse_sha256sums
-
-SUMS_NAMES = ("SHA256SUMS", "sha256sums.txt")
+from ..contract.stager import STATE_DIR
+from .digests import SUMS_NAMES, parse_sha256sums
+from .errors import WeightsError
+from .manifest import FileEntry, Manifest
+from .source import PartialWriter, RemoteFile
 
 
 class PvcSource:

@@ -28,14 +28,15 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import requests
 
-from .engine import PartialWriter
-from .model import FileEntry, Manifest, RemoteFile, WeightsError
+from ..contract.stager import CONTENT_COMMIT
+from .digests import SUMS_NAMES, parse_sha256sums
+from .errors import WeightsError
+from .manifest import FileEntry, Manifest
 from .sigv4 import CredentialProvider, canonical_query, sign, uri_encode
-from .uri import SHA256_HEX, parse_sha256sums
+from .source import PartialWriter, RemoteFile
 
-log = logging.getLogger("kimik3_operator.weights")
+log = logging.getLogger(__name__)
 
-SUMS_NAMES = ("SHA256SUMS", "sha256sums.txt")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART = re.compile(r"^([0-9a-f]{32})-(\d+)$")
 RETRIES = 5
@@ -176,7 +177,7 @@ class S3Source:
             raise WeightsError("NoFiles", f"s3://{self.bucket}/{self.prefix} has no objects")
         lines = "".join(f"{o['path']}\t{o['etag']}\t{o['size']}\n" for o in objs)
         self.commit = hashlib.sha256(lines.encode()).hexdigest()
-        if revision and SHA256_HEX.match(revision) and revision != self.commit:
+        if revision and CONTENT_COMMIT.match(revision) and revision != self.commit:
             raise WeightsError("RevisionMismatch", f"s3://{self.bucket}/{self.prefix} now hashes to {self.commit}, "
                                                    f"not the pinned {revision}: its objects changed")
         self._objects = objs

@@ -12,7 +12,7 @@ What is used from huggingface_hub, and why not ``snapshot_download``/``hf_hub_do
 
 ``hf_hub_download(local_dir=...)`` in huggingface_hub 2.x writes to a process-unique ``*.incomplete`` file
 and deletes it when the download fails (``_download_to_tmp_and_move``), so a killed Job restarts every
-file from zero; on a 1.6 TB checkpoint that is hours lost per preemption. The loader keeps its own partial
+file from zero; on a 1.6 TB checkpoint that is hours lost per preemption. The stager keeps its own partial
 file per file and resumes it with ``http_get(resume_size=...)``.
 
 Xet: files served from Xet storage are fetched over the Hub's plain HTTP bridge (the ``/resolve``
@@ -27,7 +27,7 @@ import os
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-# Before huggingface_hub reads its settings: a weights Job sends no telemetry and fetches no agent registry
+# Before huggingface_hub reads its settings: a staging Job sends no telemetry and fetches no agent registry
 # (huggingface_hub 2.x calls {endpoint}/api/agent-harnesses to build its user agent unless this is set).
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -42,15 +42,16 @@ from huggingface_hub.file_download import http_get  # noqa: E402
 from huggingface_hub.hf_api import RepoFile  # noqa: E402
 from huggingface_hub.utils import build_hf_headers  # noqa: E402
 
-from .engine import PartialWriter  # noqa: E402
-from .model import FileEntry, Manifest, RemoteFile, WeightsError  # noqa: E402
-from .uri import HF_COMMIT  # noqa: E402
+from ..contract.stager import HUB_COMMIT  # noqa: E402
+from .errors import WeightsError  # noqa: E402
+from .manifest import FileEntry, Manifest  # noqa: E402
+from .source import PartialWriter, RemoteFile  # noqa: E402
 
-log = logging.getLogger("kimik3_operator.weights")
+log = logging.getLogger(__name__)
 
 
 class _Silent:
-    """A tqdm stand-in: the engine reports progress from the bytes written, not from bars on stderr."""
+    """A tqdm stand-in: the stager reports progress from the bytes written, not from bars on stderr."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -104,14 +105,14 @@ class HfSource:
 
     def resolve(self, revision: str, previous: Manifest | None) -> str:
         revision = revision or "main"
-        if HF_COMMIT.match(revision):  # a commit names itself: no request at all
+        if HUB_COMMIT.match(revision):  # a commit names itself: no request at all
             self.commit = revision
             return revision
         try:
             info = self.api.model_info(self.repo_id, revision=revision)
         except Exception as exc:  # noqa: BLE001 - mapped to a stable reason
             raise _hub_error(exc, self.repo_id, revision) from exc
-        if not info.sha or not HF_COMMIT.match(info.sha):
+        if not info.sha or not HUB_COMMIT.match(info.sha):
             raise WeightsError("HubError", f"hf://{self.repo_id}@{revision}: the Hub returned no commit sha")
         self.commit = info.sha
         return info.sha

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-from kimik3_operator.weights.sigv4 import Credentials, canonical_request, signature
+from kimik3_operator.stager.sigv4 import Credentials, canonical_request, signature
 
 from .fake_hub import Slow, send, write_body
 

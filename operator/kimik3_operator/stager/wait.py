@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .model import Manifest, WeightsError, marker_path, read_manifest
+from .errors import WeightsError
+from .manifest import Manifest, marker_path, read_manifest
 
 
 @dataclass(frozen=True)

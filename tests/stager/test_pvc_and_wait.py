@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kimik3_operator.weights import ChecksumMismatch, Progress, WeightsError, read_manifest, stage, wait_ready
-from kimik3_operator.weights.model import atomic_write_json, marker_path
+from kimik3_operator.stager import ChecksumMismatch, Progress, WeightsError, read_manifest, stage, wait_ready
+from kimik3_operator.stager.atomic import atomic_write_json
+from kimik3_operator.stager.manifest import marker_path
 
 from .conftest import cli, cli_env
 

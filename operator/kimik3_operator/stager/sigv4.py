@@ -1,9 +1,9 @@
-"""AWS Signature Version 4 for the few S3 calls the loader makes, and where the credentials come from.
+"""AWS Signature Version 4 for the few S3 calls the stager makes, and where the credentials come from.
 
 Why not boto3: botocore pins ``python-dateutil<3`` while the operator's pinned ``kubernetes`` requires
-``python-dateutil>=3``; both cannot be installed in one environment. The loader needs four read-only
+``python-dateutil>=3``; both cannot be installed in one environment. The stager needs four read-only
 calls (ListObjectsV2, HeadObject, ranged GetObject, and STS for web identity), so it signs them itself.
-The signer is checked against AWS's published example (tests/weights/test_sigv4.py).
+The signer is checked against AWS's published example (tests/stager/test_sigv4.py).
 
 Credentials, in the order boto3 uses for a pod: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
 (+ ``AWS_SESSION_TOKEN``); web identity (IRSA: ``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE``);
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
-from .model import WeightsError
+from .errors import WeightsError
 
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"

@@ -1,4 +1,4 @@
-"""``python -m kimik3_operator.weights``: the weights Job and the serving pods' wait.
+"""``python -m kimik3_operator.stager``: the staging Job's command, a wait, and a look at the marker.
 
     stage --uri hf://org/name --revision main --dest /cache/kimi-k3 [--progress-file F] [--verify quick|full]
           [--workers N] [--include GLOB]... [--exclude GLOB]... [--token-file PATH]
@@ -11,7 +11,8 @@ Every line printed is passed through a filter that masks the secret values it kn
 
 stage prints one JSON progress record per line on stdout (see progress.py for the fields) and, with
 ``--progress-file``, keeps the latest record in that file (replaced atomically; written in place when the
-file is a bind mount such as ``/dev/termination-log``). Diagnostics go to stderr.
+file is a bind mount such as ``/dev/termination-log``), and with ``--report-job`` in an annotation of that
+Job (job_annotation.py). Diagnostics go to stderr.
 Exit codes: 0 done/ready, 1 failed or not ready in time (stderr: ``Reason: message``), 2 usage,
 143 terminated (SIGTERM; partial downloads are kept and the next run resumes).
 """
@@ -27,10 +28,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .model import WeightsError, read_manifest
+from .errors import WeightsError
+from .flow import VERIFY_MODES, make_source, stage
+from .job_annotation import JobAnnotationReporter
+from .manifest import read_manifest
 from .progress import JsonSink, Progress
-from .report import JobAnnotationReporter
-from .engine import VERIFY_MODES, make_source, stage
 from .wait import wait_ready
 
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -79,7 +81,7 @@ def _setup_logging(redact: Redactor, verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.addFilter(_RedactingFilter(redact))
-    log = logging.getLogger("kimik3_operator.weights")
+    log = logging.getLogger(__package__)  # every module's logger is a child of the package's
     log.handlers[:] = [handler]
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
@@ -129,7 +131,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)  # worker threads may sit in a stalled read: do not join them
     except Exception as exc:  # noqa: BLE001 - one line with a reason, never a traceback with headers in it
-        logging.getLogger("kimik3_operator.weights").debug("traceback", exc_info=True)
+        logging.getLogger(__package__).debug("traceback", exc_info=True)
         return _fail(exc, redact)
     if result.unverified_files:
         print(f"WARNING {len(result.unverified_files)} file(s) had no checksum from the source "
@@ -167,7 +169,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kimik3_operator.weights", allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m kimik3_operator.stager", allow_abbrev=False,
                                 description="Stage model weights into a cache volume; wait for them.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -180,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress records")
     s.add_argument("--report-job", metavar="JOB",
                    help="in a cluster: also keep the latest record in this Job's annotation "
-                        "(its namespace is the pod's; see report.py)")
+                        "(its namespace is the pod's; see job_annotation.py)")
     s.add_argument("--verify", choices=VERIFY_MODES, default="quick",
                    help="quick: trust files whose size and mtime match the marker; full: re-hash everything")
     s.add_argument("--workers", type=int, default=8, help="files fetched in parallel")

@@ -1,4 +1,4 @@
-"""Fixtures for the weights loader tests: a fake Hub and a fake S3 on loopback, a CLI runner, and a guard
+"""Fixtures for the stager tests: a fake Hub and a fake S3 on loopback, a CLI runner, and a guard
 that fails any connection off loopback (in this process and in the CLI subprocesses)."""
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kimik3_operator.weights", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kimik3_operator.stager", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
 
 
 def cli_popen(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "kimik3_operator.weights", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "kimik3_operator.stager", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)

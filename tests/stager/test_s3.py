@@ -1,6 +1,4 @@
-"""s3:// staging against S3 servers on loopback: the fake in fake_s3.py (checks every signature; always
-runs) and moto's standalone server when moto is installed (it cannot be installed next to the pinned
-kubernetes client, see sigv4.py, so CI runs the fake only)."""
+"""s3:// staging against the fake S3 on loopback (fake_s3.py), which checks every request's signature."""
 
 from __future__ import annotations
 
@@ -9,17 +7,19 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from kimik3_operator.weights import ChecksumMismatch, WeightsError, read_manifest, stage
-from kimik3_operator.weights.model import PARTIAL_DIR, STATE_DIR, RemoteFile
-from kimik3_operator.weights.engine import _FileStager, _partial_name
+from kimik3_operator.stager import ChecksumMismatch, WeightsError, read_manifest, stage
+from kimik3_operator.contract.stager import STATE_DIR
+from kimik3_operator.stager.files import FileStager, partial_name
+from kimik3_operator.stager.manifest import PARTIAL_DIR
+from kimik3_operator.stager.source import RemoteFile
 
 from .conftest import cli_env, cli_popen
 from .fake_hub import Slow
-from .fake_s3 import FakeS3, multipart_etag
+from .fake_s3 import ACCESS_KEY, SECRET_KEY, FakeS3, multipart_etag
 
 BUCKET = "k3-weights"
 PREFIX = "models/kimi-k3"
@@ -40,89 +40,24 @@ FILES = {
 
 
 class Backend:
-    """One S3 server on loopback, as the tests see it."""
-
-    kind: str
-    endpoint: str
-
-    def put(self, key: str, data: bytes, *, part_size: int = 0) -> None: ...
-
-    def env(self) -> dict[str, str]:
-        return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ACCESS_KEY_ID": self.access,
-                "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_REGION": "us-east-1"}
-
-
-class FakeBackend(Backend):
-    kind = "fake"
+    """The fake S3 on loopback, as the tests see it."""
 
     def __init__(self, s3: FakeS3) -> None:
-        from .fake_s3 import ACCESS_KEY, SECRET_KEY
-
         self.s3 = s3
         self.endpoint = s3.endpoint
-        self.access, self.secret = ACCESS_KEY, SECRET_KEY
         s3.buckets.setdefault(BUCKET, {})
 
     def put(self, key: str, data: bytes, *, part_size: int = 0) -> None:
         self.s3.put(BUCKET, key, data, part_size=part_size)
 
-
-class MotoBackend(Backend):
-    kind = "moto"
-
-    def __init__(self) -> None:
-        import boto3
-        import requests
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.access, self.secret = "AKIDMOTOLOOPBACK", "moto-secret-loopback"
-        self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                                   aws_access_key_id=self.access, aws_secret_access_key=self.secret)
-        requests.post(f"{self.endpoint}/moto-api/reset", timeout=10)  # moto's state is per process, not per server
-        self.client.create_bucket(Bucket=BUCKET)
-
-    def put(self, key: str, data: bytes, *, part_size: int = 0) -> None:
-        if not part_size:
-            self.client.put_object(Bucket=BUCKET, Key=key, Body=data)
-            return
-        up = self.client.create_multipart_upload(Bucket=BUCKET, Key=key)
-        parts = []
-        for n, i in enumerate(range(0, len(data), part_size), start=1):
-            r = self.client.upload_part(Bucket=BUCKET, Key=key, UploadId=up["UploadId"], PartNumber=n,
-                                        Body=data[i:i + part_size])
-            parts.append({"PartNumber": n, "ETag": r["ETag"]})
-        self.client.complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=up["UploadId"],
-                                              MultipartUpload={"Parts": parts})
-
-    def stop(self) -> None:
-        self.server.stop()
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1"}
 
 
-def _moto_available() -> bool:
-    try:
-        import boto3  # noqa: F401
-        import moto.server  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.fixture(params=["fake", "moto"])
-def backend(request: pytest.FixtureRequest, fake_s3: FakeS3) -> Iterator[Backend]:
-    if request.param == "fake":
-        yield FakeBackend(fake_s3)
-        return
-    if not _moto_available():
-        pytest.skip("moto[server] is not installed (it conflicts with the pinned kubernetes client)")
-    b = MotoBackend()
-    try:
-        yield b
-    finally:
-        b.stop()
+@pytest.fixture
+def backend(fake_s3: FakeS3) -> Backend:
+    return Backend(fake_s3)
 
 
 def _put_all(b: Backend, files: dict[str, bytes], **kw: Any) -> None:
@@ -145,13 +80,11 @@ def test_stage_and_rerun(backend: Backend, tmp_path: Path) -> None:
     assert m is not None and {f.verified_by for f in m.files} == {"md5-etag"}
     mtimes = {f.path: (tmp_path / f.path).stat().st_mtime_ns for f in m.files}
 
-    if isinstance(backend, FakeBackend):
-        backend.s3.reset_log()
+    backend.s3.reset_log()
     r2 = _stage(backend, tmp_path)
     assert r2.fast_path and r2.commit == r.commit and r2.fetched_bytes == 0 and r2.skipped_bytes == r.bytes
     assert {p: (tmp_path / p).stat().st_mtime_ns for p in mtimes} == mtimes
-    if isinstance(backend, FakeBackend):
-        assert backend.s3.gets() == [] and all("list-type=2" in x.path for x in backend.s3.log)
+    assert backend.s3.gets() == [] and all("list-type=2" in x.path for x in backend.s3.log)
 
     # a pinned commit must match the listing; a changed object changes the commit
     assert _stage(backend, tmp_path, revision=r.commit).fast_path
@@ -178,17 +111,15 @@ def test_resume_from_a_partial_file(backend: Backend, tmp_path: Path) -> None:
     key = "model-00001-of-00002.safetensors"
     data = FILES[key]
     etag = hashlib.md5(data).hexdigest()
-    part = tmp_path / STATE_DIR / PARTIAL_DIR / _partial_name(RemoteFile(key, len(data), etag))
+    part = tmp_path / STATE_DIR / PARTIAL_DIR / partial_name(RemoteFile(key, len(data), etag))
     part.parent.mkdir(parents=True)
     part.write_bytes(data[:MiB + 3])  # what a killed run left
-    if isinstance(backend, FakeBackend):
-        backend.s3.reset_log()
+    backend.s3.reset_log()
     r = _stage(backend, tmp_path)
     assert r.resumed_bytes == MiB + 3 and r.fetched_bytes == r.bytes - (MiB + 3)
     assert (tmp_path / key).read_bytes() == data
-    if isinstance(backend, FakeBackend):
-        ranged = [x for x in backend.s3.gets() if x.range]
-        assert [(x.range, x.sent) for x in ranged] == [(f"bytes={MiB + 3}-", len(data) - MiB - 3)]
+    ranged = [x for x in backend.s3.gets() if x.range]
+    assert [(x.range, x.sent) for x in ranged] == [(f"bytes={MiB + 3}-", len(data) - MiB - 3)]
 
 
 def test_resume_after_a_kill(fake_s3: FakeS3, tmp_path: Path) -> None:
@@ -213,14 +144,14 @@ def test_resume_after_a_kill(fake_s3: FakeS3, tmp_path: Path) -> None:
 
     fake_s3.slow.clear()
     fake_s3.reset_log()
-    r = _stage(FakeBackend(fake_s3), dest)
+    r = _stage(Backend(fake_s3), dest)
     assert r.resumed_bytes == have and r.fetched_bytes == len(data) - have
     assert [x.range for x in fake_s3.gets()] == [f"bytes={have}-"]
     assert (dest / key).read_bytes() == data
 
 
 def test_corrupt_bytes_fail_clearly_and_sha256sums_are_used(fake_s3: FakeS3, tmp_path: Path) -> None:
-    b = FakeBackend(fake_s3)
+    b = Backend(fake_s3)
     _put_all(b, FILES)
     fake_s3.corrupt.add(f"{PREFIX}/config.json")
     with pytest.raises(ChecksumMismatch) as exc:
@@ -245,7 +176,7 @@ def test_objects_without_a_usable_checksum_are_staged_and_named(fake_s3: FakeS3,
     fake_s3.buckets[BUCKET] = {}
     fake_s3.put(BUCKET, f"{PREFIX}/kms.safetensors", _blob(100_000, "kms"), sse="aws:kms")
     fake_s3.put(BUCKET, f"{PREFIX}/checksummed.safetensors", _blob(100_000, "ck"), sse="aws:kms", checksum=True)
-    r = _stage(FakeBackend(fake_s3), tmp_path)
+    r = _stage(Backend(fake_s3), tmp_path)
     by = {f.path: f.verified_by for f in read_manifest(tmp_path).files}  # type: ignore[union-attr]
     assert by == {"kms.safetensors": "none", "checksummed.safetensors": "sha256"}
     assert r.unverified_files == ("kms.safetensors",)
@@ -255,26 +186,26 @@ def test_listing_pagination_and_a_changed_object_mid_run(fake_s3: FakeS3, tmp_pa
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     fake_s3.page_size = 2
     many = {f"part-{i:03d}.bin": _blob(1000 + i, str(i)) for i in range(7)}
-    b = FakeBackend(fake_s3)
+    b = Backend(fake_s3)
     _put_all(b, many)
     r = _stage(b, tmp_path / "a")
     assert r.files == 7 and sum(1 for x in fake_s3.log if "list-type=2" in x.path) == 4
 
     # the object changes between the listing and the GET: If-Match fails, the run says so
-    real = _FileStager.stage_file
+    real = FileStager.stage_file
 
     def change_first(self: Any, rf: RemoteFile) -> Any:
         b.put(f"{PREFIX}/{rf.path}", b"changed")
         return real(self, rf)
 
-    monkeypatch.setattr(_FileStager, "stage_file", change_first)
+    monkeypatch.setattr(FileStager, "stage_file", change_first)
     with pytest.raises(WeightsError) as exc:
         _stage(b, tmp_path / "b", workers=1)
     assert exc.value.reason == "SourceChanged"
 
 
 def test_bad_credentials_fail_with_a_reason(fake_s3: FakeS3, tmp_path: Path) -> None:
-    b = FakeBackend(fake_s3)
+    b = Backend(fake_s3)
     _put_all(b, FILES)
     env = {**b.env(), "AWS_SECRET_ACCESS_KEY": "wrong-secret-wrong-secret"}
     with pytest.raises(WeightsError) as exc:
@@ -286,7 +217,7 @@ def test_bad_credentials_fail_with_a_reason(fake_s3: FakeS3, tmp_path: Path) -> 
 @pytest.mark.parametrize("kind", ["container", "web-identity"])
 def test_pod_credentials(kind: str, fake_s3: FakeS3, tmp_path: Path) -> None:
     """EKS Pod Identity (container credentials) and IRSA (web identity), both served on loopback."""
-    b = FakeBackend(fake_s3)
+    b = Backend(fake_s3)
     _put_all(b, {"config.json": b"{}"})
     base = {"AWS_ENDPOINT_URL_S3": fake_s3.endpoint, "AWS_REGION": "us-east-1"}
     token = tmp_path / "token"
@@ -306,7 +237,7 @@ def test_pod_credentials(kind: str, fake_s3: FakeS3, tmp_path: Path) -> None:
 def test_cli_progress_file_for_s3(fake_s3: FakeS3, tmp_path: Path) -> None:
     from .conftest import cli
 
-    b = FakeBackend(fake_s3)
+    b = Backend(fake_s3)
     _put_all(b, FILES)
     pf = tmp_path / "progress.json"
     out = cli("stage", "--uri", URI, "--dest", str(tmp_path / "d"), "--progress-file", str(pf),
@@ -314,4 +245,4 @@ def test_cli_progress_file_for_s3(fake_s3: FakeS3, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     last = json.loads(pf.read_text())
     assert last["phase"] == "Complete" and last["percent"] == 100.0 and len(last["commit"]) == 64
-    assert b.secret not in out.stdout + out.stderr
+    assert SECRET_KEY not in out.stdout + out.stderr

@@ -1,4 +1,4 @@
-"""Loaded by the CLI subprocesses the weights tests start (PYTHONPATH): refuse any connection that is not
+"""Loaded by the CLI subprocesses the stager tests start (PYTHONPATH): refuse any connection that is not
 to loopback, so a mistake can never send test traffic off the machine."""
 
 import socket
@@ -17,13 +17,13 @@ def _allowed(sock, address):
 
 def _guarded_connect(self, address):
     if not _allowed(self, address):
-        raise ConnectionRefusedError(f"weights tests: refusing to connect to {address!r} (loopback only)")
+        raise ConnectionRefusedError(f"stager tests: refusing to connect to {address!r} (loopback only)")
     return _connect(self, address)
 
 
 def _guarded_connect_ex(self, address):
     if not _allowed(self, address):
-        raise ConnectionRefusedError(f"weights tests: refusing to connect to {address!r} (loopback only)")
+        raise ConnectionRefusedError(f"stager tests: refusing to connect to {address!r} (loopback only)")
     return _connect_ex(self, address)
 
 

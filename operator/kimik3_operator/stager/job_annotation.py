@@ -19,13 +19,11 @@ from urllib.parse import quote
 
 import requests
 
-log = logging.getLogger("kimik3_operator.weights")
+from ..contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-PROGRESS_ANNOTATION = "serving.kimik3.dev/weights-progress"
-"""Must equal render.weights.PROGRESS_ANNOTATION (this package may not import the operator's)."""
-FIELD_MANAGER = "kimik3-weights-progress"
-"""The operator ignores this manager's writes when deciding whether a Job drifted."""
 
 
 class JobAnnotationReporter:
@@ -73,7 +71,7 @@ class JobAnnotationReporter:
         try:
             # Re-read the token each time: projected tokens rotate during a long download.
             token = (self._sa_dir / "token").read_text().strip()
-            r = self._session.patch(self.url, params={"fieldManager": FIELD_MANAGER}, data=json.dumps(body),
+            r = self._session.patch(self.url, params={"fieldManager": PROGRESS_FIELD_MANAGER}, data=json.dumps(body),
                                     headers={"Authorization": f"Bearer {token}",
                                              "Content-Type": "application/merge-patch+json"},
                                     verify=self._verify, timeout=10)
