@@ -19,6 +19,7 @@ from typing import Literal, Mapping
 
 from ..api import KimiK3DeploymentSpec
 from ..contract.stager import CONTENT_COMMIT, HUB_COMMIT
+from ..contract.uri import parse_model_uri
 
 MODEL_PATH = "/models/kimi-k3"
 DRAFT_PATH = "/models/kimi-k3-draft"
@@ -48,7 +49,7 @@ class WeightsSource:
 
     @property
     def scheme(self) -> str:
-        return self.uri.partition("://")[0]
+        return parse_model_uri(self.uri).scheme
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,13 @@ def weights_plan(spec: KimiK3DeploymentSpec) -> WeightsPlan:
         wanted.append(("draft", speculative.draft_model_uri, "main", DRAFT_PATH))
     sources = []
     for name, uri, revision, mount in wanted:
-        scheme, _, rest = uri.partition("://")
+        location = parse_model_uri(uri)  # admission let only parseable URIs through
         # Only the Hub has branches; s3:// and pvc:// stage what is there now unless pinned to
         # the content hash an earlier stage reported.
-        if scheme != "hf" and not CONTENT_COMMIT.match(revision):
+        if location.scheme != "hf" and not CONTENT_COMMIT.match(revision):
             revision = ""
-        if scheme == "pvc":
-            claim, _, path = rest.partition("/")
-            source = WeightsSource(name, uri, revision, mount, claim, path.strip("/"))
+        if location.scheme == "pvc":
+            source = WeightsSource(name, uri, revision, mount, location.authority, location.path)
         else:
             source = WeightsSource(name, uri, revision, mount, None, "")
             source = dataclasses.replace(source, folder=f"{name}-{source.key}")

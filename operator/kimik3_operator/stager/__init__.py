@@ -3,8 +3,8 @@
 Runs in a Kubernetes Job (``python -m kimik3_operator.stager stage ...``, the command the operator
 renders). Sources: ``hf://org/name`` (huggingface_hub), ``s3://bucket/prefix`` (SigV4 over requests),
 ``pvc://claim/path`` (verify in place). It imports neither kopf nor the Kubernetes client nor the
-operator; what it shares with the operator (the marker, the progress annotation) is in
-``kimik3_operator.contract``. It is the only package that imports huggingface_hub (lazily:
+operator; what it shares with the operator (the URI grammar, the marker, the progress annotation) is
+in ``kimik3_operator.contract``. It is the only package that imports huggingface_hub (lazily:
 importing the stager costs nothing).
 
     flow.py        stage(): lock, resolve, fast path, stage the files, write the marker
@@ -14,7 +14,6 @@ importing the stager costs nothing).
     manifest.py    what a stage leaves on disk: the marker (manifest), the journal
     digests.py     hashing while writing, and the checksums sources vouch for
     progress.py job_annotation.py   progress records: stdout, the termination message, the Job annotation
-    uri.py         the model URI the stager stages
     wait.py        wait until a destination holds a complete stage
 
     from kimik3_operator.stager import stage
@@ -23,18 +22,16 @@ importing the stager costs nothing).
 """
 
 from .errors import ChecksumMismatch, WeightsError
-from .flow import StageResult, stage
+from .flow import StageResult, parse_uri, stage
 from .manifest import FileEntry, Manifest, marker_path, read_manifest
 from .progress import Progress
 from .source import RemoteFile
-from .uri import ModelUri, parse_uri
 from .wait import WaitResult, check_ready, wait_ready
 
 __all__ = [
     "ChecksumMismatch",
     "FileEntry",
     "Manifest",
-    "ModelUri",
     "Progress",
     "RemoteFile",
     "StageResult",

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..contract.uri import InvalidModelUri, ModelLocation, parse_model_uri
 from .atomic import atomic_write_json, fsync_dir
 from .errors import WeightsError
 from .files import DestinationLock, FileStager, check_space, quick_check, stage_files
@@ -42,7 +43,6 @@ from .manifest import (
 )
 from .progress import Progress, Tracker
 from .source import RemoteFile, Source
-from .uri import parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ class StageResult:
                 "fetchedBytes": d["fetched_bytes"], "resumedBytes": d["resumed_bytes"], "dest": d["dest"],
                 "uri": d["uri"], "revision": d["revision"], "fastPath": d["fast_path"],
                 "unverifiedFiles": list(d["unverified_files"])}
+
+
+def parse_uri(uri: str) -> ModelLocation:
+    """Where ``uri`` points (contract/uri.py: exactly the URIs admission lets through)."""
+    try:
+        return parse_model_uri(uri)
+    except InvalidModelUri as exc:
+        raise WeightsError("InvalidUri", f"{uri!r}: {exc}") from exc
 
 
 def make_source(uri: str, *, token: str | None, env: Mapping[str, str], dest: Path) -> Source:
