@@ -329,7 +329,7 @@ def test_nodes_relabelled_away_keep_what_serves(replicas: Replicas, namespace: s
             assert ready["status"] == "False"
             assert (f"pool b200: no schedulable GPU node matches nodeSelector {{'{FAULT_LABEL}': '{name}'}} any "
                     f"more; its pods still run on {', '.join(nodes)}") in ready["message"], ready
-        time.sleep(11)  # two more resync passes: still nothing may change
+        replicas.leader().wait_resyncs(2)  # two more passes: still nothing may change
         assert uids(namespace) == children and pods_of(namespace) == pods
         assert {o["metadata"]["name"]: o["metadata"]["generation"]
                 for o in get_json("leaderworkersets", "-n", namespace)["items"]} == generations

@@ -193,7 +193,7 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
             wait_for("every sampled deployment to settle as planned", lambda: not mismatches(), timeout=240, interval=2)
         except AssertionError:
             raise AssertionError(json.dumps(mismatches(), indent=1)) from None
-        time.sleep(5)  # a resync later nothing changed: no extra child, no flapping status
+        replicas.leader().wait_resyncs(2)  # passes later nothing changed: no extra child, no flapping status
         assert not mismatches()
         for path, text in _logs(operator).items():
             new = text[len(logs_before.get(path, "")):]
