@@ -70,8 +70,9 @@ done
 echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $(cat "$PIDFILE"), log $OPLOG)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
 # against a fake Hub and S3 on loopback (e2e/tests/stager.py), so the deployment can become Ready.
-(cd "$ROOT" && setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" "$STAGER_PIDFILE" \
-  >"$STAGER_LOG" 2>&1 </dev/null &)
+# Redirected as a whole: a subshell that kept the caller's stdout would hold `demo.sh | tee` open.
+(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" "$STAGER_PIDFILE") \
+  >"$STAGER_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $STAGER_PIDFILE ]] && break; sleep 0.2; done
 echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
 
