@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
+from ..contract.kinds import CHILD_KINDS
 from ..api import GROUP, KIND, VERSION
 from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
 from ..render.weights import PROGRESS_FIELD_MANAGER
@@ -30,18 +31,6 @@ their writes are not drift and cost no re-apply."""
 from .identity import IDENTITY, user_agent
 
 log = logging.getLogger(__name__)
-
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "PersistentVolumeClaim"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("batch/v1", "Job"),
-    ("v1", "Service"),
-    ("resource.nvidia.com/v1beta1", "ComputeDomain"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
-)
-
 
 class TransientApiError(Exception):
     """An API call failed in a way worth retrying (conflict, throttling, server error)."""
@@ -137,9 +126,9 @@ class Cluster:
 
     def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for api_version, kind in CHILD_KINDS:
+        for child in CHILD_KINDS:
             try:
-                res = self._resource(api_version, kind)
+                res = self._resource(child.api_version, child.kind)
             except ResourceNotFoundError:
                 continue  # e.g. the LWS CRD is not installed: nothing of that kind exists
             out += [o.to_dict() for o in res.get(namespace=namespace, label_selector=label_selector).items]
