@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections import Counter
 from functools import lru_cache
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from kubernetes import client, config
+from kubernetes import client
 
 from kimik3_operator.api import GROUP, PLURAL, VERSION, KimiK3Deployment
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment
@@ -49,11 +48,6 @@ LIVE_CORPUS = 400
 LIVE_PLANNED, LIVE_REFUSED = 12, 10
 MAX_PODS_PER_DEPLOYMENT = 8
 """Keep the sample's fake pods few: the children are what is checked, not the scheduling."""
-
-
-@pytest.fixture(scope="module")
-def custom_objects(chart: str) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
 
 
 @lru_cache(maxsize=1)
