@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimik3_operator.api import KIND, KimiK3Deployment
+from kimik3_operator.api.reasons import NO_MATCHING_NODES
 from kimik3_operator.contract.kinds import CHILD_KINDS
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
 from kimik3_operator.render import Owner, render_children
@@ -83,7 +84,7 @@ def check_children(namespace: str) -> list[str]:
             problems.append(f"{name}: owner name {refs[0]['name']} does not match uid {refs[0]['uid']}")
     # A deployment that cannot be planned (or reports NoMatchingNodes) keeps its children as they
     # were, on purpose: there is nothing to re-render them from, so only ownership is checked.
-    frozen = {uid for uid, cr in crs.items() if (condition(cr, "Ready") or {}).get("reason") == "NoMatchingNodes"}
+    frozen = {uid for uid, cr in crs.items() if (condition(cr, "Ready") or {}).get("reason") == NO_MATCHING_NODES}
     wanted: dict[Key, dict[str, Any]] = {}
     for uid, cr in crs.items():
         if uid in frozen:

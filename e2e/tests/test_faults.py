@@ -20,6 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kimik3_operator.api.reasons import ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, NO_MATCHING_NODES
 from kimik3_operator.contract.kinds import LEADER_WORKER_SET
 from kimik3_operator.planner import PlanningError
 from kimik3_operator.render.names import LABEL_POOL
@@ -110,7 +111,7 @@ def status_problems(cr: dict[str, Any]) -> list[str]:
     want = {"phase": "Ready", "readySummary": f"{replicas}/{replicas}", "gpus": plan.gpus,
             "observedGeneration": cr["metadata"]["generation"]}
     problems = [f"status.{k} = {st.get(k)!r}, want {v!r}" for k, v in want.items() if st.get(k) != v]
-    if (ready.get("status"), ready.get("reason")) != ("True", "AllReplicasReady"):
+    if (ready.get("status"), ready.get("reason")) != ("True", ALL_REPLICAS_READY):
         problems.append(f"Ready condition {ready}")
     return problems
 
@@ -326,7 +327,7 @@ def test_node_deleted_replans_with_the_numbers(replicas: Replicas, namespace: st
 
         def short() -> dict[str, Any] | None:
             ready = condition(get_json("k3", "k3", "-n", namespace), "Ready") or {}
-            return ready if ready.get("reason") == "InsufficientCapacity" else None
+            return ready if ready.get("reason") == INSUFFICIENT_CAPACITY else None
 
         # Pod GC removes the pods bound to the gone node (after ~40 s); LWS re-creates them Pending.
         ready = wait_for("Ready=False InsufficientCapacity", short, timeout=240)
@@ -365,7 +366,7 @@ def test_nodes_relabelled_away_keep_what_serves(replicas: Replicas, namespace: s
         for name, nodes in groups.items():
             def stranded(name: str = name) -> dict[str, Any] | None:
                 ready = condition(get_json("k3", name, "-n", namespace), "Ready") or {}
-                return ready if ready.get("reason") == "NoMatchingNodes" else None
+                return ready if ready.get("reason") == NO_MATCHING_NODES else None
 
             ready = wait_for(f"{name}: Ready=False NoMatchingNodes", stranded, timeout=60)
             assert ready["status"] == "False"

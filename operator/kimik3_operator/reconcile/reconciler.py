@@ -16,6 +16,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
+from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
 from ..contract.kinds import BY_KIND, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
@@ -79,7 +80,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     try:
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
-        return fail(PlanningError("InvalidSpec", first_error(exc)))
+        return fail(PlanningError(INVALID_SPEC, first_error(exc)))
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
     pods: list[dict[str, Any]] | None = None
@@ -121,9 +122,9 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
     except MissingApiError as exc:
         hint = BY_KIND[exc.kind].missing_hint
-        return fail(PlanningError("MissingDependency", f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True))
+        return fail(PlanningError(MISSING_DEPENDENCY, f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True))
     except RejectedApiError as exc:
-        return fail(PlanningError("ApplyRejected", f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
+        return fail(PlanningError(APPLY_REJECTED, f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
     for key, obj in live.items():
         if key not in wanted and _owned_by(obj, meta.uid) and BY_KIND[key[0]].pruned:
             cluster.delete(obj)
@@ -167,7 +168,7 @@ def _check_not_stranded(cr: KimiK3Deployment, facts: dict[str, PoolFacts], own_p
                         and (p.get("spec") or {}).get("nodeName")})
         if hosts:
             raise PlanningError(
-                "NoMatchingNodes",
+                NO_MATCHING_NODES,
                 f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)} "
                 f"any more; its pods still run on {', '.join(hosts)} and are left as they are until "
                 "nodes match again", depends_on_nodes=True)
