@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, main_resource_writes
+from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, writes_digest
 from kimik3_operator.k8s import unchanged_since_our_apply
 from kimik3_operator.render.names import ANNOTATION_HASH, FIELD_MANAGER
 
@@ -50,11 +50,11 @@ def test_apply_when_someone_edited_after_us() -> None:
 def test_skip_once_the_foreign_write_was_answered() -> None:
     answered = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
                        _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")))
-    assert unchanged_since_our_apply(DESIRED, answered, main_resource_writes(answered))
+    assert unchanged_since_our_apply(DESIRED, answered, writes_digest(answered))
     later = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
                     _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")),
                     _entry("kubectl-edit", "Update", "2026-11-30T00:02:00Z", _fields("y")))
-    assert not unchanged_since_our_apply(DESIRED, later, main_resource_writes(answered))
+    assert not unchanged_since_our_apply(DESIRED, later, writes_digest(answered))
 
 
 SECOND = "2026-11-30T00:00:10Z"
@@ -65,13 +65,13 @@ def test_a_hand_edit_in_the_second_of_our_apply_is_repaired() -> None:
     applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")))
     edited = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
                      _entry("kubectl-edit", "Update", SECOND, _fields("replicas")))
-    assert not unchanged_since_our_apply(DESIRED, edited, main_resource_writes(applied))
+    assert not unchanged_since_our_apply(DESIRED, edited, writes_digest(applied))
     # ... and so is a second edit, in that same second, by the editor our apply answered before.
     answered = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")),
                        _entry("kubectl-edit", "Update", SECOND, _fields("paused")))
     again = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
                     _entry("kubectl-edit", "Update", SECOND, _fields("paused", "replicas")))
-    assert not unchanged_since_our_apply(DESIRED, again, main_resource_writes(answered))
+    assert not unchanged_since_our_apply(DESIRED, again, writes_digest(answered))
 
 
 def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
@@ -79,7 +79,7 @@ def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
     later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")),
                     _entry("lws", "Update", SECOND, {"f:status": {}}, sub="status"),
                     *(_entry(m, "Apply", SECOND, {"f:metadata": {}}) for m in HARMLESS_MANAGERS))
-    assert unchanged_since_our_apply(DESIRED, later, main_resource_writes(applied))
+    assert unchanged_since_our_apply(DESIRED, later, writes_digest(applied))
 
 
 def test_without_a_record_a_write_in_our_second_is_taken_as_older() -> None:

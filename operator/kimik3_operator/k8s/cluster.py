@@ -8,6 +8,7 @@ carries the same desired-hash annotation and that nobody else has written since 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -91,8 +92,8 @@ class Cluster:
 
     def __init__(self, api: client.ApiClient) -> None:
         self._dyn = DynamicClient(api)
-        # uid -> the writes to the main resource as our last apply left them (`main_resource_writes`).
-        self._applied: dict[str, frozenset[str]] = {}
+        # uid -> the writes to the main resource as our last apply left them (`writes_digest`).
+        self._applied: dict[str, str] = {}
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self._dyn.resources.get(api_version=api_version, kind=kind)
@@ -158,7 +159,7 @@ class Cluster:
                                        _api_message(exc)) from exc
             raise translated from exc
         meta = result.get("metadata") or {}
-        self._applied[meta.get("uid", "")] = main_resource_writes(result)
+        self._applied[meta.get("uid", "")] = writes_digest(result)
         log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
                  desired["metadata"]["name"])
         return ApplyResult(result, written=True)
@@ -254,21 +255,21 @@ def _time(value: Any) -> datetime | None:
     return None
 
 
-def main_resource_writes(obj: dict[str, Any]) -> frozenset[str]:
-    """The writes to the main resource (not status) that `obj` shows: its managedFields entries,
-    each with manager, operation, time and field set, harmless writers left out.
-
-    A write leaves an entry that was not there before: the writer's new one, or the same one with
-    a later time or other fields; one that changes a field we own takes it out of our entry."""
+def writes_digest(obj: dict[str, Any]) -> str:
+    """A digest of the writes to the main resource (not status) that `obj` shows: its
+    managedFields entries, each with manager, operation, time and field set, harmless writers left
+    out. A write leaves an entry that was not there before: the writer's new one, or the same one
+    with a later time or other fields; one that changes a field we own takes it out of our entry."""
     entries = ((obj.get("metadata") or {}).get("managedFields")) or []
-    return frozenset(json.dumps(e, sort_keys=True, default=str) for e in _main_resource_entries(entries)
-                     if e.get("manager") not in HARMLESS_MANAGERS)
+    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _main_resource_entries(entries)
+                  if e.get("manager") not in HARMLESS_MANAGERS)
+    return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
 def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
-                              applied: frozenset[str] | None = None) -> bool:
+                              applied: str | None = None) -> bool:
     """True when `live` carries the hash of `desired` and nobody wrote its main resource (not
-    status) since our last apply, whose result showed the writes `applied`.
+    status) since our last apply, whose result had the `writes_digest` `applied`.
 
     Without `applied` (this process never applied the object: it just started, or took over
     from another replica) only the entries' times tell, and they have one-second resolution: a
@@ -286,7 +287,7 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
     if not ours:
         return False
     if applied is not None:
-        return main_resource_writes(live) == applied
+        return writes_digest(live) == applied
     return all(t <= max(ours) for t in _foreign_writes(entries))
 
 
