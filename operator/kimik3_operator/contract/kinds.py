@@ -21,6 +21,8 @@ SERVING: Stage = "serving"
 
 @dataclass(frozen=True)
 class ChildKind:
+    """A kind of object the operator makes for a deployment, and how it treats such objects."""
+
     api_version: str
     kind: str
     plural: str
