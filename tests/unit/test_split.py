@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.reasons import SLO_UNATTAINABLE
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.planner.perf import CALIBRATION, PUBLISHED
 from tests.support.cases import base_deployment
@@ -80,7 +81,7 @@ def test_tighter_itl_means_smaller_batches_and_more_decode_replicas() -> None:
 def test_unattainable_slo_is_an_error(slo: dict[str, int], needle: str) -> None:
     with pytest.raises(PlanningError) as info:
         _plan({"workload": {"requestsPerSecond": 1}, "slo": slo}, PD)
-    assert info.value.reason == "SLOUnattainable" and needle in info.value.message
+    assert info.value.reason == SLO_UNATTAINABLE and needle in info.value.message
 
 
 def test_speculative_predictions_at_both_published_acceptances() -> None:

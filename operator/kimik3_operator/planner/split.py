@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..api import KimiK3DeploymentSpec
+from ..api.reasons import SLO_UNATTAINABLE
 from ..api.v1alpha1 import Workload
 from .catalog import CATALOG
 from .perf import (DECODE_UTILISATION, PREFILL_UTILISATION, PUBLISHED, TTFT_QUEUEING, decode_batch1,
@@ -75,12 +76,12 @@ def _check_slo(where: str, role: RolePlan, predicted: dict[str, float], ttft_ms:
     ttft = predicted.get("ttftSeconds")
     if ttft_ms is not None and ttft is not None and ttft * TTFT_QUEUEING * 1e3 > ttft_ms:
         raise PlanningError(
-            "SLOUnattainable",
+            SLO_UNATTAINABLE,
             f"{where}: predicted TTFT {ttft * 1e3:.0f} ms x {TTFT_QUEUEING} under load exceeds the "
             f"{ttft_ms:.0f} ms target; use more GPUs per prefill replica or shorter prompts")
     if itl_ms is not None and role.role in ("decode", "aggregated") and not predicted.get("decodeBatchAtSlo"):
         raise PlanningError(
-            "SLOUnattainable",
+            SLO_UNATTAINABLE,
             f"{where}: even one sequence needs {predicted.get('decodeStepMsBatch1', 0):.1f} ms per step, "
             f"over the {itl_ms:.0f} ms inter-token target")
 

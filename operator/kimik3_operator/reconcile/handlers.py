@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
+from ..contract.kinds import CHILD_KINDS
 from ..k8s import UNREACHABLE, Cluster, TransientApiError, api_client
 from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
 from ..render.names import MANAGED_BY
@@ -105,9 +106,16 @@ def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         raise kopf.PermanentError(f"{outcome.error.reason}: {outcome.error.message}")
 
 
-@kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets",
-               labels={"app.kubernetes.io/managed-by": MANAGED_BY})
-@kopf.on.event("batch", "v1", "jobs", labels={"app.kubernetes.io/managed-by": MANAGED_BY})
+def _on_watched_children(handler: Any) -> Any:
+    """`handler` for the events of our objects of every watched child kind."""
+    for child in CHILD_KINDS:
+        if child.watched:
+            handler = kopf.on.event(child.group, child.version, child.plural,
+                                    labels={"app.kubernetes.io/managed-by": MANAGED_BY})(handler)
+    return handler
+
+
+@_on_watched_children
 async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
