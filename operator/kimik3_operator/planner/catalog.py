@@ -14,7 +14,6 @@ Vendor = Literal["nvidia", "amd"]
 Generation = Literal["hopper", "blackwell", "cdna4"]
 
 MIB = 1 << 20
-GB = 10**9
 
 
 @dataclass(frozen=True)

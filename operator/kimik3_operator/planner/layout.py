@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..kimi_k3 import KDA_HEADS, NUM_EXPERTS
 from .catalog import GpuSpec
-from .memory import KDA_HEADS, NUM_EXPERTS, MemoryFit, gb, memory_fit
+from .memory import MemoryFit, gb, memory_fit
 from .plan import Layout, PlanningError
 
 MAX_GPUS_PER_REPLICA = 128

@@ -21,26 +21,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .catalog import CATALOG, GB, GpuSpec
-from .memory import KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS, memory_fit
+from ..kimi_k3 import (BF16_ACTIVE_BYTES, BF16_GFLOP_PER_TOKEN, BYTES_PER_EXPERT, DECODE_REPLICATED_BYTES,
+                       EXPERT_GFLOP_PER_TOKEN, GB, KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_HEADS,
+                       MLA_LAYERS, MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM, MOE_LAYERS, NUM_EXPERTS, PUBLISHED, TOP_K)
+from .catalog import CATALOG, GpuSpec
+from .memory import memory_fit
 from .plan import Layout
 
-ROUTED_ACTIVE_BYTES = 25.8 * GB          # 16 of 896 experts x 92 layers, MXFP4
-BF16_ACTIVE_BYTES = 111.2 * GB           # attention, shared experts, latent projections, lm_head
-DECODE_REPLICATED_BYTES = 0.85 * GB      # what vLLM's specialized decode still reads on every rank
-EXPERT_BYTES = 17.55e6                   # one MXFP4 expert (3 x 3584 x 3072 at 4.25 bit)
-MOE_LAYERS = 92
-NUM_EXPERTS, TOP_K = 896, 16
-EXPERT_GFLOP_PER_TOKEN = 97.0            # routed experts, 2 x 48.6 B active
-BF16_GFLOP_PER_TOKEN = 111.0             # everything else, 2 x 55.6 B active
-MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * 96 * (192 + 128) / 2   # x S^2 for causal attention
+MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * MLA_HEADS * (MLA_QK_HEAD_DIM + MLA_V_HEAD_DIM) / 2  # x S^2, causal
 
 EFFICIENCY = 0.8                         # achieved / peak HBM bandwidth (AIConfigurator's prior)
 PREFILL_MFU = 0.45                       # planning prior until vLLM prefill is measured
 RDMA_FIXED_FACTOR = 1.5                  # collectives over RDMA instead of NVLink (prior)
 CALIBRATION_CONTEXT = 8192               # context the batch-1 bytes are counted at
-PUBLISHED = {"gpu": "GB300", "tensor": 8, "standard_tok_s": 111.0, "dspark_tok_s": 331.0,
-             "dspark_tokens": 7, "acceptance_range": (2.61, 4.73)}
 
 
 def distinct_experts(tokens: float) -> float:
@@ -56,7 +49,7 @@ def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8
     GPU but not the bytes on the path."""
     tp, ep = layout.tensor, layout.tensor * layout.data if layout.expert else layout.tensor
     bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / tp + DECODE_REPLICATED_BYTES
-    experts = MOE_LAYERS * distinct_experts(tokens) * EXPERT_BYTES / ep
+    experts = MOE_LAYERS * distinct_experts(tokens) * BYTES_PER_EXPERT / ep
     per_sequence = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS + 2 * KDA_STATE_BYTES / tp
     return bf16 + experts + sequences * per_sequence
 
@@ -82,15 +75,15 @@ def _bandwidth_ms(gpu: GpuSpec, nbytes: float) -> float:
 
 
 def calibrate() -> Calibration:
-    gpu = CATALOG[PUBLISHED["gpu"]]
-    layout = Layout(tensor=int(PUBLISHED["tensor"]))
-    measured_ms = 1e3 / PUBLISHED["standard_tok_s"]
+    gpu = CATALOG[PUBLISHED.gpu]
+    layout = Layout(tensor=PUBLISHED.tensor)
+    measured_ms = 1e3 / PUBLISHED.standard_tok_s
     fixed = measured_ms - _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT))
     predicted = 1e3 / (fixed + _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT)))
-    verify_ms = fixed + _bandwidth_ms(gpu, step_bytes(layout, 1 + PUBLISHED["dspark_tokens"], CALIBRATION_CONTEXT))
+    verify_ms = fixed + _bandwidth_ms(gpu, step_bytes(layout, 1 + PUBLISHED.dspark_tokens, CALIBRATION_CONTEXT))
     return Calibration(fixed_ms=fixed, efficiency=EFFICIENCY,
-                       standard_residual_tok_s=PUBLISHED["standard_tok_s"] - predicted,
-                       implied_acceptance=PUBLISHED["dspark_tok_s"] * verify_ms / 1e3)
+                       standard_residual_tok_s=PUBLISHED.standard_tok_s - predicted,
+                       implied_acceptance=PUBLISHED.dspark_tok_s * verify_ms / 1e3)
 
 
 CALIBRATION = calibrate()
@@ -160,13 +153,6 @@ def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: 
         else:
             high = mid - 1
     return low
-
-
-@dataclass(frozen=True)
-class Split:
-    prefill: int
-    decode: int
-    inputs: dict[str, float]
 
 
 PREFILL_UTILISATION = 0.9    # pipeline bubbles between prompts (AIConfigurator's factor)

@@ -15,8 +15,9 @@ import dataclasses
 
 from ..api import KimiK3DeploymentSpec
 from ..api.v1alpha1 import Workload
+from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
-from .perf import (DECODE_UTILISATION, PREFILL_UTILISATION, PUBLISHED, TTFT_QUEUEING, decode_batch1,
+from .perf import (DECODE_UTILISATION, PREFILL_UTILISATION, TTFT_QUEUEING, decode_batch1,
                    decode_step_ms, EFFICIENCY, fixed_ms, max_decode_batch, prefill_seconds, replicas_for)
 from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
 
@@ -43,7 +44,7 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
         out["decodeStepMsBatch1"] = base.inputs["stepMs"]
         out["bytesPerGpuGBBatch1"] = base.inputs["bytesPerGpuGB"]
         if engine.speculative_tokens:
-            low, high = PUBLISHED["acceptance_range"]
+            low, high = PUBLISHED.acceptance_range
             for name, accept in (("Low", low), ("High", high)):
                 p = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv,
                                   spec_tokens=engine.speculative_tokens, acceptance=accept)
