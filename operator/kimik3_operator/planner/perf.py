@@ -14,6 +14,15 @@ prior, the standard point fixes the per-step fixed latency; the DSpark point, wh
 length was not published, then implies one, which must lie inside the published 2.61-4.73 range.
 Other GPUs and layouts reuse the fitted fixed latency scaled by a fabric factor for collectives
 over RDMA: extrapolations, marked as such through their inputs.
+
+Pure functions for anything that times requests per role and GPU (the planner's rate matching, an
+engine simulator), all taking the pool's GpuSpec and the role's Layout:
+- prefill_latency_seconds: one prompt of N tokens, H of them a prefix-cache hit, on one DP rank;
+- prefill_seconds: the replica time one such prompt costs (1 / prompts per second per replica);
+- decode_step_ms: one decode step at batch B and context C, with k speculative tokens per step;
+- decode_batch1: tokens per second for a lone user;
+- max_decode_batch: the largest batch the KV/KDA pool holds under an ITL target.
+The model's figures come from kimi_k3.py; the priors below are the model's own.
 """
 
 from __future__ import annotations
@@ -89,7 +98,8 @@ def calibrate() -> Calibration:
 CALIBRATION = calibrate()
 
 
-def fixed_ms(layout: Layout, crosses_rdma: bool) -> float:
+def fixed_ms(crosses_rdma: bool) -> float:
+    """Per-step fixed latency: the calibrated NVLink figure, scaled when collectives cross RDMA."""
     return CALIBRATION.fixed_ms * (RDMA_FIXED_FACTOR if crosses_rdma else 1.0)
 
 
@@ -109,7 +119,7 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
     """Tokens per second for one user: 1 token per step, or `acceptance` per verify step."""
     tokens = 1 + spec_tokens
     nbytes = step_bytes(layout, tokens, context, kv_dtype)
-    fixed = fixed_ms(layout, crosses_rdma)
+    fixed = fixed_ms(crosses_rdma)
     step = fixed + _bandwidth_ms(gpu, nbytes)
     return Prediction(acceptance * 1e3 / step, "tokens/s", {
         "bytesPerGpuGB": nbytes / GB, "fixedMs": fixed, "efficiency": EFFICIENCY,
@@ -117,22 +127,37 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
 
 
 def decode_step_ms(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, batch: int, context: int,
-                   kv_dtype: str) -> float:
-    """Step time with `batch` sequences in flight per replica (spread over its DP ranks)."""
-    nbytes = step_bytes(layout, batch, context, kv_dtype, sequences=batch / layout.data)
+                   kv_dtype: str, *, spec_tokens: int = 0) -> float:
+    """Time of one decode step, in ms, with `batch` sequences in flight per replica (spread over its
+    DP ranks) at `context` tokens each. With `spec_tokens` drafts (DSpark, MTP) every sequence runs a
+    verify step of 1 + spec_tokens tokens, which touches more experts and costs more FLOPs; each
+    sequence then emits its acceptance length of tokens per step (PUBLISHED.acceptance_range), not 1."""
+    tokens = batch * (1 + spec_tokens)
+    nbytes = step_bytes(layout, tokens, context, kv_dtype, sequences=batch / layout.data)
     rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
-    flops = batch / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
-                                   / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
-    return fixed_ms(layout, crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
+    flops = tokens / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
+                                    / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
+    return fixed_ms(crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
 
 
-def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int) -> float:
-    """Compute-bound prefill time of one prompt on one replica."""
+def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, cached_tokens: int = 0) -> float:
+    """Compute-bound replica time one prompt of `input_tokens` costs, the first `cached_tokens` of
+    them a prefix-cache hit (MLA KV and a KDA state checkpoint at that point): the linear layers run
+    the new tokens only, causal attention runs them against the whole prompt. Every GPU of the
+    replica counts, so this is 1 / prompts per second per replica, not one prompt's latency."""
+    if not 0 <= cached_tokens <= input_tokens:
+        raise ValueError(f"cached_tokens {cached_tokens} outside [0, {input_tokens}]")
     expert_rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
-    flops_linear = input_tokens * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate
-                                   + BF16_GFLOP_PER_TOKEN * 1e9 / (gpu.bf16_tflops * 1e12))
-    attention = MLA_ATTN_FLOP_COEFF * input_tokens**2 / (gpu.bf16_tflops * 1e12)
+    flops_linear = (input_tokens - cached_tokens) * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate
+                                                     + BF16_GFLOP_PER_TOKEN * 1e9 / (gpu.bf16_tflops * 1e12))
+    attention = MLA_ATTN_FLOP_COEFF * (input_tokens**2 - cached_tokens**2) / (gpu.bf16_tflops * 1e12)
     return (flops_linear + attention) / (layout.gpus * PREFILL_MFU)
+
+
+def prefill_latency_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, cached_tokens: int = 0) -> float:
+    """Time from a prompt's start to its first token on an idle replica (TTFT before queueing): a
+    prompt runs on one data-parallel rank, so it gets the replica's time x DP."""
+    return prefill_seconds(gpu, layout, input_tokens, cached_tokens=cached_tokens) * layout.data
 
 
 def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: int, kv_dtype: str,
