@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..api.reasons import HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC
+from ..kimi_k3 import KDA_HEADS, NUM_EXPERTS
 from .catalog import GpuSpec
-from .memory import KDA_HEADS, NUM_EXPERTS, MemoryFit, gb, memory_fit
+from .memory import MemoryFit, gb, memory_fit
 from .plan import Layout, PlanningError
 
 MAX_GPUS_PER_REPLICA = 128
