@@ -52,20 +52,27 @@ kubectl wait --for=condition=Established crd/kimik3deployments.serving.kimik3.de
 stop_operator
 mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$OPLOG")"
 SA_KUBECONFIG="$("$ROOT/scripts/sa-kubeconfig.sh" kimik3-system kimik3-operator "$STATE/operator-sa.kubeconfig")"
+LIVENESS_PORT="${KIMIK3_LIVENESS_PORT:-9644}"
 KUBECONFIG="$SA_KUBECONFIG" setsid "$VENV/bin/kimik3" run --webhook-host 127.0.0.1 --webhook-port "$WEBHOOK_PORT" \
-  --webhook-cert "$STATE/webhook/tls.crt" --webhook-key "$STATE/webhook/tls.key" >"$OPLOG" 2>&1 </dev/null &
+  --webhook-cert "$STATE/webhook/tls.crt" --webhook-key "$STATE/webhook/tls.key" \
+  --liveness "http://127.0.0.1:$LIVENESS_PORT/healthz" >"$OPLOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
-sleep 3
-if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-  tail -n 30 "$OPLOG" >&2
-  echo "FAILED: the operator exited at start (log: $OPLOG)" >&2
-  exit 1
-fi
+# Up when its liveness endpoint answers; a start-up failure (a bad kubeconfig, a port in use) ends it.
+deadline=$((SECONDS + 60))
+until curl -fsS --noproxy '*' "http://127.0.0.1:$LIVENESS_PORT/healthz" >/dev/null 2>&1; do
+  if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null || ((SECONDS > deadline)); then
+    tail -n 30 "$OPLOG" >&2
+    echo "FAILED: the operator did not come up within 60 s (log: $OPLOG)" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
 echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $(cat "$PIDFILE"), log $OPLOG)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
 # against a fake Hub and S3 on loopback (e2e/tests/stager.py), so the deployment can become Ready.
-(cd "$ROOT" && setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" "$STAGER_PIDFILE" \
-  >"$STAGER_LOG" 2>&1 </dev/null &)
+# Redirected as a whole: a subshell that kept the caller's stdout would hold `demo.sh | tee` open.
+(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" "$STAGER_PIDFILE") \
+  >"$STAGER_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $STAGER_PIDFILE ]] && break; sleep 0.2; done
 echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
 

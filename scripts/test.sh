@@ -3,13 +3,21 @@
 # cluster (built from the Go module proxy on first use, cached in ~/.cache/kimik3-e2e).
 #
 #   scripts/test.sh            all of it; stops the cluster it started at the end
-#   KIMIK3_KEEP_CLUSTER=1      leave the cluster running afterwards
+#   KIMIK3_KEEP_CLUSTER=1      leave the test cluster running afterwards
+#   KIMIK3_TEST_STATE, KIMIK3_TEST_PORT_BASE  the test cluster's state folder ($CACHE/test-state)
+#                              and first of its 7 loopback ports (16400); the demo's cluster uses
+#                              $CACHE/state and the usual ports
 #   scripts/test.sh -k NAME    extra arguments go to both pytest runs
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 mkdir -p "$CACHE"
+# The tests run a cluster of their own (its own state folder and loopback ports), so whatever
+# scripts/demo.sh left running (its cluster, its operator, its deployment holding the fake GPUs)
+# is neither in their way nor touched: the demo stays usable, in either order.
+export KIMIK3_STATE="${KIMIK3_TEST_STATE:-$CACHE/test-state}"
+export KIMIK3_PORT_BASE="${KIMIK3_TEST_PORT_BASE:-16400}"
 t0=$SECONDS
 
 # The cold build of the cluster binaries is the long pole: start it first, test while it runs.

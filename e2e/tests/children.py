@@ -11,15 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from kimik3_operator.api import KIND, KimiK3Deployment
+from kimik3_operator.api.reasons import NO_MATCHING_NODES
+from kimik3_operator.contract.kinds import CHILD_KINDS
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY
 
 from .kube import condition, get_json
 
-CHILD_RESOURCES = ("services", "leaderworkersets.leaderworkerset.x-k8s.io", "computedomains.resource.nvidia.com",
-                   "persistentvolumeclaims", "serviceaccounts", "roles.rbac.authorization.k8s.io",
-                   "rolebindings.rbac.authorization.k8s.io", "jobs.batch")
+CHILD_RESOURCES = tuple(k.resource for k in CHILD_KINDS)
 Key = tuple[str, str]
 
 
@@ -31,8 +31,8 @@ def _ours(obj: dict[str, Any]) -> bool:
 
 
 def live_children(namespace: str) -> list[dict[str, Any]]:
-    """Every Service, LeaderWorkerSet and ComputeDomain in `namespace` that carries our labels or
-    an owner reference to a KimiK3Deployment (LWS's own headless Services are LWS's, not ours)."""
+    """Every object of a child kind in `namespace` that carries our labels or an owner reference
+    to a KimiK3Deployment (LWS's own headless Services are LWS's, not ours)."""
     return [o for r in CHILD_RESOURCES for o in get_json(r, "-n", namespace)["items"] if _ours(o)]
 
 
@@ -84,7 +84,7 @@ def check_children(namespace: str) -> list[str]:
             problems.append(f"{name}: owner name {refs[0]['name']} does not match uid {refs[0]['uid']}")
     # A deployment that cannot be planned (or reports NoMatchingNodes) keeps its children as they
     # were, on purpose: there is nothing to re-render them from, so only ownership is checked.
-    frozen = {uid for uid, cr in crs.items() if (condition(cr, "Ready") or {}).get("reason") == "NoMatchingNodes"}
+    frozen = {uid for uid, cr in crs.items() if (condition(cr, "Ready") or {}).get("reason") == NO_MATCHING_NODES}
     wanted: dict[Key, dict[str, Any]] = {}
     for uid, cr in crs.items():
         if uid in frozen:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from kubernetes import client, config
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
 from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
@@ -71,6 +72,12 @@ def helm(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=timeout, env=os.environ)
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
     return result
+
+
+@pytest.fixture(scope="module")
+def custom_objects(chart: str) -> client.CustomObjectsApi:
+    """The Python client, as the cluster's admin: for reads and writes that must be quick."""
+    return client.CustomObjectsApi(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
 
 
 @pytest.fixture(scope="session")

@@ -41,10 +41,22 @@ class Replica:
         body = http_get(self.liveness)
         return json.loads(body) if body else None
 
-    def leader_gauge(self) -> float | None:
+    def metric(self, name: str) -> float | None:
+        """An unlabelled sample of this replica's /metrics, None while it cannot be read."""
         body = http_get(self.metrics) or ""
         return next((float(line.split()[-1]) for line in body.splitlines()
-                     if line.startswith("kimik3_operator_leader ")), None)
+                     if line.startswith(f"{name} ")), None)
+
+    def leader_gauge(self) -> float | None:
+        return self.metric("kimik3_operator_leader")
+
+    def wait_resyncs(self, rounds: int, timeout: float = 60) -> None:
+        """Wait until this replica has finished `rounds` more resync rounds, each of which
+        reconciled every deployment once: "nothing changed over N passes" without guessing a sleep."""
+        start = self.metric("kimik3_operator_resyncs_total") or 0.0
+        wait_for(f"{rounds} more resync rounds by {self.slot}",
+                 lambda: (self.metric("kimik3_operator_resyncs_total") or 0.0) >= start + rounds,
+                 timeout=timeout, interval=0.5)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -18,8 +18,12 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
+from kubernetes import client
 
+from kimik3_operator.api.reasons import ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, NO_MATCHING_NODES
+from kimik3_operator.contract.kinds import LEADER_WORKER_SET
 from kimik3_operator.planner import PlanningError
+from kimik3_operator.render.names import LABEL_POOL
 from tests.support.cases import base_deployment
 
 from .children import check_children, live_children, planned
@@ -107,7 +111,7 @@ def status_problems(cr: dict[str, Any]) -> list[str]:
     want = {"phase": "Ready", "readySummary": f"{replicas}/{replicas}", "gpus": plan.gpus,
             "observedGeneration": cr["metadata"]["generation"]}
     problems = [f"status.{k} = {st.get(k)!r}, want {v!r}" for k, v in want.items() if st.get(k) != v]
-    if (ready.get("status"), ready.get("reason")) != ("True", "AllReplicasReady"):
+    if (ready.get("status"), ready.get("reason")) != ("True", ALL_REPLICAS_READY):
         problems.append(f"Ready condition {ready}")
     return problems
 
@@ -245,9 +249,6 @@ def test_children_edited_by_hand_are_restored(replicas: Replicas, namespace: str
     apply(gb300_deployment(namespace, "k3"))
     wait_converged(namespace, "k3")
     before = uids(namespace)
-    # managedFields times have one-second resolution, and the operator tells a hand edit from its
-    # own apply by them: edit in a later second than the last apply.
-    time.sleep(1.1)
 
     faults = [inject("LeaderWorkerSet replicas edited by hand (1 -> 3)"),
               inject("Service port renumbered by hand (8000 -> 9999)")]
@@ -263,6 +264,48 @@ def test_children_edited_by_hand_are_restored(replicas: Replicas, namespace: str
     # Only apply entries of ours remain: a later apply can still remove a field we stop sending.
     managers = {(e["manager"], e["operation"]) for e in svc["metadata"]["managedFields"]}
     assert managers == {("kimik3-operator", "Apply")}, managers
+    assert replicas.alive()
+
+
+def test_edit_in_the_second_of_the_operators_apply_is_restored(replicas: Replicas, namespace: str,
+                                                               custom_objects: client.CustomObjectsApi) -> None:
+    """managedFields times have one-second resolution: an edit made in the second the operator
+    applied carries that apply's time, and must not pass for older. The operator's apply is its
+    repair of a first edit; a second edit follows at once, until one lands in that same second."""
+    apply(gb300_deployment(namespace, "k3"))
+    wait_converged(namespace, "k3")
+    lws = (LEADER_WORKER_SET.group, LEADER_WORKER_SET.version, namespace, LEADER_WORKER_SET.plural,
+           "k3-gb300-aggregated")
+    pool = custom_objects.get_namespaced_custom_object(*lws)["metadata"]["labels"][LABEL_POOL]
+
+    def edit() -> dict[str, Any]:
+        """The pool label changed by hand (a field the operator owns, and no rollout); the LWS
+        watch starts a pass at once."""
+        return custom_objects.patch_namespaced_custom_object(  # type: ignore[no-any-return]
+            *lws, {"metadata": {"labels": {LABEL_POOL: "edited-by-hand"}}}, field_manager="e2e-hand-edit",
+            _content_type="application/merge-patch+json")
+
+    def restored() -> bool:
+        return custom_objects.get_namespaced_custom_object(*lws)["metadata"]["labels"][LABEL_POOL] == pool
+
+    def same_second(obj: dict[str, Any]) -> bool:
+        times = {e["operation"]: e["time"] for e in obj["metadata"]["managedFields"]
+                 if e["manager"] in ("kimik3-operator", "e2e-hand-edit") and not e.get("subresource")}
+        return times.get("Apply") == times.get("Update")
+
+    fault = inject("LeaderWorkerSet label edited by hand in the second of the operator's apply")
+    for _ in range(10):
+        edit()
+        wait_for("the operator to take the edit back", restored, timeout=60, interval=0.02)
+        hit = same_second(edit())
+        wait_for("the operator to take back the edit " + ("made in the second of its apply" if hit else "after it"),
+                 restored, timeout=60)
+        if hit:
+            break
+    else:
+        pytest.fail("no edit in 10 landed in the second of the operator's apply")
+    recovered(fault)
+    wait_converged(namespace, "k3")
     assert replicas.alive()
 
 
@@ -284,7 +327,7 @@ def test_node_deleted_replans_with_the_numbers(replicas: Replicas, namespace: st
 
         def short() -> dict[str, Any] | None:
             ready = condition(get_json("k3", "k3", "-n", namespace), "Ready") or {}
-            return ready if ready.get("reason") == "InsufficientCapacity" else None
+            return ready if ready.get("reason") == INSUFFICIENT_CAPACITY else None
 
         # Pod GC removes the pods bound to the gone node (after ~40 s); LWS re-creates them Pending.
         ready = wait_for("Ready=False InsufficientCapacity", short, timeout=240)
@@ -323,13 +366,13 @@ def test_nodes_relabelled_away_keep_what_serves(replicas: Replicas, namespace: s
         for name, nodes in groups.items():
             def stranded(name: str = name) -> dict[str, Any] | None:
                 ready = condition(get_json("k3", name, "-n", namespace), "Ready") or {}
-                return ready if ready.get("reason") == "NoMatchingNodes" else None
+                return ready if ready.get("reason") == NO_MATCHING_NODES else None
 
             ready = wait_for(f"{name}: Ready=False NoMatchingNodes", stranded, timeout=60)
             assert ready["status"] == "False"
             assert (f"pool b200: no schedulable GPU node matches nodeSelector {{'{FAULT_LABEL}': '{name}'}} any "
                     f"more; its pods still run on {', '.join(nodes)}") in ready["message"], ready
-        time.sleep(11)  # two more resync passes: still nothing may change
+        replicas.leader().wait_resyncs(2)  # two more passes: still nothing may change
         assert uids(namespace) == children and pods_of(namespace) == pods
         assert {o["metadata"]["name"]: o["metadata"]["generation"]
                 for o in get_json("leaderworkersets", "-n", namespace)["items"]} == generations

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections import Counter
 from functools import lru_cache
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from kubernetes import client, config
+from kubernetes import client
 
 from kimik3_operator.api import GROUP, PLURAL, VERSION, KimiK3Deployment
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment
@@ -37,6 +36,7 @@ from tests.fuzz.fleet import facts_for
 from tests.fuzz.strategies import Case, cases
 from tests.fuzz.verdict import Verdict, agree, api_verdict, cluster_verdict
 
+from .children import CHILD_RESOURCES
 from .kube import condition, get_json, kubectl, wait_for
 from .replicas import Replicas
 
@@ -48,13 +48,6 @@ LIVE_CORPUS = 400
 LIVE_PLANNED, LIVE_REFUSED = 12, 10
 MAX_PODS_PER_DEPLOYMENT = 8
 """Keep the sample's fake pods few: the children are what is checked, not the scheduling."""
-CHILD_KINDS = ("services,leaderworkersets.leaderworkerset.x-k8s.io,computedomains.resource.nvidia.com,"
-               "persistentvolumeclaims,serviceaccounts,roles,rolebindings,jobs")
-
-
-@pytest.fixture(scope="module")
-def custom_objects(chart: str) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
 
 
 @lru_cache(maxsize=1)
@@ -138,7 +131,7 @@ def sample() -> list[tuple[dict[str, Any], Plan | PlanningError]]:
 def _children(namespace: str) -> dict[str, set[tuple[str, str]]]:
     """Children by owner uid: what carries our managed-by label and a controller reference to a deployment."""
     out: dict[str, set[tuple[str, str]]] = {}
-    items = get_json(CHILD_KINDS, "-n", namespace, "-l", f"app.kubernetes.io/managed-by={MANAGED_BY}")["items"]
+    items = get_json(",".join(CHILD_RESOURCES), "-n", namespace, "-l", f"app.kubernetes.io/managed-by={MANAGED_BY}")["items"]
     for obj in items:
         for ref in obj["metadata"].get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == "KimiK3Deployment":
@@ -193,7 +186,7 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
             wait_for("every sampled deployment to settle as planned", lambda: not mismatches(), timeout=240, interval=2)
         except AssertionError:
             raise AssertionError(json.dumps(mismatches(), indent=1)) from None
-        time.sleep(5)  # a resync later nothing changed: no extra child, no flapping status
+        replicas.leader().wait_resyncs(2)  # passes later nothing changed: no extra child, no flapping status
         assert not mismatches()
         for path, text in _logs(operator).items():
             new = text[len(logs_before.get(path, "")):]

@@ -194,8 +194,8 @@ def test_sigkill_mid_reconcile_standby_takes_over_and_converges(
 
     # The kubelet restarts the killed pod: it comes back as the standby.
     restarted = replicas.start(leader.slot)
-    time.sleep(3)
-    assert (restarted.health() or {}).get("role") == "standby" and replicas.holder() == standby.identity
+    wait_for("the restarted replica to stand by", lambda: (restarted.health() or {}).get("role") == "standby")
+    assert replicas.holder() == standby.identity
     kubectl("delete", "k3", "k3-first", "k3-second", "-n", namespace, "--wait=true", "--timeout=60s")
 
 
@@ -234,6 +234,6 @@ def test_sigterm_releases_the_lease_and_the_standby_takes_over_at_once(
     assert all(at(w) > stopped_wall for w in writes if w["identity"] == standby.identity)
 
     restarted = replicas.start(leader.slot)
-    time.sleep(3)
-    assert (restarted.health() or {}).get("role") == "standby" and replicas.holder() == standby.identity
+    wait_for("the restarted replica to stand by", lambda: (restarted.health() or {}).get("role") == "standby")
+    assert replicas.holder() == standby.identity
     kubectl("delete", "k3", "k3-term", "-n", namespace, "--wait=true", "--timeout=60s")

@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from kimik3_operator.api.reasons import (
+    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, WEIGHTS_STAGING,
+)
 from tests.support.cases import base_deployment
 
 from .kube import apply, condition, get_json, kubectl, wait_for
@@ -66,10 +69,10 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
         return cr if ready and ready["status"] == "True" else None
 
     cr = wait_for("Ready=True", observe, timeout=180, interval=0.2)
-    assert seen[0] == ("False", "WeightsStaging"), seen
-    assert ("False", "PodsNotReady") in seen, seen
+    assert seen[0] == ("False", WEIGHTS_STAGING), seen
+    assert ("False", PODS_NOT_READY) in seen, seen
     assert pods_waiting_while_not_ready, "never saw Ready=False while pods were still starting"
-    assert seen[-1] == ("True", "AllReplicasReady")
+    assert seen[-1] == ("True", ALL_REPLICAS_READY)
     assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]
     assert cr["status"]["phase"] == "Ready"
     assert cr["status"]["readySummary"] == "4/4"
@@ -123,7 +126,7 @@ def test_unservable_layout_is_reported_and_deploys_nothing(operator: Path, names
     cr = wait_for("Ready condition", lambda: (c := get_json("k3", "k3-small", "-n", namespace)) and
                   condition(c, "Ready") and c, timeout=60)
     ready = condition(cr, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "InsufficientMemory")
+    assert (ready["status"], ready["reason"]) == ("False", INSUFFICIENT_MEMORY)
     assert "pool b200 role aggregated: 8 x B200 (TP8) needs 205.9 GB of weights" in ready["message"]
     assert "the smallest aggregated layout that fits is TP8 x PP2 (16 GPUs)" in ready["message"]
     assert cr["status"]["phase"] == "Failed"
@@ -175,7 +178,7 @@ def test_too_few_free_gpus_is_insufficient_capacity(operator: Path, namespace: s
 
     def short() -> dict[str, Any] | None:
         ready = condition(get_json("k3", "k3-big", "-n", namespace), "Ready")
-        return ready if ready and ready["reason"] == "InsufficientCapacity" else None
+        return ready if ready and ready["reason"] == INSUFFICIENT_CAPACITY else None
 
     ready = wait_for("Ready=False with reason InsufficientCapacity", short, timeout=60)
     assert ready["status"] == "False"

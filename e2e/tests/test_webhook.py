@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY, NO_MATCHING_NODES
 from tests.support.cases import base_deployment
 
 from .kube import condition, get_json, kubectl, wait_for
@@ -44,7 +45,7 @@ def test_node_dependent_problems_are_conditions_not_refusals(operator: Path, nam
     cr = wait_for("a Ready condition", lambda: (c := get_json("kimik3deployment", "k3-auto", "-n", namespace))
                   and condition(c, "Ready") and c, timeout=60)
     ready = condition(cr, "Ready")
-    assert ready is not None and (ready["status"], ready["reason"]) == ("False", "NoMatchingNodes")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("False", NO_MATCHING_NODES)
 
 
 def test_an_update_to_an_impossible_spec_is_refused_and_the_stored_spec_kept(operator: Path, namespace: str) -> None:
@@ -52,7 +53,7 @@ def test_an_update_to_an_impossible_spec_is_refused_and_the_stored_spec_kept(ope
     assert _apply(good)[0] == 0
     before = get_json("kimik3deployment", "k3-edit", "-n", namespace)
     code, err = _apply(_body(namespace, "k3-edit", "GB300", tensor=4))
-    assert code != 0 and "InsufficientMemory" in err, err
+    assert code != 0 and INSUFFICIENT_MEMORY in err, err
     after = get_json("kimik3deployment", "k3-edit", "-n", namespace)
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert after["spec"] == before["spec"]

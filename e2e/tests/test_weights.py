@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kimik3_operator.api.reasons import ALL_REPLICAS_READY, WEIGHTS_STAGING
 from kimik3_operator.stager import marker_path
 from tests.support.cases import base_deployment
 
@@ -64,8 +65,8 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
 
     # Held: the Jobs exist and run, nothing serves, status says why.
     jobs = wait_for("two staging Jobs", lambda: len(_jobs(namespace)) == 2 and _jobs(namespace), timeout=60)
-    cr = wait_for("WeightsStaging", lambda: (c := _cr(namespace)) and (r := condition(c, "Ready"))
-                  and r["reason"] == "WeightsStaging" and c, timeout=60)
+    cr = wait_for(WEIGHTS_STAGING, lambda: (c := _cr(namespace)) and (r := condition(c, "Ready"))
+                  and r["reason"] == WEIGHTS_STAGING and c, timeout=60)
     assert set(_weights(cr)) == {"model", "draft"}
     # The cache claim binds (the local cluster's default StorageClass provisions it).
     wait_for("the cache claim to bind", lambda: get_json("pvc", "k3w-model-cache", "-n", namespace)
@@ -103,7 +104,7 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     # Events mark the transitions, once each: staging, then ready.
     events = get_json("events", "-n", namespace, "--field-selector", "involvedObject.name=k3w")["items"]
     reasons = [e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["creationTimestamp"])]
-    assert reasons.count("WeightsStaging") == 1 and reasons.count("AllReplicasReady") == 1, reasons
+    assert reasons.count(WEIGHTS_STAGING) == 1 and reasons.count(ALL_REPLICAS_READY) == 1, reasons
     assert all(e["source"]["component"] == "kimik3-operator" for e in events)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY
 from tests.support.cases import base_deployment
 
 from .children import check_children
@@ -95,7 +96,7 @@ def test_no_writes_while_idle(idle_operator: Replicas, namespace: str, cluster: 
         return (len(crs) == 3 and all(cr.get("status", {}).get("observedGeneration") == cr["metadata"]["generation"]
                                       for cr in crs.values())
                 and ready["agg"].get("status") == ready["pd"].get("status") == "True"
-                and ready["too-small"].get("reason") == "InsufficientMemory"
+                and ready["too-small"].get("reason") == INSUFFICIENT_MEMORY
                 and crs["too-small"]["status"]["phase"] == "Failed"
                 and not check_children(namespace))
 

@@ -17,6 +17,11 @@ APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
 )
 
+RESYNCS = Counter(
+    "kimik3_operator_resyncs_total",
+    "Completed resync rounds: every KimiK3Deployment of the watched namespaces reconciled once more",
+)
+
 LEADER = Gauge(
     "kimik3_operator_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by",
 )

@@ -12,12 +12,6 @@ from kimik3_operator.planner import Plan
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.names import LABEL_POOL, LABEL_ROLE, labels
 
-PLANNER_REASONS = frozenset({
-    "NoMatchingNodes", "HardwareUnsupported", "InvalidSpec", "InsufficientMemory", "KnownIssue",
-    "PDIncompatible", "SLOUnattainable",
-})
-"""The status reasons plan_deployment may raise (planner/*.py): a closed set users and alerts key on."""
-
 SECRET_REF_PATH = ("valueFrom", "secretKeyRef", "name")
 
 

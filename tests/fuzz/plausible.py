@@ -15,6 +15,7 @@ from typing import Any, Callable, get_args
 from hypothesis import strategies as st
 
 from kimik3_operator.api import v1alpha1 as v1
+from kimik3_operator.kimi_k3 import MAX_MODEL_LEN
 from kimik3_operator.planner.catalog import CATALOG
 
 from .fleet import ABSENT, nodes
@@ -160,8 +161,8 @@ def _engine(draw: Draw) -> dict[str, Any]:
     if maybe(draw, 10):
         e["image"] = "registry.example/vllm:0.33.0-custom"
     if maybe(draw, 40):
-        e["maxModelLen"] = draw(st.one_of(st.sampled_from((4096, 8192, 32768, 131072, 262144, 1 << 20)),
-                                          st.integers(1, 1 << 20)))
+        e["maxModelLen"] = draw(st.one_of(st.sampled_from((4096, 8192, 32768, 131072, 262144, MAX_MODEL_LEN)),
+                                          st.integers(1, MAX_MODEL_LEN)))
     if maybe(draw, 30):
         e["kvCacheDtype"] = draw(st.sampled_from(_enum(v1.Engine.model_fields["kv_cache_dtype"].annotation)))
     if maybe(draw, 25):

@@ -17,10 +17,11 @@ from collections import Counter
 from hypothesis import HealthCheck, example, given, settings
 
 from kimik3_operator.api.crd import openapi_schema
+from kimik3_operator.api.reasons import PLANNING
 from kimik3_operator.planner import PlanningError, plan_deployment
 from kimik3_operator.render import Owner
 
-from .checks import PLANNER_REASONS, check_children
+from .checks import check_children
 from .fleet import facts_for
 from .openapi import validate
 from .strategies import Case, cases
@@ -63,7 +64,7 @@ def test_fuzzed_specs() -> None:
         try:
             plan = plan_deployment(cr.spec, facts)
         except PlanningError as exc:
-            assert exc.reason in PLANNER_REASONS, f"unknown planner reason {exc.reason}: {exc.message}"
+            assert exc.reason in PLANNING, f"unknown planner reason {exc.reason}: {exc.message}"
             seen[f"planner:{exc.reason}"] += 1
             return
         seen["planned"] += 1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
+from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, writes_digest
 from kimik3_operator.k8s import unchanged_since_our_apply
 from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
 
@@ -15,6 +15,20 @@ def _live(hash_: str, *entries: tuple[str, str, str, str]) -> dict[str, Any]:
     return {"metadata": {"uid": "u", "annotations": {ANNOTATION_HASH: hash_}, "managedFields": [
         {"manager": m, "operation": op, "time": t, **({"subresource": sub} if sub else {})}
         for m, op, t, sub in entries]}}
+
+
+def _fields(*paths: str) -> dict[str, Any]:
+    """A managedFields fieldsV1 set of top-level `spec` fields."""
+    return {"f:spec": {f"f:{p}": {} for p in paths}}
+
+
+def _entry(manager: str, operation: str, time: str, fields: dict[str, Any], sub: str = "") -> dict[str, Any]:
+    return {"manager": manager, "operation": operation, "time": time, "fieldsType": "FieldsV1",
+            "fieldsV1": fields, **({"subresource": sub} if sub else {})}
+
+
+def _object(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"uid": "u", "annotations": {ANNOTATION_HASH: "h1"}, "managedFields": list(entries)}}
 
 
 def test_skip_when_hash_matches_and_nobody_wrote_since() -> None:
@@ -34,14 +48,79 @@ def test_apply_when_someone_edited_after_us() -> None:
 
 
 def test_skip_once_the_foreign_write_was_answered() -> None:
-    live = _live("h1", (FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", ""),
-                 ("lws", "Update", "2026-11-30T00:01:00Z", ""))
-    answered = datetime(2026, 11, 30, 0, 1, tzinfo=timezone.utc)
-    assert unchanged_since_our_apply(DESIRED, live, answered)
-    later = _live("h1", (FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", ""),
-                  ("kubectl-edit", "Update", "2026-11-30T00:02:00Z", ""))
-    assert not unchanged_since_our_apply(DESIRED, later, answered)
+    answered = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
+                       _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")))
+    assert unchanged_since_our_apply(DESIRED, answered, writes_digest(answered))
+    later = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
+                    _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")),
+                    _entry("kubectl-edit", "Update", "2026-11-30T00:02:00Z", _fields("y")))
+    assert not unchanged_since_our_apply(DESIRED, later, writes_digest(answered))
+
+
+SECOND = "2026-11-30T00:00:10Z"
+
+
+def test_a_hand_edit_in_the_second_of_our_apply_is_repaired() -> None:
+    """managedFields times have one-second resolution: the edit's entry carries our apply's time."""
+    applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")))
+    edited = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
+                     _entry("kubectl-edit", "Update", SECOND, _fields("replicas")))
+    assert not unchanged_since_our_apply(DESIRED, edited, writes_digest(applied))
+    # ... and so is a second edit, in that same second, by the editor our apply answered before.
+    answered = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")),
+                       _entry("kubectl-edit", "Update", SECOND, _fields("paused")))
+    again = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
+                    _entry("kubectl-edit", "Update", SECOND, _fields("paused", "replicas")))
+    assert not unchanged_since_our_apply(DESIRED, again, writes_digest(answered))
+
+
+def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
+    applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")))
+    later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")),
+                    _entry("lws", "Update", SECOND, {"f:status": {}}, sub="status"),
+                    *(_entry(m, "Apply", SECOND, {"f:metadata": {}}) for m in HARMLESS_MANAGERS))
+    assert unchanged_since_our_apply(DESIRED, later, writes_digest(applied))
+
+
+def test_without_a_record_a_write_in_our_second_is_taken_as_older() -> None:
+    """What a process that never applied the object can tell (it started, or took over): times only."""
+    live = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")),
+                   _entry("lws", "Update", SECOND, _fields("x")))
+    assert unchanged_since_our_apply(DESIRED, live)
 
 
 def test_apply_when_we_never_applied() -> None:
     assert not unchanged_since_our_apply(DESIRED, _live("h1", ("kubectl", "Update", "2026-11-30T00:00:10Z", "")))
+
+
+class _Returned(dict[str, Any]):
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+class _ApplyingClient:
+    """The dynamic client's part that Cluster.apply uses: every apply returns `result`."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.resources, self.result, self.applies = self, result, 0
+
+    def get(self, **_: Any) -> object:
+        return object()
+
+    def server_side_apply(self, *_: Any, **__: Any) -> _Returned:
+        self.applies += 1
+        return _Returned(self.result)
+
+
+def test_the_cluster_repairs_a_hand_edit_made_in_the_second_of_its_apply() -> None:
+    applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")))
+    edited = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
+                     _entry("kubectl-edit", "Update", SECOND, _fields("replicas")))
+    desired = {"apiVersion": "v1", "kind": "Service", **DESIRED,
+               "metadata": {**DESIRED["metadata"], "name": "s", "namespace": "n"}}
+    cluster = Cluster.__new__(Cluster)  # no API server: the client is the fake
+    cluster._dyn, cluster._applied = _ApplyingClient(applied), {}  # type: ignore[assignment]
+    assert cluster.apply(desired, None).written
+    assert not cluster.apply(desired, applied).written
+    assert cluster.apply(desired, edited).written
+    assert cluster._dyn.applies == 2  # type: ignore[attr-defined]

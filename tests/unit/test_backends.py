@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kimik3_operator.api.reasons import INVALID_SPEC
 from kimik3_operator.planner import Layout, PlanningError
 from kimik3_operator.planner.backends import choose_backends
 from kimik3_operator.planner.catalog import CATALOG
@@ -51,4 +52,4 @@ def test_invalid_overrides_are_rejected(product: str, layout: Layout, all2all: s
                                         needle: str) -> None:
     with pytest.raises(PlanningError) as info:
         choose_backends(CATALOG[product], layout, True, all2all, moe)
-    assert info.value.reason == "InvalidSpec" and needle in info.value.message
+    assert info.value.reason == INVALID_SPEC and needle in info.value.message

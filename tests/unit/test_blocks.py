@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimik3_operator.planner.blocks import block_size, kda_state_bytes, round_interval
+from kimik3_operator.planner.blocks import block_size, round_interval
 
 # (tp) -> [bf16/fp32 S0, S7, bf16/bf16 S0, S7, fp8/fp32 S0, S7, fp8/bf16 S0, S7]
 VLLM = {
@@ -21,10 +21,6 @@ COLUMNS = [(kv, ssm, s) for kv, ssm in (("bf16", "float32"), ("bf16", "bfloat16"
 @pytest.mark.parametrize("tp", sorted(VLLM))
 def test_block_size_matches_vllm(tp: int) -> None:
     assert [block_size(tp, kv, ssm, s) for kv, ssm, s in COLUMNS] == VLLM[tp]
-
-
-def test_kda_state_of_one_sequence() -> None:
-    assert kda_state_bytes(1, 0, "float32") * 69 == pytest.approx(449e6, rel=0.01)
 
 
 @pytest.mark.parametrize(("requested", "granularity", "effective"), [

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from kimik3_operator.api.reasons import HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC
 from kimik3_operator.planner import Layout, PlanningError
 from kimik3_operator.planner.catalog import CATALOG
 from kimik3_operator.planner.layout import Fabric, MemoryInputs, check_layout, choose_layout, describe
@@ -72,13 +73,13 @@ def test_weights_per_gpu_match_the_reference_table() -> None:
 
 
 @pytest.mark.parametrize(("product", "role", "disagg", "layout", "reason", "needle"), [
-    ("B200", "aggregated", False, Layout(tensor=8), "InsufficientMemory",
+    ("B200", "aggregated", False, Layout(tensor=8), INSUFFICIENT_MEMORY,
      "8 x B200 (TP8) needs 205.9 GB of weights"),
-    ("B200", "aggregated", False, Layout(tensor=16), "InvalidSpec", "would span the RDMA boundary"),
-    ("B200", "decode", True, Layout(tensor=8, pipeline=2), "InvalidSpec", "NIXL cannot transfer KDA state"),
-    ("GB300", "prefill", True, Layout(tensor=1, data=24, expert=True), "InvalidSpec", "must divide the 896 experts"),
-    ("GB300", "aggregated", False, Layout(tensor=6), "InvalidSpec", "do not fill whole 4-GPU nodes"),
-    ("H100", "aggregated", False, Layout(tensor=8, pipeline=3), "InsufficientMemory",
+    ("B200", "aggregated", False, Layout(tensor=16), INVALID_SPEC, "would span the RDMA boundary"),
+    ("B200", "decode", True, Layout(tensor=8, pipeline=2), INVALID_SPEC, "NIXL cannot transfer KDA state"),
+    ("GB300", "prefill", True, Layout(tensor=1, data=24, expert=True), INVALID_SPEC, "must divide the 896 experts"),
+    ("GB300", "aggregated", False, Layout(tensor=6), INVALID_SPEC, "do not fill whole 4-GPU nodes"),
+    ("H100", "aggregated", False, Layout(tensor=8, pipeline=3), INSUFFICIENT_MEMORY,
      "the smallest aggregated layout that fits is TP8 x PP4 (32 GPUs)"),
 ])
 def test_explicit_layout_rejections(product: str, role: str, disagg: bool, layout: Layout, reason: str,
@@ -99,5 +100,5 @@ def test_no_fit_names_the_shortfall() -> None:
     small = dataclasses.replace(CATALOG["H100"], usable_mib=30_000)  # a 30 GiB part
     with pytest.raises(PlanningError) as info:
         choose_layout("decode", Fabric(gpu=small, gpus_per_node=8, nvlink_gpus=8), FULL_CONTEXT)
-    assert info.value.reason == "HardwareUnsupported"
+    assert info.value.reason == HARDWARE_UNSUPPORTED
     assert "8 x H100 (TP8) needs 205.9 GB of weights" in info.value.message and "GB short" in info.value.message

@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.reasons import (
+    HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC, KNOWN_ISSUE, NO_MATCHING_NODES, PD_INCOMPATIBLE,
+)
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.planner.catalog import product_from_label
 from tests.support.cases import base_deployment
@@ -96,16 +99,16 @@ def test_layout_to_groups(pool: dict[str, Any], nodes: list[dict[str, Any]], exp
 
 @pytest.mark.parametrize(("pool", "nodes", "reason", "needle", "node_dependent"), [
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-      "aggregated": {"replicas": 1, "parallelism": {"tensor": 12}}}, b200_nodes(), "InvalidSpec",
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 12}}}, b200_nodes(), INVALID_SPEC,
      "tensor parallel size 12 would span the RDMA boundary", False),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), "InsufficientMemory",
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), INSUFFICIENT_MEMORY,
      "pool p role aggregated: 8 x B200 (TP8) needs 205.9 GB of weights", False),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100"},
-      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), "NoMatchingNodes",
+      "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), NO_MATCHING_NODES,
      "no schedulable GPU node matches", True),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, "aggregated": {"replicas": 1}},
-     [node("a100", "NVIDIA-A100-SXM4-80GB", 8)], "HardwareUnsupported", "is not one Kimi K3 supports", True),
+     [node("a100", "NVIDIA-A100-SXM4-80GB", 8)], HARDWARE_UNSUPPORTED, "is not one Kimi K3 supports", True),
 ])
 def test_planning_errors(pool: dict[str, Any], nodes: list[dict[str, Any]], reason: str, needle: str,
                          node_dependent: bool) -> None:
@@ -161,7 +164,7 @@ def test_one_prefill_one_decode_is_a_known_trap() -> None:
     body["spec"]["pools"] = pools
     with pytest.raises(PlanningError) as info:
         _plan(body, gb300_rack())
-    assert info.value.reason == "KnownIssue" and "vllm#52627" in info.value.message
+    assert info.value.reason == KNOWN_ISSUE and "vllm#52627" in info.value.message
     body["spec"]["experimental"] = {"acceptKnownIssues": ["vllm#52627"]}
     assert _plan(body, gb300_rack()).gpus == 8 + 8
     body["spec"].pop("experimental")
@@ -177,7 +180,7 @@ def test_pd_pairs_need_one_gpu_generation() -> None:
     nodes = b200_nodes() + [node(f"h200-{i}", "NVIDIA-H200", 8, rdma="rdma/ib") for i in range(4)]
     with pytest.raises(PlanningError) as info:
         _plan(body, nodes)
-    assert info.value.reason == "PDIncompatible" and "nvidia blackwell, nvidia hopper" in info.value.message
+    assert info.value.reason == PD_INCOMPATIBLE and "nvidia blackwell, nvidia hopper" in info.value.message
     body["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-B200"}
     assert _plan(body, nodes).gpus == 16 + 2 * 16
 

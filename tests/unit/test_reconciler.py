@@ -6,6 +6,9 @@ import copy
 import json
 from typing import Any
 
+from kimik3_operator.api.reasons import (
+    APPLY_REJECTED, INSUFFICIENT_MEMORY, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES, WEIGHTS_STAGING,
+)
 from kimik3_operator.k8s import ApplyResult
 from kimik3_operator.reconcile.reconciler import reconcile
 from kimik3_operator.contract.names import ANNOTATION_HASH
@@ -99,7 +102,7 @@ def test_weights_are_staged_before_anything_serves_then_steady_state_writes_noth
     status = cluster.deployment["status"]
     assert status["phase"] == "Progressing"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "WeightsStaging")
+    assert (ready["status"], ready["reason"]) == ("False", WEIGHTS_STAGING)
     assert [w["phase"] for w in status["weights"]] == ["Pending"]
     cluster.finish_staging()
     second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
@@ -151,17 +154,17 @@ def test_unplannable_spec_changes_nothing_that_runs() -> None:
     before = copy.deepcopy(cluster.objects)
     cluster.deployment["spec"]["pools"][0]["decode"]["parallelism"] = {"tensor": 4}  # 400 GB of weights per GPU
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "InsufficientMemory"
+    assert outcome.error is not None and outcome.error.reason == INSUFFICIENT_MEMORY
     assert outcome.applied == [] and outcome.deleted == [] and cluster.objects == before
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "InsufficientMemory"
+    assert ready["reason"] == INSUFFICIENT_MEMORY
 
 
 def test_schema_invalid_body_gets_invalid_spec_status() -> None:
     cluster = MemoryCluster(_pd(), NODES)
     cluster.deployment["spec"]["pools"][0]["decode"]["parallelism"]["tensor"] = 5
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "InvalidSpec"
+    assert outcome.error is not None and outcome.error.reason == INVALID_SPEC
     assert "96 KDA heads" in outcome.error.message
     assert cluster.objects == {}
 
@@ -177,9 +180,9 @@ def test_a_missing_kind_is_a_condition_not_a_crash() -> None:
 
     cluster = _staged(NoDra(_pd(), NODES))
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "MissingDependency"
+    assert outcome.error is not None and outcome.error.reason == MISSING_DEPENDENCY
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "MissingDependency" and "NVIDIA's DRA driver" in ready["message"]
+    assert ready["reason"] == MISSING_DEPENDENCY and "NVIDIA's DRA driver" in ready["message"]
 
 
 def _pod(pool: str, node: str | None) -> dict[str, Any]:
@@ -204,7 +207,7 @@ def test_a_pool_whose_nodes_went_away_keeps_its_serving_children() -> None:
     cluster.nodes = []  # relabelled, cordoned or deleted
     cluster.list_active_pods = lambda: [_pod("b200", "b200-0"), _pod("b200", "b200-1")]  # type: ignore[method-assign]
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "NoMatchingNodes"
+    assert outcome.error is not None and outcome.error.reason == NO_MATCHING_NODES
     assert outcome.error.depends_on_nodes
     assert "its pods still run on b200-0, b200-1" in outcome.error.message
     assert outcome.applied == [] and outcome.deleted == [] and cluster.objects == before
@@ -232,7 +235,7 @@ def test_an_object_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> N
     reconcile(cluster, "ns", "k3")
     cluster.deployment["spec"]["model"]["cache"] = {"storageClassName": "other"}
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.error is not None and outcome.error.reason == "ApplyRejected"
+    assert outcome.error is not None and outcome.error.reason == APPLY_REJECTED
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "ApplyRejected" and "spec is immutable" in ready["message"]
+    assert ready["reason"] == APPLY_REJECTED and "spec is immutable" in ready["message"]
     assert ("LeaderWorkerSet", "k3-gb300-decode") in cluster.objects  # what serves is left alone

@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.reasons import SLO_UNATTAINABLE
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
-from kimik3_operator.planner.perf import CALIBRATION, PUBLISHED
+from kimik3_operator.kimi_k3 import PUBLISHED
+from kimik3_operator.planner.perf import CALIBRATION
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 
@@ -33,7 +35,7 @@ PD = [{"name": "gb300", "nodeSelector": GB300, "prefill": {}, "decode": {}}]
 
 def test_calibration_reproduces_the_published_tp8_points() -> None:
     assert abs(CALIBRATION.standard_residual_tok_s) < 1e-9
-    low, high = PUBLISHED["acceptance_range"]
+    low, high = PUBLISHED.acceptance_range
     assert low <= CALIBRATION.implied_acceptance <= high
 
 
@@ -80,7 +82,7 @@ def test_tighter_itl_means_smaller_batches_and_more_decode_replicas() -> None:
 def test_unattainable_slo_is_an_error(slo: dict[str, int], needle: str) -> None:
     with pytest.raises(PlanningError) as info:
         _plan({"workload": {"requestsPerSecond": 1}, "slo": slo}, PD)
-    assert info.value.reason == "SLOUnattainable" and needle in info.value.message
+    assert info.value.reason == SLO_UNATTAINABLE and needle in info.value.message
 
 
 def test_speculative_predictions_at_both_published_acceptances() -> None:

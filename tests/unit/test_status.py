@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from kimik3_operator.api import Condition, KimiK3Deployment
+from kimik3_operator.api.reasons import (
+    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, UPDATING,
+)
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.reconcile.status import compute_status, set_condition
 from kimik3_operator.render import Owner
@@ -31,11 +34,11 @@ def _cond(status, type_: str) -> Condition:  # noqa: ANN001
 
 
 def test_set_condition_keeps_transition_time_until_status_flips() -> None:
-    first = set_condition([], Condition(type="Ready", status="False", reason="PodsNotReady", last_transition_time=T0))
-    same = set_condition(first, Condition(type="Ready", status="False", reason="PodsNotReady",
+    first = set_condition([], Condition(type="Ready", status="False", reason=PODS_NOT_READY, last_transition_time=T0))
+    same = set_condition(first, Condition(type="Ready", status="False", reason=PODS_NOT_READY,
                                           message="1/2", last_transition_time=T1))
     assert same[0].last_transition_time == T0 and same[0].message == "1/2"
-    flipped = set_condition(same, Condition(type="Ready", status="True", reason="AllReplicasReady",
+    flipped = set_condition(same, Condition(type="Ready", status="True", reason=ALL_REPLICAS_READY,
                                             last_transition_time=T1))
     assert flipped[0].last_transition_time == T1 and len(flipped) == 1
 
@@ -44,7 +47,7 @@ def test_pods_not_ready_then_ready() -> None:
     plan = _plan()
     empty = compute_status(owner=OWNER, generation=3, previous=None, plan=plan, error=None, workloads={}, now=T0)
     assert empty.phase == "Progressing" and empty.observed_generation == 3
-    assert _cond(empty, "Ready").status == "False" and _cond(empty, "Ready").reason == "PodsNotReady"
+    assert _cond(empty, "Ready").status == "False" and _cond(empty, "Ready").reason == PODS_NOT_READY
     assert empty.ready_summary == "0/3"
     assert empty.gpus == 16 + 2 * 8
     workloads = {"k3-pd-b200-prefill-prefill": _lws(1, 1), "k3-pd-gb300-decode-decode": _lws(2, 2)}
@@ -62,7 +65,7 @@ def test_rollout_in_progress_is_not_ready() -> None:
     workloads = {"k3-pd-b200-prefill-prefill": _lws(1, 1), "k3-pd-gb300-decode-decode": _lws(2, 1)}
     status = compute_status(owner=OWNER, generation=4, previous=None, plan=_plan(), error=None,
                             workloads=workloads, now=T0)
-    assert _cond(status, "Ready").reason == "PodsNotReady"
+    assert _cond(status, "Ready").reason == PODS_NOT_READY
     assert "gb300-decode role decode: 2/2 ready, 1 updated" in _cond(status, "Ready").message
 
 
@@ -103,7 +106,7 @@ def test_not_ready_for_lack_of_room_says_so() -> None:
     status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, workloads={},
                             now=T0, capacity=["pool gb300-decode role decode: 1 of 2 replicas do not fit now"])
     ready = _cond(status, "Ready")
-    assert (ready.status, ready.reason) == ("False", "InsufficientCapacity")
+    assert (ready.status, ready.reason) == ("False", INSUFFICIENT_CAPACITY)
     assert "1 of 2 replicas do not fit now" in ready.message
     ready_anyway = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
                                   workloads={"k3-pd-b200-prefill-prefill": _lws(1, 1),
@@ -119,11 +122,11 @@ def test_events_only_on_transitions() -> None:
     starting = compute_status(owner=owner, generation=1, previous=None, plan=plan, error=None,
                               workloads={}, now="t0")
     first = transitions(None, starting)
-    assert [(t, r) for t, r, _ in first] == [("Normal", "Updating"), ("Normal", "PodsNotReady")]
+    assert [(t, r) for t, r, _ in first] == [("Normal", UPDATING), ("Normal", PODS_NOT_READY)]
     again = compute_status(owner=owner, generation=1, previous=starting, plan=plan, error=None, workloads={},
                            now="t1")
     assert transitions(starting, again) == []
     failed = compute_status(owner=owner, generation=2, previous=again, plan=None,
-                            error=PlanningError("InsufficientMemory", "no fit"), workloads={}, now="t2")
+                            error=PlanningError(INSUFFICIENT_MEMORY, "no fit"), workloads={}, now="t2")
     kinds = {(t, r) for t, r, _ in transitions(again, failed)}
-    assert ("Warning", "InsufficientMemory") in kinds and all(t == "Warning" for t, _ in kinds)
+    assert ("Warning", INSUFFICIENT_MEMORY) in kinds and all(t == "Warning" for t, _ in kinds)

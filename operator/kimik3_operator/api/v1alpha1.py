@@ -12,6 +12,7 @@ from pydantic import Field
 
 from ..contract import uri as model_uri
 from ..contract.names import GROUP
+from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
@@ -21,9 +22,6 @@ KIND = "KimiK3Deployment"
 PLURAL = "kimik3deployments"
 SINGULAR = "kimik3deployment"
 SHORT_NAMES = ("k3",)
-
-# Kimi K3 has 96 KDA heads; tensor parallelism must split them evenly (vLLM asserts at model init).
-KDA_HEADS = 96
 
 RoleName = Literal["prefill", "decode", "aggregated"]
 ROLE_NAMES: tuple[RoleName, ...] = ("prefill", "decode", "aggregated")
@@ -198,7 +196,7 @@ class Engine(SpecModel):
 
     image: ImageRef | None = None
     """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
-    max_model_len: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    max_model_len: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] = "auto"
     """--kv-cache-dtype for the MLA layers: auto (BF16), fp8 (= fp8_e4m3) or fp8_ds_mla; fp8 halves
@@ -402,9 +400,9 @@ class Router(SpecModel):
 class Workload(SpecModel):
     """The traffic to size for: used to choose replicas the spec leaves out."""
 
-    input_tokens: Annotated[int, Field(ge=1, le=1 << 20)] = 8192
+    input_tokens: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] = 8192
     """Typical prompt length in tokens."""
-    output_tokens: Annotated[int, Field(ge=1, le=1 << 20)] = 1024
+    output_tokens: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] = 1024
     """Typical completion length in tokens."""
     requests_per_second: Annotated[float, Field(gt=0, le=100000)] = 1.0
     """Sustained request rate across the deployment."""

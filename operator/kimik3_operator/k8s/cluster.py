@@ -8,6 +8,7 @@ carries the same desired-hash annotation and that nobody else has written since 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
+from ..contract.kinds import CHILD_KINDS
 from ..api import GROUP, KIND, VERSION
 from ..contract.names import ANNOTATION_HASH, FIELD_MANAGER
 from ..contract.stager import PROGRESS_FIELD_MANAGER
@@ -30,18 +32,6 @@ their writes are not drift and cost no re-apply."""
 from .identity import IDENTITY, user_agent
 
 log = logging.getLogger(__name__)
-
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "PersistentVolumeClaim"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("batch/v1", "Job"),
-    ("v1", "Service"),
-    ("resource.nvidia.com/v1beta1", "ComputeDomain"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
-)
-
 
 class TransientApiError(Exception):
     """An API call failed in a way worth retrying (conflict, throttling, server error)."""
@@ -102,9 +92,8 @@ class Cluster:
 
     def __init__(self, api: client.ApiClient) -> None:
         self._dyn = DynamicClient(api)
-        # uid -> newest foreign write to the main resource that a (no-op) apply already answered;
-        # without it a controller that touches e.g. an annotation would cost a PATCH every pass.
-        self._answered: dict[str, datetime] = {}
+        # uid -> the writes to the main resource as our last apply left them (`writes_digest`).
+        self._applied: dict[str, str] = {}
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self._dyn.resources.get(api_version=api_version, kind=kind)
@@ -137,9 +126,9 @@ class Cluster:
 
     def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for api_version, kind in CHILD_KINDS:
+        for child in CHILD_KINDS:
             try:
-                res = self._resource(api_version, kind)
+                res = self._resource(child.api_version, child.kind)
             except ResourceNotFoundError:
                 continue  # e.g. the LWS CRD is not installed: nothing of that kind exists
             out += [o.to_dict() for o in res.get(namespace=namespace, label_selector=label_selector).items]
@@ -150,7 +139,7 @@ class Cluster:
     def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
         """Server-side apply `desired` unless `live` already is what we last applied."""
         if live is not None and unchanged_since_our_apply(
-                desired, live, self._answered.get(live["metadata"].get("uid", ""))):
+                desired, live, self._applied.get(live["metadata"].get("uid", ""))):
             return ApplyResult(live, written=False)
         try:
             res = self._resource(desired["apiVersion"], desired["kind"])
@@ -170,9 +159,7 @@ class Cluster:
                                        _api_message(exc)) from exc
             raise translated from exc
         meta = result.get("metadata") or {}
-        foreign = _foreign_writes(meta.get("managedFields") or [])
-        if foreign:
-            self._answered[meta.get("uid", "")] = max(foreign)
+        self._applied[meta.get("uid", "")] = writes_digest(result)
         log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
                  desired["metadata"]["name"])
         return ApplyResult(result, written=True)
@@ -268,10 +255,27 @@ def _time(value: Any) -> datetime | None:
     return None
 
 
+def writes_digest(obj: dict[str, Any]) -> str:
+    """A digest of the writes to the main resource (not status) that `obj` shows: its
+    managedFields entries, each with manager, operation, time and field set, harmless writers left
+    out. A write leaves an entry that was not there before: the writer's new one, or the same one
+    with a later time or other fields; one that changes a field we own takes it out of our entry."""
+    entries = ((obj.get("metadata") or {}).get("managedFields")) or []
+    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _main_resource_entries(entries)
+                  if e.get("manager") not in HARMLESS_MANAGERS)
+    return hashlib.sha256("\n".join(text).encode()).hexdigest()
+
+
 def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
-                              answered: datetime | None = None) -> bool:
-    """True when `live` carries the hash of `desired` and no other manager wrote its main
-    resource (not status) after our last apply or after the foreign write we last answered."""
+                              applied: str | None = None) -> bool:
+    """True when `live` carries the hash of `desired` and nobody wrote its main resource (not
+    status) since our last apply, whose result had the `writes_digest` `applied`.
+
+    Without `applied` (this process never applied the object: it just started, or took over
+    from another replica) only the entries' times tell, and they have one-second resolution: a
+    foreign write in the same second as our apply is taken as older, which it almost always is (a
+    controller reacting to our apply). With `applied`, times play no part, so a hand edit within
+    that second is repaired too; a controller's same-second reaction then costs one no-op apply."""
     meta = live.get("metadata") or {}
     want = ((desired.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
     if want is None or (meta.get("annotations") or {}).get(ANNOTATION_HASH) != want:
@@ -282,10 +286,9 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
             and (t := _time(e.get("time"))) is not None]
     if not ours:
         return False
-    # Times have one-second resolution: a foreign write in the same second as our apply is
-    # taken as older, which is what it almost always is (a controller reacting to our apply).
-    horizon = max([*ours, *([answered] if answered else [])])
-    return all(t <= horizon for t in _foreign_writes(entries))
+    if applied is not None:
+        return writes_digest(live) == applied
+    return all(t <= max(ours) for t in _foreign_writes(entries))
 
 
 def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:

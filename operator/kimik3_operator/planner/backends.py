@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..api.reasons import INVALID_SPEC
 from .catalog import GpuSpec
 from .plan import Layout, PlanningError
 
@@ -97,14 +98,14 @@ def _check(kind: str, name: str, rule: BackendRule | None, gpu: GpuSpec, layout:
     if rule is None:
         return
     if rule.vendor != gpu.vendor:
-        raise PlanningError("InvalidSpec", f"{kind} backend {name} is {rule.vendor.upper()}-only; "
+        raise PlanningError(INVALID_SPEC, f"{kind} backend {name} is {rule.vendor.upper()}-only; "
                                            f"this pool runs {gpu.product}")
     if rule.generations is not None and gpu.generation not in rule.generations:
         allowed = "/".join(sorted(rule.generations))
-        raise PlanningError("InvalidSpec", f"{kind} backend {name} needs {allowed} GPUs; "
+        raise PlanningError(INVALID_SPEC, f"{kind} backend {name} needs {allowed} GPUs; "
                                            f"{gpu.product} is {gpu.generation}")
     if rule.needs_expert_parallel and not layout.expert:
-        raise PlanningError("InvalidSpec", f"{kind} backend {name} needs expert parallelism "
+        raise PlanningError(INVALID_SPEC, f"{kind} backend {name} needs expert parallelism "
                                            "(parallelism.expert: true)")
 
 
@@ -114,13 +115,13 @@ def choose_backends(gpu: GpuSpec, layout: Layout, crosses_rdma: bool,
     if all2all is not None:
         if not uses_all2all(layout):
             raise PlanningError(
-                "InvalidSpec",
+                INVALID_SPEC,
                 f"all2all backend {all2all} has no effect: expert parallelism does not span data-parallel "
                 f"ranks in this layout (tensor {layout.tensor}, data {layout.data}, expert {layout.expert})")
         _check("all2all", all2all, ALL2ALL_RULES.get(all2all), gpu, layout)
     if moe is not None:
         if moe in UNSUPPORTED_MOE:
-            raise PlanningError("InvalidSpec", f"moe backend {moe} {UNSUPPORTED_MOE[moe]}")
+            raise PlanningError(INVALID_SPEC, f"moe backend {moe} {UNSUPPORTED_MOE[moe]}")
         _check("moe", moe, MOE_RULES.get(moe), gpu, layout)
     return (all2all if all2all is not None else default_all2all(gpu, layout, crosses_rdma),
             moe if moe is not None else default_moe(gpu, layout))

@@ -4,9 +4,8 @@ Kimi K3 is hybrid: one KV cache manager holds MLA pages and KDA state pages in t
 size, so vLLM raises the block size until an MLA page of B tokens holds a KDA state
 (`_align_hybrid_block_size`, vllm/platforms/interface.py):
     B = A * ceil(M / (A * P))
-with P the MLA bytes per token (kv_lora 512 + rope 64 = 576 values; 1152 B in BF16, 576 B in FP8),
-M the KDA state bytes of one sequence per GPU (conv state 2 * (3 + S) * 36864 / TP in BF16 plus
-recurrent state (96 / TP) * 128 * 128 in the SSM dtype), S the speculative tokens, and A the
+with P the MLA bytes per token of one layer in the KV cache dtype, M the KDA state bytes of one
+sequence in one layer per GPU with S speculative tokens (both from kimi_k3.py), and A the
 alignment unit: 128 for MLA, or --block-size when the user gives a larger one. Checked against
 vLLM's own function for TP 1/4/8/16, both KV dtypes, both SSM dtypes and S in {0, 7}.
 
@@ -19,22 +18,13 @@ from __future__ import annotations
 
 import math
 
+from ..kimi_k3 import MLA_BYTES_PER_TOKEN_LAYER, kda_state_bytes
+
 MLA_ALIGN = 128
-CONV_WIDTH = 3            # short conv kernel 4 keeps 3 past positions
-CONV_CHANNELS = 3 * 12288  # q, k, v projections of 96 heads x 128
-KDA_HEADS, HEAD_DIM = 96, 128
-MLA_VALUES_PER_TOKEN = 576
-DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-
-
-def kda_state_bytes(tensor: int, spec_tokens: int, ssm_dtype: str) -> int:
-    conv = 2 * (CONV_WIDTH + spec_tokens) * CONV_CHANNELS // tensor
-    recurrent = (KDA_HEADS // tensor) * HEAD_DIM * HEAD_DIM * DTYPE_BYTES[ssm_dtype]
-    return conv + recurrent
 
 
 def block_size(tensor: int, kv_dtype_family: str, ssm_dtype: str, spec_tokens: int) -> int:
-    mla_bytes = MLA_VALUES_PER_TOKEN * (1 if kv_dtype_family == "fp8" else 2)
+    mla_bytes = MLA_BYTES_PER_TOKEN_LAYER[kv_dtype_family]
     state = kda_state_bytes(tensor, spec_tokens, ssm_dtype)
     return MLA_ALIGN * math.ceil(state / (MLA_ALIGN * mla_bytes))
 

@@ -2,7 +2,8 @@
 
 Per-GPU figures come from vendor datasheets and AIConfigurator's system files, collected in
 reference/perf-model.md §1. `usable_mib` is what `nvidia-smi` (or rocm-smi) reports, which is
-also what GPU Feature Discovery publishes as `nvidia.com/gpu.memory`.
+also what GPU Feature Discovery publishes as `nvidia.com/gpu.memory`. The catalog has exactly one
+row per `GpuProduct` the API accepts (besides Auto); a test holds the two lists together.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ Vendor = Literal["nvidia", "amd"]
 Generation = Literal["hopper", "blackwell", "cdna4"]
 
 MIB = 1 << 20
-GB = 10**9
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,6 @@ class GpuSpec:
     product: str
     vendor: Vendor
     generation: Generation
-    compute_capability: tuple[int, int] | None
-    """CUDA SM version (10.3 = Blackwell Ultra); None for AMD."""
     usable_mib: int
     """HBM the driver reports per GPU."""
     hbm_tb_s: float
@@ -35,8 +33,6 @@ class GpuSpec:
     gpus_per_node: int
     """Typical GPUs per node (4 per Grace tray, 8 per HGX board)."""
     arch: Literal["amd64", "arm64"]
-    nic_gb_s: float
-    """Typical RDMA bandwidth per GPU, GB/s (one NIC per GPU)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -60,13 +56,20 @@ class GpuSpec:
 CATALOG: dict[str, GpuSpec] = {
     spec.product: spec
     for spec in (
-        GpuSpec("GB300", "nvidia", "blackwell", (10, 3), 284_208, 8.0, 2500, 5000, 72, 4, "arm64", 100),
-        GpuSpec("GB200", "nvidia", "blackwell", (10, 0), 189_471, 8.0, 2500, 5000, 72, 4, "arm64", 50),
-        GpuSpec("B300", "nvidia", "blackwell", (10, 3), 275_040, 7.75, 2250, 4500, 8, 8, "amd64", 100),
-        GpuSpec("B200", "nvidia", "blackwell", (10, 0), 183_359, 7.7, 2250, 4500, 8, 8, "amd64", 50),
-        GpuSpec("H200", "nvidia", "hopper", (9, 0), 143_771, 4.8, 990, 1980, 8, 8, "amd64", 50),
-        GpuSpec("H100", "nvidia", "hopper", (9, 0), 81_559, 3.35, 990, 1980, 8, 8, "amd64", 50),
-        GpuSpec("MI355X", "amd", "cdna4", None, 294_896, 8.0, 2500, 5000, 8, 8, "amd64", 50),
+        GpuSpec(product="GB300", vendor="nvidia", generation="blackwell", usable_mib=284_208, hbm_tb_s=8.0,
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64"),
+        GpuSpec(product="GB200", vendor="nvidia", generation="blackwell", usable_mib=189_471, hbm_tb_s=8.0,
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64"),
+        GpuSpec(product="B300", vendor="nvidia", generation="blackwell", usable_mib=275_040, hbm_tb_s=7.75,
+                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+        GpuSpec(product="B200", vendor="nvidia", generation="blackwell", usable_mib=183_359, hbm_tb_s=7.7,
+                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+        GpuSpec(product="H200", vendor="nvidia", generation="hopper", usable_mib=143_771, hbm_tb_s=4.8,
+                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+        GpuSpec(product="H100", vendor="nvidia", generation="hopper", usable_mib=81_559, hbm_tb_s=3.35,
+                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+        GpuSpec(product="MI355X", vendor="amd", generation="cdna4", usable_mib=294_896, hbm_tb_s=8.0,
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
     )
 }
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..api.reasons import HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC
+from ..kimi_k3 import KDA_HEADS, NUM_EXPERTS
 from .catalog import GpuSpec
-from .memory import KDA_HEADS, NUM_EXPERTS, MemoryFit, gb, memory_fit
+from .memory import MemoryFit, gb, memory_fit
 from .plan import Layout, PlanningError
 
 MAX_GPUS_PER_REPLICA = 128
@@ -96,11 +98,11 @@ def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
                 return layout
             smallest = smallest or (layout, result)
     if smallest is None:
-        raise PlanningError("HardwareUnsupported",
+        raise PlanningError(HARDWARE_UNSUPPORTED,
                             f"no {role} layout of whole {fabric.gpus_per_node}-GPU nodes suits {fabric.gpu.product}")
     layout, result = smallest
     raise PlanningError(
-        "HardwareUnsupported",
+        HARDWARE_UNSUPPORTED,
         f"Kimi K3 does not fit {fabric.gpu.product} at up to {MAX_GPUS_PER_REPLICA} GPUs per replica: "
         f"{shortfall_text(fabric, layout, result)}",
     )
@@ -117,19 +119,19 @@ def check_layout(role: str, disaggregated: bool, layout: Layout, fabric: Fabric,
     node, domain = fabric.gpus_per_node, fabric.nvlink_gpus
     if layout.tensor > domain:
         raise PlanningError(
-            "InvalidSpec",
+            INVALID_SPEC,
             f"tensor parallel size {layout.tensor} would span the RDMA boundary: {fabric.gpu.product} NVLink "
             f"reaches {domain} GPUs; use tensor <= {domain} with pipeline or data parallelism")
     if layout.gpus > node and layout.gpus % node:
-        raise PlanningError("InvalidSpec",
+        raise PlanningError(INVALID_SPEC,
                             f"{layout.gpus} GPUs per replica do not fill whole {node}-GPU nodes")
     if layout.expert and NUM_EXPERTS % (layout.tensor * layout.data):
         raise PlanningError(
-            "InvalidSpec",
+            INVALID_SPEC,
             f"expert parallel size {layout.tensor * layout.data} (tensor x data) must divide the {NUM_EXPERTS} experts")
     if disaggregated and layout.pipeline > 1:
         raise PlanningError(
-            "InvalidSpec",
+            INVALID_SPEC,
             f"{role} with pipeline parallel size {layout.pipeline}: NIXL cannot transfer KDA state between "
             "pipeline stages; use data parallelism with expert parallelism (DEP) instead")
     result = fit(fabric, layout, mem)
@@ -139,4 +141,4 @@ def check_layout(role: str, disaggregated: bool, layout: Layout, fabric: Fabric,
             needed = f"; the smallest {role} layout that fits is {describe(smallest)} ({smallest.gpus} GPUs)"
         except PlanningError:
             needed = ""
-        raise PlanningError("InsufficientMemory", shortfall_text(fabric, layout, result) + needed)
+        raise PlanningError(INSUFFICIENT_MEMORY, shortfall_text(fabric, layout, result) + needed)

@@ -1,8 +1,7 @@
 """Does a layout fit? Kimi K3's weights and state per GPU, from its real dimensions.
 
-Figures (reference/perf-model.md §2.2-2.4, derived from the checkpoint config and vLLM 0.33.0):
-routed experts are MXFP4 (1,446.5 GB), everything else BF16 (114.5 GB, of which 12.3 GB is kept
-whole on every tensor-parallel rank: latent projections, router, MLA q_a/kv_a, KDA f_a).
+The model's figures (kimi_k3.py): routed experts are MXFP4, everything else BF16, of which a
+part is kept whole on every tensor-parallel rank (latent projections, router, MLA q_a/kv_a, KDA f_a).
 Experts shard over the expert-parallel group (or over TP when EP is off); the rest shards over
 TP only, so data-parallel ranks each hold a full copy of it. Pipeline stages split everything.
 
@@ -16,21 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .blocks import kda_state_bytes
-from .catalog import GB, GpuSpec
-
-EXPERT_BYTES = 1446.5 * GB
-DENSE_BYTES = 114.5 * GB
-REPLICATED_BYTES = 12.3 * GB
-MLA_LAYERS = 24
-KDA_LAYERS = 69
-KDA_STATE_BYTES = 449e6
-"""KDA state of one sequence across all 69 layers (FP32 recurrent + BF16 conv), unsharded."""
-MLA_BYTES_PER_TOKEN_LAYER = {"bf16": 1152, "fp8": 576}
-"""[kv_lora 512 + rope 64] per token per MLA layer; replicated on every TP rank."""
-MODEL_MAX_LEN = 1 << 20
-NUM_EXPERTS = 896
-KDA_HEADS = 96
+from ..kimi_k3 import (BF16_WEIGHT_BYTES, GB, KDA_LAYERS, MAX_MODEL_LEN, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS,
+                       REPLICATED_BYTES, ROUTED_EXPERT_BYTES, kda_state_bytes)
+from .catalog import GpuSpec
 
 GPU_MEMORY_UTILIZATION = 0.90
 RUNTIME_OVERHEAD_BYTES = 4.6 * GB
@@ -60,14 +47,14 @@ class MemoryFit:
 
 def weights_per_gpu(tensor: int, pipeline: int, data: int, expert: bool) -> float:
     expert_shards = tensor * data if expert else tensor
-    experts = EXPERT_BYTES / (expert_shards * pipeline)
-    dense = (DENSE_BYTES - REPLICATED_BYTES) / (tensor * pipeline) + REPLICATED_BYTES / pipeline
+    experts = ROUTED_EXPERT_BYTES / (expert_shards * pipeline)
+    dense = (BF16_WEIGHT_BYTES - REPLICATED_BYTES) / (tensor * pipeline) + REPLICATED_BYTES / pipeline
     return experts + dense
 
 
 def state_floor(gpu: GpuSpec, tensor: int, pipeline: int, max_model_len: int | None,
                 kv_dtype: str, spec_tokens: int, ssm_dtype: str = "float32") -> float:
-    tokens = max_model_len or MODEL_MAX_LEN
+    tokens = max_model_len or MAX_MODEL_LEN
     kv = tokens * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / pipeline
     # vLLM keeps 1 + k KDA state slots per request under speculative decoding.
     kda = kda_state_bytes(tensor, spec_tokens, ssm_dtype) * KDA_LAYERS * (1 + spec_tokens) / pipeline

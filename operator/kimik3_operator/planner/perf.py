@@ -14,6 +14,15 @@ prior, the standard point fixes the per-step fixed latency; the DSpark point, wh
 length was not published, then implies one, which must lie inside the published 2.61-4.73 range.
 Other GPUs and layouts reuse the fitted fixed latency scaled by a fabric factor for collectives
 over RDMA: extrapolations, marked as such through their inputs.
+
+Pure functions for anything that times requests per role and GPU (the planner's rate matching, an
+engine simulator), all taking the pool's GpuSpec and the role's Layout:
+- prefill_latency_seconds: one prompt of N tokens, H of them a prefix-cache hit, on one DP rank;
+- prefill_seconds: the replica time one such prompt costs (1 / prompts per second per replica);
+- decode_step_ms: one decode step at batch B and context C, with k speculative tokens per step;
+- decode_batch1: tokens per second for a lone user;
+- max_decode_batch: the largest batch the KV/KDA pool holds under an ITL target.
+The model's figures come from kimi_k3.py; the priors below are the model's own.
 """
 
 from __future__ import annotations
@@ -21,26 +30,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .catalog import CATALOG, GB, GpuSpec
-from .memory import KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS, memory_fit
+from ..kimi_k3 import (BF16_ACTIVE_BYTES, BF16_GFLOP_PER_TOKEN, BYTES_PER_EXPERT, DECODE_REPLICATED_BYTES,
+                       EXPERT_GFLOP_PER_TOKEN, GB, KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_HEADS,
+                       MLA_LAYERS, MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM, MOE_LAYERS, NUM_EXPERTS, PUBLISHED, TOP_K)
+from .catalog import CATALOG, GpuSpec
+from .memory import memory_fit
 from .plan import Layout
 
-ROUTED_ACTIVE_BYTES = 25.8 * GB          # 16 of 896 experts x 92 layers, MXFP4
-BF16_ACTIVE_BYTES = 111.2 * GB           # attention, shared experts, latent projections, lm_head
-DECODE_REPLICATED_BYTES = 0.85 * GB      # what vLLM's specialized decode still reads on every rank
-EXPERT_BYTES = 17.55e6                   # one MXFP4 expert (3 x 3584 x 3072 at 4.25 bit)
-MOE_LAYERS = 92
-NUM_EXPERTS, TOP_K = 896, 16
-EXPERT_GFLOP_PER_TOKEN = 97.0            # routed experts, 2 x 48.6 B active
-BF16_GFLOP_PER_TOKEN = 111.0             # everything else, 2 x 55.6 B active
-MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * 96 * (192 + 128) / 2   # x S^2 for causal attention
+MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * MLA_HEADS * (MLA_QK_HEAD_DIM + MLA_V_HEAD_DIM) / 2  # x S^2, causal
 
 EFFICIENCY = 0.8                         # achieved / peak HBM bandwidth (AIConfigurator's prior)
 PREFILL_MFU = 0.45                       # planning prior until vLLM prefill is measured
 RDMA_FIXED_FACTOR = 1.5                  # collectives over RDMA instead of NVLink (prior)
 CALIBRATION_CONTEXT = 8192               # context the batch-1 bytes are counted at
-PUBLISHED = {"gpu": "GB300", "tensor": 8, "standard_tok_s": 111.0, "dspark_tok_s": 331.0,
-             "dspark_tokens": 7, "acceptance_range": (2.61, 4.73)}
 
 
 def distinct_experts(tokens: float) -> float:
@@ -56,7 +58,7 @@ def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8
     GPU but not the bytes on the path."""
     tp, ep = layout.tensor, layout.tensor * layout.data if layout.expert else layout.tensor
     bf16 = (BF16_ACTIVE_BYTES - DECODE_REPLICATED_BYTES) / tp + DECODE_REPLICATED_BYTES
-    experts = MOE_LAYERS * distinct_experts(tokens) * EXPERT_BYTES / ep
+    experts = MOE_LAYERS * distinct_experts(tokens) * BYTES_PER_EXPERT / ep
     per_sequence = context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS + 2 * KDA_STATE_BYTES / tp
     return bf16 + experts + sequences * per_sequence
 
@@ -82,21 +84,22 @@ def _bandwidth_ms(gpu: GpuSpec, nbytes: float) -> float:
 
 
 def calibrate() -> Calibration:
-    gpu = CATALOG[PUBLISHED["gpu"]]
-    layout = Layout(tensor=int(PUBLISHED["tensor"]))
-    measured_ms = 1e3 / PUBLISHED["standard_tok_s"]
+    gpu = CATALOG[PUBLISHED.gpu]
+    layout = Layout(tensor=PUBLISHED.tensor)
+    measured_ms = 1e3 / PUBLISHED.standard_tok_s
     fixed = measured_ms - _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT))
     predicted = 1e3 / (fixed + _bandwidth_ms(gpu, step_bytes(layout, 1, CALIBRATION_CONTEXT)))
-    verify_ms = fixed + _bandwidth_ms(gpu, step_bytes(layout, 1 + PUBLISHED["dspark_tokens"], CALIBRATION_CONTEXT))
+    verify_ms = fixed + _bandwidth_ms(gpu, step_bytes(layout, 1 + PUBLISHED.dspark_tokens, CALIBRATION_CONTEXT))
     return Calibration(fixed_ms=fixed, efficiency=EFFICIENCY,
-                       standard_residual_tok_s=PUBLISHED["standard_tok_s"] - predicted,
-                       implied_acceptance=PUBLISHED["dspark_tok_s"] * verify_ms / 1e3)
+                       standard_residual_tok_s=PUBLISHED.standard_tok_s - predicted,
+                       implied_acceptance=PUBLISHED.dspark_tok_s * verify_ms / 1e3)
 
 
 CALIBRATION = calibrate()
 
 
-def fixed_ms(layout: Layout, crosses_rdma: bool) -> float:
+def fixed_ms(crosses_rdma: bool) -> float:
+    """Per-step fixed latency: the calibrated NVLink figure, scaled when collectives cross RDMA."""
     return CALIBRATION.fixed_ms * (RDMA_FIXED_FACTOR if crosses_rdma else 1.0)
 
 
@@ -116,7 +119,7 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
     """Tokens per second for one user: 1 token per step, or `acceptance` per verify step."""
     tokens = 1 + spec_tokens
     nbytes = step_bytes(layout, tokens, context, kv_dtype)
-    fixed = fixed_ms(layout, crosses_rdma)
+    fixed = fixed_ms(crosses_rdma)
     step = fixed + _bandwidth_ms(gpu, nbytes)
     return Prediction(acceptance * 1e3 / step, "tokens/s", {
         "bytesPerGpuGB": nbytes / GB, "fixedMs": fixed, "efficiency": EFFICIENCY,
@@ -124,22 +127,37 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
 
 
 def decode_step_ms(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, batch: int, context: int,
-                   kv_dtype: str) -> float:
-    """Step time with `batch` sequences in flight per replica (spread over its DP ranks)."""
-    nbytes = step_bytes(layout, batch, context, kv_dtype, sequences=batch / layout.data)
+                   kv_dtype: str, *, spec_tokens: int = 0) -> float:
+    """Time of one decode step, in ms, with `batch` sequences in flight per replica (spread over its
+    DP ranks) at `context` tokens each. With `spec_tokens` drafts (DSpark, MTP) every sequence runs a
+    verify step of 1 + spec_tokens tokens, which touches more experts and costs more FLOPs; each
+    sequence then emits its acceptance length of tokens per step (PUBLISHED.acceptance_range), not 1."""
+    tokens = batch * (1 + spec_tokens)
+    nbytes = step_bytes(layout, tokens, context, kv_dtype, sequences=batch / layout.data)
     rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
-    flops = batch / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
-                                   / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
-    return fixed_ms(layout, crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
+    flops = tokens / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
+                                    / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
+    return fixed_ms(crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
 
 
-def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int) -> float:
-    """Compute-bound prefill time of one prompt on one replica."""
+def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, cached_tokens: int = 0) -> float:
+    """Compute-bound replica time one prompt of `input_tokens` costs, the first `cached_tokens` of
+    them a prefix-cache hit (MLA KV and a KDA state checkpoint at that point): the linear layers run
+    the new tokens only, causal attention runs them against the whole prompt. Every GPU of the
+    replica counts, so this is 1 / prompts per second per replica, not one prompt's latency."""
+    if not 0 <= cached_tokens <= input_tokens:
+        raise ValueError(f"cached_tokens {cached_tokens} outside [0, {input_tokens}]")
     expert_rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
-    flops_linear = input_tokens * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate
-                                   + BF16_GFLOP_PER_TOKEN * 1e9 / (gpu.bf16_tflops * 1e12))
-    attention = MLA_ATTN_FLOP_COEFF * input_tokens**2 / (gpu.bf16_tflops * 1e12)
+    flops_linear = (input_tokens - cached_tokens) * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate
+                                                     + BF16_GFLOP_PER_TOKEN * 1e9 / (gpu.bf16_tflops * 1e12))
+    attention = MLA_ATTN_FLOP_COEFF * (input_tokens**2 - cached_tokens**2) / (gpu.bf16_tflops * 1e12)
     return (flops_linear + attention) / (layout.gpus * PREFILL_MFU)
+
+
+def prefill_latency_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, cached_tokens: int = 0) -> float:
+    """Time from a prompt's start to its first token on an idle replica (TTFT before queueing): a
+    prompt runs on one data-parallel rank, so it gets the replica's time x DP."""
+    return prefill_seconds(gpu, layout, input_tokens, cached_tokens=cached_tokens) * layout.data
 
 
 def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: int, kv_dtype: str,
@@ -160,13 +178,6 @@ def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: 
         else:
             high = mid - 1
     return low
-
-
-@dataclass(frozen=True)
-class Split:
-    prefill: int
-    decode: int
-    inputs: dict[str, float]
 
 
 PREFILL_UTILISATION = 0.9    # pipeline bubbles between prompts (AIConfigurator's factor)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 
 from ..api import KimiK3DeploymentSpec
+from ..api.reasons import SLO_UNATTAINABLE
 from ..api.v1alpha1 import Workload
+from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
-from .perf import (DECODE_UTILISATION, PREFILL_UTILISATION, PUBLISHED, TTFT_QUEUEING, decode_batch1,
-                   decode_step_ms, EFFICIENCY, fixed_ms, max_decode_batch, prefill_seconds, replicas_for)
+from .perf import (DECODE_UTILISATION, EFFICIENCY, PREFILL_UTILISATION, TTFT_QUEUEING, decode_batch1, decode_step_ms,
+                   fixed_ms, max_decode_batch, prefill_latency_seconds, prefill_seconds, replicas_for)
 from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
 
 DEFAULT_REPLICAS = {"aggregated": 1, "prefill": 1, "decode": 2}
@@ -43,7 +45,7 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
         out["decodeStepMsBatch1"] = base.inputs["stepMs"]
         out["bytesPerGpuGBBatch1"] = base.inputs["bytesPerGpuGB"]
         if engine.speculative_tokens:
-            low, high = PUBLISHED["acceptance_range"]
+            low, high = PUBLISHED.acceptance_range
             for name, accept in (("Low", low), ("High", high)):
                 p = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv,
                                   spec_tokens=engine.speculative_tokens, acceptance=accept)
@@ -59,13 +61,11 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
         else:
             out["decodeRequestsPerSecond"] = 0.0
     if role.role in ("prefill", "aggregated"):
-        whole = prefill_seconds(gpu, layout, workload.input_tokens)
-        out["prefillRequestsPerSecond"] = 1 / whole
-        # A prompt runs on one data-parallel rank, so its latency is the replica's time x DP.
-        out["ttftSeconds"] = whole * layout.data
+        out["prefillRequestsPerSecond"] = 1 / prefill_seconds(gpu, layout, workload.input_tokens)
+        out["ttftSeconds"] = prefill_latency_seconds(gpu, layout, workload.input_tokens)
     if role.role == "aggregated" and out.get("decodeRequestsPerSecond"):
         out["requestsPerSecond"] = 1 / (1 / out["prefillRequestsPerSecond"] + 1 / out["decodeRequestsPerSecond"])
-    out["fixedMs"] = fixed_ms(role.layout, role.crosses_rdma)
+    out["fixedMs"] = fixed_ms(role.crosses_rdma)
     out["efficiency"] = EFFICIENCY
     return out
 
@@ -75,12 +75,12 @@ def _check_slo(where: str, role: RolePlan, predicted: dict[str, float], ttft_ms:
     ttft = predicted.get("ttftSeconds")
     if ttft_ms is not None and ttft is not None and ttft * TTFT_QUEUEING * 1e3 > ttft_ms:
         raise PlanningError(
-            "SLOUnattainable",
+            SLO_UNATTAINABLE,
             f"{where}: predicted TTFT {ttft * 1e3:.0f} ms x {TTFT_QUEUEING} under load exceeds the "
             f"{ttft_ms:.0f} ms target; use more GPUs per prefill replica or shorter prompts")
     if itl_ms is not None and role.role in ("decode", "aggregated") and not predicted.get("decodeBatchAtSlo"):
         raise PlanningError(
-            "SLOUnattainable",
+            SLO_UNATTAINABLE,
             f"{where}: even one sequence needs {predicted.get('decodeStepMsBatch1', 0):.1f} ms per step, "
             f"over the {itl_ms:.0f} ms inter-token target")
 

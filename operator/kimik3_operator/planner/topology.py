@@ -15,6 +15,7 @@ import json
 from typing import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
+from ..api.reasons import HARDWARE_UNSUPPORTED, NO_MATCHING_NODES, PD_INCOMPATIBLE
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
@@ -73,7 +74,7 @@ def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
              for p in pools if p.gpu_product for r in p.roles if r.role in ("prefill", "decode")}
     if len(kinds) > 1:
         seen = ", ".join(f"{v} {g}" for v, g in sorted(kinds))
-        raise PlanningError("PDIncompatible",
+        raise PlanningError(PD_INCOMPATIBLE,
                             f"prefill and decode run on different GPU generations ({seen}): vLLM's NIXL "
                             "handshake compares the attention backend, which differs between them; keep "
                             "paired roles on one generation or serve each pool aggregated")
@@ -84,13 +85,13 @@ def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
     if product is None:
         if not facts.nodes:
             raise PlanningError(
-                "NoMatchingNodes",
+                NO_MATCHING_NODES,
                 f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)}; "
                 "set gpu.product (and gpu.perNode) to plan before the nodes exist",
                 depends_on_nodes=True)
         labels = sorted({n.labels.get("nvidia.com/gpu.product", "?") for n in facts.nodes})
         raise PlanningError(
-            "HardwareUnsupported",
+            HARDWARE_UNSUPPORTED,
             f"pool {pool.name}: GPU {', '.join(labels)} is not one Kimi K3 supports "
             f"({', '.join(CATALOG)}); set gpu.product if the label is unusual",
             depends_on_nodes=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..api.reasons import KNOWN_ISSUE
 from .plan import PlanningError, PoolPlan
 
 
@@ -37,5 +38,5 @@ TRAPS: tuple[Trap, ...] = (
 def check_traps(pools: tuple[PoolPlan, ...], accepted: frozenset[str]) -> None:
     for trap in TRAPS:
         if trap.issue not in accepted and trap.applies(pools):
-            raise PlanningError("KnownIssue", f"{trap.message} (accept with experimental.acceptKnownIssues: "
+            raise PlanningError(KNOWN_ISSUE, f"{trap.message} (accept with experimental.acceptKnownIssues: "
                                               f"[\"{trap.issue}\"])")

@@ -16,10 +16,12 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
+from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
+from ..contract.kinds import BY_KIND, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.images import OPERATOR_IMAGE
-from ..render import WEIGHTS_KINDS, Owner, render_serving, render_weights
+from ..render import Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
 from ..planner.facts import PoolFacts
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
@@ -28,17 +30,8 @@ from .status import compute_status, transitions
 from .weights_status import weights_state
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-CREATE_ONLY = frozenset({"Job"})
-"""A Job's pod template is immutable and its name already says what it stages: once created it is
-left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
 
 log = logging.getLogger(__name__)
-
-DEPENDENCIES = {
-    "LeaderWorkerSet": "install LeaderWorkerSet (sigs.k8s.io/lws)",
-    "ComputeDomain": "multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)",
-}
-"""What to install when the cluster lacks a kind the plan renders."""
 
 
 @dataclass
@@ -87,7 +80,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     try:
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
-        return fail(PlanningError("InvalidSpec", first_error(exc)))
+        return fail(PlanningError(INVALID_SPEC, first_error(exc)))
     nodes = cluster.list_nodes()
     facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
     pods: list[dict[str, Any]] | None = None
@@ -114,7 +107,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         # Weights first: nothing new serves until its checkpoints are staged at a known commit.
         desired = render_weights(owner, plan, tools_image)
         _apply_all(cluster, desired, live, current, outcome)
-        jobs = {n: o for (k, n), o in current.items() if k == "Job"}
+        jobs = {n: o for (k, n), o in current.items() if k == JOB.kind}
         job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
         weights = weights_state(owner, plan.weights, jobs, job_pods)
         wanted = {_key(o) for o in desired}
@@ -126,18 +119,18 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             wanted |= {_key(o) for o in serving}
         else:
             # What serves now keeps serving (a new revision stages into a folder of its own).
-            wanted |= {k for k in live if k[0] not in WEIGHTS_KINDS}
+            wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
     except MissingApiError as exc:
-        return fail(PlanningError("MissingDependency", f"{exc}: {DEPENDENCIES.get(exc.kind, '')}".rstrip(": "),
-                                  depends_on_nodes=True))
+        hint = BY_KIND[exc.kind].missing_hint
+        return fail(PlanningError(MISSING_DEPENDENCY, f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True))
     except RejectedApiError as exc:
-        return fail(PlanningError("ApplyRejected", f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
+        return fail(PlanningError(APPLY_REJECTED, f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
     for key, obj in live.items():
-        if key not in wanted and _owned_by(obj, meta.uid):
+        if key not in wanted and _owned_by(obj, meta.uid) and BY_KIND[key[0]].pruned:
             cluster.delete(obj)
             outcome.deleted.append("/".join(key))
 
-    workloads = {n: o for (k, n), o in {**live, **current}.items() if k == "LeaderWorkerSet" and (k, n) in wanted}
+    workloads = {n: o for (k, n), o in {**live, **current}.items() if k == LEADER_WORKER_SET.kind and (k, n) in wanted}
     _write_status(cluster, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=short, weights=weights))
@@ -146,14 +139,14 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
 
 def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:
     """Compatibility hashes our Services select now (paired prefill/decode Services only)."""
-    return {h for (kind, _), o in live.items() if kind == "Service"
+    return {h for (kind, _), o in live.items() if kind == SERVICE.kind
             if (h := ((o.get("spec") or {}).get("selector") or {}).get(LABEL_COMPAT))}
 
 
 def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                current: dict[tuple[str, str], dict[str, Any]], outcome: Outcome) -> None:
     for obj in desired:
-        if obj["kind"] in CREATE_ONLY and _key(obj) in live:
+        if BY_KIND[obj["kind"]].create_only and _key(obj) in live:
             current[_key(obj)] = live[_key(obj)]
             continue
         result = cluster.apply(obj, live.get(_key(obj)))
@@ -175,7 +168,7 @@ def _check_not_stranded(cr: KimiK3Deployment, facts: dict[str, PoolFacts], own_p
                         and (p.get("spec") or {}).get("nodeName")})
         if hosts:
             raise PlanningError(
-                "NoMatchingNodes",
+                NO_MATCHING_NODES,
                 f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)} "
                 f"any more; its pods still run on {', '.join(hosts)} and are left as they are until "
                 "nodes match again", depends_on_nodes=True)

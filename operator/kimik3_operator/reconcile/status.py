@@ -2,16 +2,23 @@
 
 Conditions follow metav1.Condition: `lastTransitionTime` moves only when a condition's status
 flips, and the caller writes the status only when the computed one differs from the stored one.
+Which phase and conditions a pass shows is one table (SITUATIONS), first match wins.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
+from ..api.reasons import (
+    ALL_REPLICAS_READY, AS_EXPECTED, INSUFFICIENT_CAPACITY, INVALID_SPEC, PODS_NOT_READY, STABLE, UPDATING,
+    WEIGHTS_FAILED, WEIGHTS_STAGING,
+)
 from ..api.v1alpha1 import EngineStatus
 from ..planner import Plan, PlanningError
 from ..render.names import Owner, workload_name
+from ..render.plan_fields import pool_fields, role_fields
 from ..render.services import service_url
 from .weights_status import WeightsState
 
@@ -40,6 +47,7 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]]) -> list[PoolStatus]:
+    """The plan's facts (the keys `kimik3 plan -o json` shows) with what the workloads report."""
     pools = []
     for pool in plan.pools:
         roles = []
@@ -47,26 +55,14 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
             name = workload_name(owner, pool.name, role.role)
             live = (workloads.get(name) or {}).get("status") or {}
             roles.append(RoleStatus(
-                role=role.role,
-                replicas=role.replicas,
-                replicas_source=role.replicas_source,  # type: ignore[arg-type]
+                **role_fields(role),
                 block_size=role.block_size,
                 ready_replicas=min(int(live.get("readyReplicas") or 0), role.replicas),
                 updated_replicas=min(int(live.get("updatedReplicas") or 0), role.replicas),
-                gpus_per_replica=role.gpus_per_replica,
-                nodes_per_replica=role.nodes_per_replica,
-                tensor_parallel=role.layout.tensor,
-                pipeline_parallel=role.layout.pipeline,
-                data_parallel=role.layout.data,
-                expert_parallel=role.layout.expert,
-                all2all_backend=role.all2all_backend,
-                moe_backend=role.moe_backend,
-                compute_domain=role.compute_domain,
                 workload=name,
                 endpoint=service_url(owner, pool.name, role.role),
             ))
-        pools.append(PoolStatus(name=pool.name, gpu_product=pool.gpu_product, interconnect=pool.interconnect,
-                                gpus_per_node=pool.gpus_per_node, roles=roles))
+        pools.append(PoolStatus(**pool_fields(pool), roles=roles))
     return pools
 
 
@@ -94,6 +90,95 @@ def entry_endpoint(pools: list[PoolStatus]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What one pass saw of a planned deployment, as the SITUATIONS table reads it."""
+
+    ready: int
+    desired: int
+    lagging: list[str]
+    """Roles whose replicas are not all ready and updated, one line each."""
+    short: list[str]
+    """Capacity shortfalls: why lagging pods find no room."""
+    serving: bool
+    """Workloads exist: what serves keeps serving while a new revision stages."""
+    weights: WeightsState | None
+
+    @property
+    def weights_failed(self) -> bool:
+        return bool(self.weights and self.weights.failed)
+
+    @property
+    def weights_staging(self) -> bool:
+        return self.weights is not None and not self.weights.all_staged
+
+
+def _counts(s: Seen) -> str:
+    return f"{s.ready}/{s.desired} replicas ready"
+
+
+def _weights(s: Seen) -> str:
+    return s.weights.summary() if s.weights else ""
+
+
+def _counts_and_weights(s: Seen) -> str:
+    return f"{_counts(s)}; {_weights(s)}"
+
+
+def _short(s: Seen) -> str:
+    return "; ".join(s.short)
+
+
+def _lagging(s: Seen) -> str:
+    return "; ".join(s.lagging)
+
+
+Said = tuple[bool, str, Callable[[Seen], str]]
+"""A condition as a situation states it: status, reason, message."""
+
+
+@dataclass(frozen=True)
+class Situation:
+    """One row: when it holds, the phase, and each condition's (status, reason, message)."""
+
+    when: Callable[[Seen], bool]
+    phase: str
+    ready: Said
+    progressing: Said
+    degraded: Said
+
+    def conditions(self) -> dict[str, Said]:
+        return {READY: self.ready, PROGRESSING: self.progressing, DEGRADED: self.degraded}
+
+
+SITUATIONS: tuple[Situation, ...] = (
+    # A staging Job gave up: what serves keeps serving, nothing new will until someone acts.
+    Situation(lambda s: s.weights_failed and s.ready > 0 and not s.lagging, "Degraded",
+              (True, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
+    Situation(lambda s: s.weights_failed and s.ready > 0, "Degraded",
+              (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
+    Situation(lambda s: s.weights_failed, "Failed",
+              (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
+    # Checkpoints staging: a new revision stages beside the one serving, or nothing serves yet.
+    Situation(lambda s: s.weights_staging and s.serving and not s.lagging, "Progressing",
+              (True, ALL_REPLICAS_READY, _counts_and_weights), (True, WEIGHTS_STAGING, _weights),
+              (False, AS_EXPECTED, _weights)),
+    Situation(lambda s: s.weights_staging, "Progressing",
+              (False, WEIGHTS_STAGING, _weights), (True, WEIGHTS_STAGING, _weights), (False, AS_EXPECTED, _weights)),
+    # Replicas not ready: for want of room on the nodes, or still starting or rolling.
+    Situation(lambda s: bool(s.lagging and s.short) and s.ready > 0, "Degraded",
+              (False, INSUFFICIENT_CAPACITY, _short), (True, UPDATING, _short), (True, INSUFFICIENT_CAPACITY, _short)),
+    Situation(lambda s: bool(s.lagging and s.short), "Pending",
+              (False, INSUFFICIENT_CAPACITY, _short), (True, UPDATING, _short), (True, INSUFFICIENT_CAPACITY, _short)),
+    Situation(lambda s: bool(s.lagging), "Progressing",
+              (False, PODS_NOT_READY, _lagging), (True, UPDATING, _lagging), (False, AS_EXPECTED, _lagging)),
+    Situation(lambda s: True, "Ready",
+              (True, ALL_REPLICAS_READY, _counts), (False, STABLE, _counts), (False, AS_EXPECTED, _counts)),
+)
+"""Phase and conditions of a planned deployment: the first situation whose `when` holds. A new
+situation (or reason) is a row here; a new condition type a field of Situation, set in every row."""
+
+
 def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentStatus | None,
                    plan: Plan | None, error: PlanningError | None,
                    workloads: Mapping[str, Mapping[str, Any]], now: str,
@@ -108,7 +193,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         conditions = set_condition(conditions, _condition(type_, ok, reason, message, generation, now))
 
     if error is not None or plan is None:
-        reason = error.reason if error else "InvalidSpec"
+        reason = error.reason if error else INVALID_SPEC
         message = error.message if error else "the deployment could not be planned"
         put(READY, False, reason, message)
         put(PROGRESSING, False, reason, message)
@@ -118,48 +203,22 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
             "observed_generation": generation, "phase": "Failed", "conditions": conditions})
     pools = role_statuses(owner, plan, workloads)
     roles = [(p.name, r) for p in pools for r in p.roles]
-    lagging = [f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
-               for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas]
-    ready = sum(r.ready_replicas for _, r in roles)
-    desired = sum(r.replicas for _, r in roles)
-    failed = weights.failed if weights else []
-    staging = weights is not None and not weights.all_staged and not failed
-    weights_message = weights.summary() if weights else ""
-
-    if failed:
-        put(READY, ready > 0 and not lagging, "WeightsFailed", weights_message)
-        put(PROGRESSING, False, "WeightsFailed", weights_message)
-        put(DEGRADED, True, "WeightsFailed", weights_message)
-        phase = "Degraded" if ready else "Failed"
-    elif staging:
-        if workloads and not lagging:  # a new revision stages beside the one serving
-            put(READY, True, "AllReplicasReady", f"{ready}/{desired} replicas ready; {weights_message}")
-        else:
-            put(READY, False, "WeightsStaging", weights_message)
-        put(PROGRESSING, True, "WeightsStaging", weights_message)
-        put(DEGRADED, False, "AsExpected", weights_message)
-        phase = "Progressing"
-    elif lagging:
-        reason = "InsufficientCapacity" if capacity else "PodsNotReady"
-        message = "; ".join(capacity or lagging)
-        put(READY, False, reason, message)
-        put(PROGRESSING, True, "Updating", message)
-        put(DEGRADED, bool(capacity), "InsufficientCapacity" if capacity else "AsExpected", message)
-        phase = ("Degraded" if ready else "Pending") if capacity else "Progressing"
-    else:
-        message = f"{ready}/{desired} replicas ready"
-        put(READY, True, "AllReplicasReady", message)
-        put(PROGRESSING, False, "Stable", message)
-        put(DEGRADED, False, "AsExpected", message)
-        phase = "Ready"
+    seen = Seen(
+        ready=sum(r.ready_replicas for _, r in roles), desired=sum(r.replicas for _, r in roles),
+        lagging=[f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
+                 for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas],
+        short=capacity or [], serving=bool(workloads), weights=weights)
+    situation = next(s for s in SITUATIONS if s.when(seen))
+    for type_, (ok, reason, message) in situation.conditions().items():
+        put(type_, ok, reason, message(seen))
     return KimiK3DeploymentStatus(
         observed_generation=generation,
-        phase=phase,  # type: ignore[arg-type]
+        phase=situation.phase,  # type: ignore[arg-type]
         conditions=conditions,
         pools=pools,
         endpoint=entry_endpoint(pools),
         engine=engine_status(plan),
-        ready_summary=f"{ready}/{desired}",
+        ready_summary=f"{seen.ready}/{seen.desired}",
         gpus=plan.gpus,
         weights=weights.sources if weights else [],
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
 from .compute_domain import compute_domain
@@ -12,16 +13,10 @@ from .services import leader_service
 from .weights import weights_children
 from .workloads import leader_worker_set
 
-# Apply order: what a workload needs (its Service, its ComputeDomain) before the workload, and an
-# identity before the Job that runs as it.
-KIND_ORDER = ("PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job",
-              "Service", "ComputeDomain", "LeaderWorkerSet")
-WEIGHTS_KINDS = frozenset(KIND_ORDER[:5])
-
 
 def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
     """What stages the checkpoints: needed before (and independent of) anything that serves."""
-    return [stamp_hash(c) for c in weights_children(owner, plan.weights, tools_image)]
+    return _in_apply_order(weights_children(owner, plan.weights, tools_image))
 
 
 def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None) -> list[dict[str, Any]]:
@@ -33,8 +28,7 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None) -> 
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role))
-    children.sort(key=lambda o: KIND_ORDER.index(o["kind"]))
-    return [stamp_hash(c) for c in children]
+    return _in_apply_order(children)
 
 
 def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
@@ -42,4 +36,9 @@ def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE)
     return render_weights(owner, plan, tools_image) + render_serving(owner, plan)
 
 
-__all__ = ["KIND_ORDER", "Owner", "WEIGHTS_KINDS", "render_children", "render_serving", "render_weights"]
+def _in_apply_order(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stamped with their desired-state hashes, sorted by kind (stable within a kind)."""
+    return [stamp_hash(c) for c in sorted(children, key=lambda o: APPLY_ORDER[o["kind"]])]
+
+
+__all__ = ["Owner", "render_children", "render_serving", "render_weights"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract.kinds import COMPUTE_DOMAIN
 from ..planner import PoolPlan, RolePlan
 from .names import Owner, object_meta, workload_name
 
-API_VERSION = "resource.nvidia.com/v1beta1"
 CLAIM_NAME = "compute-domain-channel"
 
 
@@ -27,8 +27,7 @@ def channel_template_name(owner: Owner, pool: str, role: str) -> str:
 
 def compute_domain(owner: Owner, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     return {
-        "apiVersion": API_VERSION,
-        "kind": "ComputeDomain",
+        **COMPUTE_DOMAIN.type_meta(),
         "metadata": object_meta(owner, compute_domain_name(owner, pool.name, role.role), pool.name, role.role),
         "spec": {
             "numNodes": 0,

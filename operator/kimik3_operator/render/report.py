@@ -12,6 +12,7 @@ from ..planner import Plan, PoolPlan, RolePlan
 from ..planner.layout import describe
 from ..planner.perf import CALIBRATION
 from .engine import engine_args, engine_env
+from .plan_fields import plan_keys, pool_fields, role_fields
 
 
 def _env_dict(env: list[dict[str, Any]]) -> dict[str, str]:
@@ -21,18 +22,7 @@ def _env_dict(env: list[dict[str, Any]]) -> dict[str, str]:
 def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     multi = role.nodes_per_replica > 1  # otherwise the replica's only pod is its leader
     return {
-        "role": role.role,
-        "replicas": role.replicas,
-        "replicasSource": role.replicas_source,
-        "gpusPerReplica": role.gpus_per_replica,
-        "nodesPerReplica": role.nodes_per_replica,
-        "tensorParallel": role.layout.tensor,
-        "pipelineParallel": role.layout.pipeline,
-        "dataParallel": role.layout.data,
-        "expertParallel": role.layout.expert,
-        "all2allBackend": role.all2all_backend,
-        "moeBackend": role.moe_backend,
-        "computeDomain": role.compute_domain,
+        **plan_keys(role_fields(role)),
         "command": engine_args(role, plan.engine, worker=False),
         "env": _env_dict(engine_env(role, plan.engine, worker=False, vendor=pool.vendor)),
         "worker": {
@@ -46,10 +36,7 @@ def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
 def plan_report(plan: Plan) -> dict[str, Any]:
     return {
         "pools": [{
-            "name": pool.name,
-            "gpuProduct": pool.gpu_product,
-            "interconnect": pool.interconnect,
-            "gpusPerNode": pool.gpus_per_node,
+            **plan_keys(pool_fields(pool)),
             "arch": pool.arch,
             "roles": [role_report(plan, pool, role) for role in pool.roles],
         } for pool in plan.pools],

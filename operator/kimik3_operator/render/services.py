@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract.kinds import SERVICE
 from ..planner import PoolPlan, RolePlan
 from .engine import HTTP_PORT
 from .names import LABEL_COMPAT, Owner, object_meta, service_name, workload_name
@@ -17,8 +18,7 @@ def leader_service(owner: Owner, pool: PoolPlan, role: RolePlan, paired_hash: st
     if paired_hash and role.role in ("prefill", "decode"):
         selector[LABEL_COMPAT] = paired_hash
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.type_meta(),
         "metadata": object_meta(owner, service_name(owner, pool.name, role.role), pool.name, role.role),
         "spec": {
             "type": "ClusterIP",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import GROUP
+from ..contract.kinds import JOB, PERSISTENT_VOLUME_CLAIM, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
 from ..contract.stager import MARKER_NAME, STAGER_MODULE, STATE_DIR
 from ..planner import WeightsPlan, WeightsSource
 from ..planner.weights import CACHE_MOUNT
@@ -59,19 +60,17 @@ def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dic
         }
         if weights.cache_storage_class:
             spec["storageClassName"] = weights.cache_storage_class
-        out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        out.append({**PERSISTENT_VOLUME_CLAIM.type_meta(),
                     "metadata": object_meta(owner, cache_claim_name(owner), None, None), "spec": spec})
     sa = service_account_name(owner)
-    out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(owner, sa, None, None),
+    out.append({**SERVICE_ACCOUNT.type_meta(), "metadata": object_meta(owner, sa, None, None),
                 "automountServiceAccountToken": True})
-    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": object_meta(owner, sa, None, None),
-                "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["patch"],
+    out.append({**ROLE.type_meta(), "metadata": object_meta(owner, sa, None, None),
+                "rules": [{"apiGroups": [JOB.group], "resources": [JOB.plural], "verbs": ["patch"],
                            "resourceNames": [job_name(owner, s) for s in weights.sources]}]})
-    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": object_meta(owner, sa, None, None),
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
-                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": owner.namespace}]})
+    out.append({**ROLE_BINDING.type_meta(), "metadata": object_meta(owner, sa, None, None),
+                "roleRef": {"apiGroup": ROLE.group, "kind": ROLE.kind, "name": sa},
+                "subjects": [{"kind": SERVICE_ACCOUNT.kind, "name": sa, "namespace": owner.namespace}]})
     out += [staging_job(owner, weights, s, image) for s in weights.sources]
     return out
 
@@ -129,8 +128,7 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
     if env_from:
         container["envFrom"] = env_from
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        **JOB.type_meta(),
         "metadata": meta,
         "spec": {
             "backoffLimit": MAX_ATTEMPTS,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract.kinds import LEADER_WORKER_SET
 from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
 from .compute_domain import CLAIM_NAME, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
 from .weights import serving_mounts, serving_volumes, wait_containers
 
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -40,8 +40,7 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) 
     if role.nodes_per_replica > 1:
         group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, worker=False)
     return {
-        "apiVersion": LWS_API_VERSION,
-        "kind": "LeaderWorkerSet",
+        **LEADER_WORKER_SET.type_meta(),
         "metadata": object_meta(owner, name, pool.name, role.role),
         "spec": {
             "replicas": role.replicas,

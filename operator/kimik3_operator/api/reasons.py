@@ -1,0 +1,31 @@
+"""The reasons a KimiK3Deployment's conditions and events give: stable CamelCase words that users,
+alerts and scripts key on, so they are spelled once, here, and nowhere else."""
+
+from __future__ import annotations
+
+# ---- the spec cannot be served as written, or not on today's nodes (the planner says why) -----
+INVALID_SPEC = "InvalidSpec"
+HARDWARE_UNSUPPORTED = "HardwareUnsupported"
+INSUFFICIENT_MEMORY = "InsufficientMemory"
+KNOWN_ISSUE = "KnownIssue"
+PD_INCOMPATIBLE = "PDIncompatible"
+NO_MATCHING_NODES = "NoMatchingNodes"
+SLO_UNATTAINABLE = "SLOUnattainable"
+
+PLANNING = frozenset({INVALID_SPEC, HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, KNOWN_ISSUE, PD_INCOMPATIBLE,
+                      NO_MATCHING_NODES, SLO_UNATTAINABLE})
+"""What planning a deployment may fail with."""
+
+# ---- the cluster refused or lacks what the plan needs -------------------------------------------
+MISSING_DEPENDENCY = "MissingDependency"
+APPLY_REJECTED = "ApplyRejected"
+
+# ---- how far a planned deployment got ----------------------------------------------------------
+WEIGHTS_STAGING = "WeightsStaging"
+WEIGHTS_FAILED = "WeightsFailed"
+INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+PODS_NOT_READY = "PodsNotReady"
+UPDATING = "Updating"
+ALL_REPLICAS_READY = "AllReplicasReady"
+STABLE = "Stable"
+AS_EXPECTED = "AsExpected"

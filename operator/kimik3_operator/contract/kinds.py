@@ -1,0 +1,88 @@
+"""The kinds of object a KimiK3Deployment owns, in one table.
+
+Whatever depends on the set of child kinds reads it from here: the renderer (apply order, which
+stage emits what), the API client (what it lists), the reconciler (what it never re-applies or
+prunes, what to install when the cluster lacks an API), the kopf watches, the e2e checks, and a
+test that holds the chart's ClusterRole to exactly the verbs these entries need. Adding a child
+kind is one entry here, its renderer, and its rule in the chart's ClusterRole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Stage = Literal["weights", "serving"]
+WEIGHTS: Stage = "weights"
+"""Stages the checkpoints: applied first, and on its own while they are not staged yet."""
+SERVING: Stage = "serving"
+"""Serves once the checkpoints are staged; what serves keeps serving while a new revision stages."""
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    """A kind of object the operator makes for a deployment, and how it treats such objects."""
+
+    api_version: str
+    kind: str
+    plural: str
+    stage: Stage
+    create_only: bool = False
+    """Created once and then left alone: never re-applied."""
+    pruned: bool = True
+    """Deleted when the plan no longer renders it. False for what every plan renders under the
+    same name: garbage collection removes it with the deployment, and the operator holds no
+    delete permission for it."""
+    watched: bool = False
+    """Its events start a pass (a kopf watch), rather than the periodic resync finding changes."""
+    missing_hint: str = ""
+    """What to install when the cluster does not serve this kind (empty: every cluster does)."""
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def resource(self) -> str:
+        """The resource as kubectl names it unambiguously (`plural.group`)."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def type_meta(self) -> dict[str, str]:
+        """The apiVersion and kind an object of this kind starts with."""
+        return {"apiVersion": self.api_version, "kind": self.kind}
+
+    def verbs(self) -> frozenset[str]:
+        """What the operator does to objects of this kind: list them (prune, status), server-side
+        apply them (a PATCH, which the API server also authorizes as create when the object is
+        new: create-only kinds are created that way too), delete and watch them as flagged."""
+        return frozenset({"list", "create", "patch"} | ({"delete"} if self.pruned else set())
+                         | ({"watch"} if self.watched else set()))
+
+
+PERSISTENT_VOLUME_CLAIM = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", WEIGHTS)
+SERVICE_ACCOUNT = ChildKind("v1", "ServiceAccount", "serviceaccounts", WEIGHTS, pruned=False)
+ROLE = ChildKind("rbac.authorization.k8s.io/v1", "Role", "roles", WEIGHTS, pruned=False)
+ROLE_BINDING = ChildKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", WEIGHTS, pruned=False)
+JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=True)
+"""A Job's pod template is immutable and its name already says what it stages: once created it is
+left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
+SERVICE = ChildKind("v1", "Service", "services", SERVING)
+COMPUTE_DOMAIN = ChildKind(
+    "resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains", SERVING,
+    missing_hint="multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)")
+LEADER_WORKER_SET = ChildKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", SERVING,
+                              watched=True, missing_hint="install LeaderWorkerSet (sigs.k8s.io/lws)")
+
+CHILD_KINDS: tuple[ChildKind, ...] = (
+    PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, JOB, SERVICE, COMPUTE_DOMAIN, LEADER_WORKER_SET,
+)
+"""In apply order: an identity before the Job that runs as it, and what a workload needs (its
+Service, its ComputeDomain) before the workload."""
+
+BY_KIND: dict[str, ChildKind] = {k.kind: k for k in CHILD_KINDS}
+APPLY_ORDER: dict[str, int] = {k.kind: i for i, k in enumerate(CHILD_KINDS)}

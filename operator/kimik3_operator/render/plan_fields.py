@@ -1,0 +1,60 @@
+"""A plan's facts as the status and `kimik3 plan -o json` both show them: one mapping.
+
+A pool's hardware and a role's size, layout and backends appear in both with the same values,
+because both read them from these tables, keyed by the status models' field names (PoolStatus,
+RoleStatus). Each adds what only it knows: the status its live replica counts and endpoints, the
+plan output its commands and predictions.
+
+The wire keys differ in one place: the status camel-cases through pydantic, which also
+capitalises after a digit (`all2AllBackend`), `kimik3 plan` does not (`all2allBackend`). Making
+them one changes either the plan output or the CRD, so it is left for a change that means to.
+"""
+
+from __future__ import annotations
+
+import re
+from operator import attrgetter
+from typing import Any
+
+from ..planner import PoolPlan, RolePlan
+
+POOL_FIELDS = {
+    "name": "name",
+    "gpu_product": "gpu_product",
+    "interconnect": "interconnect",
+    "gpus_per_node": "gpus_per_node",
+}
+"""PoolStatus field -> attribute of the PoolPlan."""
+
+ROLE_FIELDS = {
+    "role": "role",
+    "replicas": "replicas",
+    "replicas_source": "replicas_source",
+    "gpus_per_replica": "gpus_per_replica",
+    "nodes_per_replica": "nodes_per_replica",
+    "tensor_parallel": "layout.tensor",
+    "pipeline_parallel": "layout.pipeline",
+    "data_parallel": "layout.data",
+    "expert_parallel": "layout.expert",
+    "all2all_backend": "all2all_backend",
+    "moe_backend": "moe_backend",
+    "compute_domain": "compute_domain",
+}
+"""RoleStatus field -> attribute (path) of the RolePlan."""
+
+
+def pool_fields(pool: PoolPlan) -> dict[str, Any]:
+    return {field: attrgetter(attr)(pool) for field, attr in POOL_FIELDS.items()}
+
+
+def role_fields(role: RolePlan) -> dict[str, Any]:
+    return {field: attrgetter(attr)(role) for field, attr in ROLE_FIELDS.items()}
+
+
+def plan_key(field: str) -> str:
+    """The key `kimik3 plan -o json` shows a status field's fact under."""
+    return re.sub(r"_(.)", lambda m: m.group(1).upper(), field)
+
+
+def plan_keys(fields: dict[str, Any]) -> dict[str, Any]:
+    return {plan_key(field): value for field, value in fields.items()}

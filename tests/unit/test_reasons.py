@@ -1,0 +1,26 @@
+"""Condition reasons are spelled once: the catalogue holds each, valid for metav1.Condition, and
+no operator module spells one as a literal."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kimik3_operator.api import reasons
+
+CATALOGUE = {name: value for name, value in vars(reasons).items() if name.isupper() and isinstance(value, str)}
+PACKAGE = Path(reasons.__file__).resolve().parents[1]
+
+
+def test_reasons_are_distinct_camel_case_condition_reasons() -> None:
+    assert len(set(CATALOGUE.values())) == len(CATALOGUE) > 10
+    for value in CATALOGUE.values():
+        assert re.fullmatch(r"[A-Z][A-Za-z0-9]*", value) and len(value) <= 64, value
+    assert reasons.PLANNING <= set(CATALOGUE.values())
+
+
+def test_no_operator_module_spells_a_reason() -> None:
+    literal = re.compile("[\"'](" + "|".join(CATALOGUE.values()) + ")[\"']")
+    spelled = [f"{path.relative_to(PACKAGE)}: {m.group(0)}" for path in PACKAGE.rglob("*.py")
+               if path != Path(reasons.__file__).resolve() for m in literal.finditer(path.read_text())]
+    assert spelled == []
