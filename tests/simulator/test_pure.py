@@ -136,7 +136,8 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters"
 def test_prompts_are_words() -> None:
     assert completion_prompt("a b  c") == ["a", "b", "c"]
     assert completion_prompt([[1, 2, 3]]) == ["#1", "#2", "#3"]
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert chat_prompt(messages, None) == ["<|system|>", "be", "brief", "<|user|>", "hi"]
     assert len(chat_prompt(messages, WEATHER)) > 5
 

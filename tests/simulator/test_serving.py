@@ -69,7 +69,8 @@ def test_concurrent_requests_batch_together(agg: Sim, role: dict[str, Any]) -> N
         start = time.monotonic()
         latencies = list(pool.map(one, range(8)))
         wall = time.monotonic() - start
-    print(f"\n8 concurrent x 40 tokens: {wall:.2f} s wall, slowest {max(latencies):.2f} s; one alone ~{40 * step:.2f} s")
+    print(f"\n8 concurrent x 40 tokens: {wall:.2f} s wall, slowest {max(latencies):.2f} s; "
+          f"one alone ~{40 * step:.2f} s")
     assert wall < 2.5 * 40 * step  # serial would be 8 x
 
 
@@ -107,8 +108,8 @@ def test_streaming_chat_with_a_tool_call_parses(agg: Sim) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # the tool result comes back: the next turn answers in text
     follow = agg.post("/v1/chat/completions", {**body, "stream": False, "messages": body["messages"] + [
-        {"role": "assistant", "tool_calls": [{"id": calls[0]["id"], "type": "function",
-                                              "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "assistant", "tool_calls": [{"id": calls[0]["id"], "type": "function", "function": {
+            "name": "get_weather", "arguments": calls[0]["arguments"]}}]},
         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny, 21 C"}], "max_tokens": 12}).json()
     message = follow["choices"][0]["message"]
     assert message["tool_calls"] == [] and len(message["content"].split()) == 12

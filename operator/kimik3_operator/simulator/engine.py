@@ -20,7 +20,6 @@ the queue), no prefill/decode interference beyond the roofline max of the two, n
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,9 +32,7 @@ from .prefix_cache import PrefixCache, block_hashes
 from .stats import LOCAL, PRODUCED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
 
-log = logging.getLogger(__name__)
-
-WAITING, TRANSFER, PREFILL, DECODE = "waiting", "transfer", "prefill", "decode"
+WAITING, TRANSFER, PREFILL, DECODE, DONE = "waiting", "transfer", "prefill", "decode", "done"
 CATCH_UP_SECONDS = 0.02
 """How far the modelled clock may lag the wall clock before a late step starts from now instead."""
 
@@ -53,8 +50,6 @@ class Submission:
     internal_id: str
     tokens: list[str]
     fingerprint: str
-    max_tokens: int
-    """Generation budget after the max_model_len cap."""
     max_tokens_param: int | None
     limit: int
     """Tokens this request will generate."""
@@ -163,7 +158,7 @@ class Engine:
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        if seq.phase != "done":
+        if seq.phase != DONE:
             seq.aborted = True
             self.wake.set()
 
@@ -227,7 +222,7 @@ class Engine:
                 rank.waiting.popleft()
                 used += need
                 self._schedule(rank, seq, now)
-                if seq.phase == "done":
+                if seq.phase == DONE:
                     continue
                 rank.running.append(seq)
                 fresh.append(seq)
@@ -349,7 +344,7 @@ class Engine:
             rank.running.remove(seq)
         elif seq in rank.waiting:
             rank.waiting.remove(seq)
-        seq.phase = "done"
+        seq.phase = DONE
         params = None
         if seq.sub.handoff.kind == PRODUCE and reason in ("stop", "length"):
             params = produced_params(self.config, rank=rank.index, internal_id=seq.sub.internal_id,
@@ -369,16 +364,14 @@ class Engine:
         m.of(m.success, r, reason).inc()
         scheduled = seq.scheduled_at if seq.scheduled_at is not None else now
         first = seq.first_token_at if seq.first_token_at is not None else now
-        m.of(m.e2e, r).observe(now - seq.arrival)
-        m.of(m.queue_time, r).observe(scheduled - seq.arrival)
-        m.of(m.inference_time, r).observe(now - scheduled)
-        m.of(m.prefill_time, r).observe(first - scheduled)
-        m.of(m.decode_time, r).observe(now - first)
+        for phase, seconds in (("e2e", now - seq.arrival), ("queue", scheduled - seq.arrival),
+                               ("inference", now - scheduled), ("prefill", first - scheduled), ("decode", now - first)):
+            m.of(m.phase_time[phase], r).observe(seconds)
         m.of(m.num_preemptions, r).observe(0)
         m.of(m.prefill_kv_computed, r).observe(max(0, seq.prompt_len - seq.local_hit - seq.external))
         m.of(m.prompt_tokens_hist, r).observe(seq.prompt_len)
         m.of(m.generation_tokens_hist, r).observe(seq.generated)
-        m.of(m.max_generation_tokens, r).observe(seq.sub.max_tokens)
+        m.of(m.max_generation_tokens, r).observe(seq.generated)  # the most any of n samples generated
         m.of(m.params_n, r).observe(1)
         if seq.sub.max_tokens_param:
             m.of(m.params_max_tokens, r).observe(seq.sub.max_tokens_param)

@@ -28,6 +28,14 @@ NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5,
 NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 NIXL_DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
 
+REQUEST_PHASES = {
+    "e2e": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+    "queue": ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+    "inference": ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
+    "prefill": ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+    "decode": ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
+}
+"""The request-latency histograms, one per phase of a request's life, all on the same buckets."""
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 WAITING_REASONS = ("capacity", "deferred")
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
@@ -177,17 +185,8 @@ class EngineMetrics:
                              INTER_TOKEN_LATENCY_BUCKETS)
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
                               "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.inference_time = histogram("vllm:request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.",
-                                        REQUEST_LATENCY_BUCKETS)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.decode_time = histogram("vllm:request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.phase_time = {phase: histogram(name, doc, REQUEST_LATENCY_BUCKETS)
+                           for phase, (name, doc) in REQUEST_PHASES.items()}
         self.num_preemptions = histogram("vllm:request_num_preemptions",
                                          "Histogram of the number of times a request was preempted.",
                                          REQUEST_NUM_PREEMPTIONS_BUCKETS)

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -133,7 +133,8 @@ class Simulator:
         finally:
             self.engine.abort(seq)  # no-op once finished; a client gone mid-request frees its slot
 
-    def _submission(self, request: web.Request, body: dict[str, Any], chat: bool) -> tuple[Submission, Answer, Envelope]:
+    def _submission(self, request: web.Request, body: dict[str, Any],
+                    chat: bool) -> tuple[Submission, Answer, Envelope]:
         serve, config = self.config.serve, self.config
         model = body.get("model")
         names = serve.served_model_names or (serve.model,)
@@ -150,21 +151,11 @@ class Simulator:
             raise BadRequest(f"This model's maximum context length is {config.max_model_len} tokens. However, your "
                              f"prompt contains {len(tokens)} input tokens, which exceeds this limit even without any "
                              f"output tokens. Please reduce the length of the input prompt.")
-        param = body.get("max_completion_tokens") if chat else None
-        param = param if param is not None else body.get("max_tokens")
-        if param is not None and (not isinstance(param, int) or isinstance(param, bool) or param < 1):
-            raise BadRequest("max_tokens must be a positive integer")
-        if param is not None and param > room:
-            raise BadRequest(f"'max_tokens' is too large: {param}. This model's maximum context length is "
-                             f"{config.max_model_len} tokens and your request has {len(tokens)} input tokens.")
-        max_tokens = param if param is not None else room
         seed = prompt_seed(tokens)
         natural = config.settings.output_tokens
         answer = (chat_answer(body["messages"], body.get("tools"), body.get("tool_choice", "auto"), natural, seed)
                   if chat else Answer(seed=seed, natural_length=natural))
-        natural_len = max_tokens if body.get("ignore_eos") else answer.natural_length
-        min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
-        limit = max(1, min(max_tokens, max(natural_len, min_tokens)))
+        param, limit, finish = self._generation(body, chat, room, answer)
         handoff = classify(body.get("kv_transfer_params"), bool(config.kv_connector))
         header_id = request.headers.get("X-Request-Id")
         base = header_id or (body.get("request_id") if isinstance(body.get("request_id"), str) else None) \
@@ -173,10 +164,27 @@ class Simulator:
         rank = request.headers.get("X-data-parallel-rank")
         sub = Submission(
             key=header_id or rid, internal_id=f"{rid}-{uuid.uuid4().hex[:8]}", tokens=tokens,
-            fingerprint=f"{seed:016x}", max_tokens=max_tokens, max_tokens_param=param, limit=limit,
-            finish_at_limit="length" if limit == max_tokens else "stop", handoff=handoff,
+            fingerprint=f"{seed:016x}", max_tokens_param=param, limit=limit, finish_at_limit=finish, handoff=handoff,
             rank=int(rank) if rank is not None and rank.isdigit() else None)
         return sub, answer, Envelope(rid, body.get("model") or names[0], chat)
+
+    def _generation(self, body: dict[str, Any], chat: bool, room: int, answer: Answer) -> tuple[int | None, int, str]:
+        """(the max_tokens the request gave, tokens it will get, why it stops): max_tokens (chat:
+        max_completion_tokens first) or the room left in max_model_len, the answer's own length
+        unless ignore_eos, at least min_tokens."""
+        param = body.get("max_completion_tokens") if chat else None
+        param = param if param is not None else body.get("max_tokens")
+        if param is not None and (not isinstance(param, int) or isinstance(param, bool) or param < 1):
+            raise BadRequest("max_tokens must be a positive integer")
+        if param is not None and param > room:
+            raise BadRequest(f"'max_tokens' is too large: {param}. This model's maximum context length is "
+                             f"{self.config.max_model_len} tokens and your request has "
+                             f"{self.config.max_model_len - room} input tokens.")
+        max_tokens = param if param is not None else room
+        natural = max_tokens if body.get("ignore_eos") else answer.natural_length
+        min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
+        limit = max(1, min(max_tokens, max(natural, min_tokens)))
+        return param, limit, "length" if limit == max_tokens else "stop"
 
     async def _outputs(self, seq: Sequence) -> AsyncIterator[tuple[int, Output]]:
         """(tokens generated before this output, output) until the request finishes."""
@@ -196,15 +204,13 @@ class Simulator:
                 return _error(out.error or "KV transfer failed", 500, "InternalServerError")
             if out.finish_reason == "abort":
                 return _error("The request was aborted", 503, "ServiceUnavailableError")
-            generated = seq.generated
-            call = answer.tool_call if answer.tool_call and generated >= answer.call_closed_at else None
-            finish = "tool_calls" if call else out.finish_reason
-            prompt = seq.prompt_len
+            generated, prompt = seq.generated, seq.prompt_len
             if envelope.chat:
-                text = answer.text(0, generated) if not answer.tool_call else ""
-                body = envelope.chat_completion(text or None, call, finish, prompt, generated, out.kv_transfer_params)
+                body = envelope.chat_completion(answer.text(0, generated) or None, answer.call_done(generated),
+                                                answer.finish_reason(generated, out.finish_reason), prompt,
+                                                generated, out.kv_transfer_params)
             else:
-                body = envelope.completion(answer.raw(0, generated), finish, prompt, generated,
+                body = envelope.completion(answer.raw(0, generated), out.finish_reason, prompt, generated,
                                            out.kv_transfer_params)
             return web.json_response(body)
         raise AssertionError("a request ended without a finish reason")
@@ -216,7 +222,10 @@ class Simulator:
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        write: Callable[[dict[str, Any] | str], Any] = lambda chunk: response.write(sse(chunk))
+
+        async def write(chunk: dict[str, Any] | str) -> None:
+            await response.write(sse(chunk))
+
         async for before, out in self._outputs(seq):
             if out.finish_reason in ("error", "abort"):
                 await write(error_body(out.error or "The request was aborted", "InternalServerError", 500))
@@ -241,14 +250,13 @@ class Simulator:
         finish = out.finish_reason
         if not envelope.chat:
             return envelope.completion_chunk(answer.raw(before, after), finish, out.kv_transfer_params)
-        call = answer.tool_call
         delta: dict[str, Any] = {}
-        if call is not None and before < answer.call_closed_at <= after:
-            delta = tool_call_delta(call)
-        elif call is None:
+        if answer.tool_call is None:
             delta = {"content": answer.text(before, after)}
-        if finish is not None and call is not None and after >= answer.call_closed_at:
-            finish = "tool_calls"
+        elif (call := answer.call_done(after)) and not answer.call_done(before):
+            delta = tool_call_delta(call)
+        if finish is not None:
+            finish = answer.finish_reason(after, finish)
         if not delta and finish is None:
             return None  # the parser holds back the tools channel until a call block closes
         return envelope.chat_chunk(delta, finish, out.kv_transfer_params if finish else None)

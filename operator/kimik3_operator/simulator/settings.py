@@ -6,9 +6,10 @@ labels); tests set them directly. Every variable is optional.
   K3SIM_GPU_PRODUCT       GPU of the node: a catalog name (GB300, B200, H200, MI355X, ...) or a node
                           label value (NVIDIA-GB300, AMD_Instinct_MI355X). Default GB300, the GPU the
                           perf model is calibrated on.
-  K3SIM_ROLE              prefill | decode | aggregated. Default: from --kv-transfer-config's kv_role
-                          (kv_producer: prefill, kv_consumer: decode, kv_both: both, by request), or
-                          aggregated without one.
+  K3SIM_ROLE              prefill | decode | aggregated, as /sim/stats reports it. Default: from
+                          --kv-transfer-config's kv_role (kv_producer: prefill, kv_consumer: decode,
+                          kv_both: both), or aggregated without one. What an engine does with a request
+                          follows the request's kv_transfer_params, as in vLLM, whatever the role.
   K3SIM_DSPARK_ACCEPTANCE Mean tokens a speculative step emits (acceptance length, 1 to 1 + k).
                           Default 2.61, the pessimistic end of DSpark's published 2.61-4.73, which is
                           also the planner's default when a workload gives none.

@@ -84,19 +84,26 @@ class Answer:
 
     seed: int
     natural_length: int
-    """Tokens before the model stops by itself (end of sentence budget, or end of the tools channel)."""
+    """Tokens before the model stops by itself (K3SIM_OUTPUT_TOKENS, or the end of the tools channel)."""
     markup: tuple[str, ...] = ()
     """The XTML tokens of a tool call answer; empty for plain text."""
     tool_call: ToolCall | None = None
     call_closed_at: int = 0
     """Tokens generated once the call block is closed (the parser emits the call then)."""
 
+    def call_done(self, generated: int) -> ToolCall | None:
+        """The tool call once its block has been generated (what the tool parser then reports)."""
+        return self.tool_call if self.tool_call is not None and generated >= self.call_closed_at else None
+
+    def finish_reason(self, generated: int, engine_reason: str) -> str:
+        """vLLM's chat finish reason: "tool_calls" once a call was made, else the engine's."""
+        return "tool_calls" if self.call_done(generated) and engine_reason in ("stop", "length") else engine_reason
+
     def text(self, start: int, end: int) -> str:
         """Content text of tokens [start, end): nothing for the tools channel."""
         if self.tool_call is not None:
             return ""
-        words = (SENTENCE[(self.seed + i) % len(SENTENCE)] for i in range(start, end))
-        return "".join(w if i == 0 else " " + w for i, w in zip(range(start, end), words))
+        return "".join(("" if i == 0 else " ") + SENTENCE[(self.seed + i) % len(SENTENCE)] for i in range(start, end))
 
     def raw(self, start: int, end: int) -> str:
         """The generated text including markup, as /v1/completions would return it."""
