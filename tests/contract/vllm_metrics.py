@@ -6,7 +6,7 @@ Run with the python of the venv made by scripts/vllm-venv.sh (the project's venv
     echo '[{"name": "d", "kv_role": "kv_consumer", "spec_tokens": 7, "engines": 2,
             "max_model_len": 1048576, "model_name": "kimi-k3"}]' \\
       | "$(scripts/vllm-venv.sh)/bin/python" tests/contract/vllm_metrics.py
-    -> {"d": "# HELP vllm:num_requests_running ...\n# TYPE vllm:num_requests_running gauge\n...", ...}
+    -> {"d": "# HELP vllm:num_requests_running ...", ...}   (generate_latest's text per case)
 
 It builds vLLM's PrometheusStatLogger (v1/metrics/loggers.py) exactly as AsyncLLM does, with the
 default ObservabilityConfig and CacheConfig, and calls log_engine_initialized (which adds
