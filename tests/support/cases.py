@@ -88,6 +88,10 @@ INVALID["a rollout needs room to move: maxSurge or maxUnavailable must be at lea
     lambda d: d["spec"].update(rollout={"maxSurge": 0, "maxUnavailable": 0}))
 INVALID["env sets a variable the operator owns: " + ", ".join(v1.OWNED_ENV)] = _edit(
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
+INVALID["router resources: the memory request exceeds the memory limit"] = _edit(
+    lambda d: d["spec"].update(router={"resources": {"requests": {"memory": "3Gi"}}}))  # the default limit is 2Gi
+INVALID["router resources: the CPU request exceeds the CPU limit"] = _edit(
+    lambda d: d["spec"].update(router={"resources": {"limits": {"cpu": "500m"}}}))  # the default request is 1
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
 INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(

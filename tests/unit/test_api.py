@@ -137,3 +137,13 @@ def test_chart_readme_documents_every_value() -> None:
     readme = (ROOT / "charts" / "kimik3-operator" / "README.md").read_text()
     keys = re.findall(r"^\s*# ([a-zA-Z0-9_.]+) -- ", values, re.M)
     assert keys and all(f"| `{k}` |" in readme for k in keys)
+
+
+def test_quantities_compare_as_the_api_server_reads_them() -> None:
+    from kimik3_operator.api.quantity import quantity
+
+    assert quantity("1Gi") > quantity("1000Mi") > quantity("1G") > quantity("999M")
+    assert quantity("1500m") == quantity("1.5") and quantity("2k") == quantity("2000")
+    for bad in ("1K", "1e3", "-1", "1.", "Gi"):
+        with pytest.raises(ValueError):
+            quantity(bad)

@@ -16,6 +16,7 @@ from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
+from .quantity import PATTERN as QUANTITY_PATTERN, quantity
 
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
@@ -24,6 +25,7 @@ SINGULAR = "kimik3deployment"
 SHORT_NAMES = ("k3",)
 
 RoleName = Literal["prefill", "decode", "aggregated"]
+RouterMode = Literal["PrefillDecode", "Aggregated"]
 ROLE_NAMES: tuple[RoleName, ...] = ("prefill", "decode", "aggregated")
 
 GpuProduct = Literal["Auto", "GB300", "B300", "GB200", "B200", "H200", "H100", "MI355X"]
@@ -390,11 +392,86 @@ class Rollout(SpecModel):
     )
 
 
+RouterPolicy = Literal["CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoaded", "Random"]
+"""vllm-router's policies that work with nothing beside the engines. Left out: PowerOfTwo (it reads
+a /get_load vLLM does not serve, so every load reads 0, and it refuses to start with one worker of
+a role) and KvAware (it needs the engines' KV events over ZMQ)."""
+
+
+ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
+"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
+
+
+class RouterRequests(SpecModel):
+    """What each router pod requests."""
+
+    cpu: ResourceQuantity = "1"
+    """CPU request."""
+    memory: ResourceQuantity = "1Gi"
+    """Memory request."""
+
+
+class RouterLimits(SpecModel):
+    """The ceiling of each router pod."""
+
+    cpu: ResourceQuantity | None = None
+    """CPU limit; none by default, so a burst of requests is not throttled."""
+    memory: ResourceQuantity = "2Gi"
+    """Memory limit (the cache-aware prefix trees live in memory)."""
+
+
+def _cel_amount(part: str, resource: str, default: str | None) -> str:
+    """CEL for an amount of the router's resources that may be left out (then its default)."""
+    given = f"self.{part}.{resource}"
+    return f"quantity(has(self.{part}) ? {given} : '{default}')" if default else f"quantity({given})"
+
+
+class RouterResources(SpecModel):
+    """Requests and limits of each router pod."""
+
+    requests: RouterRequests = RouterRequests()
+    """Requested CPU and memory."""
+    limits: RouterLimits = RouterLimits()
+    """CPU and memory limits."""
+
+    rules = (
+        Rule(
+            cel=(f"{_cel_amount('requests', 'memory', RouterRequests().memory)}"
+                 f".compareTo({_cel_amount('limits', 'memory', RouterLimits().memory)}) <= 0"),
+            message="router resources: the memory request exceeds the memory limit",
+            check=lambda r: quantity(r.requests.memory) <= quantity(r.limits.memory),
+            field_path=".limits",
+        ),
+        Rule(
+            cel=(f"!has(self.limits) || !has(self.limits.cpu) || {_cel_amount('requests', 'cpu', RouterRequests().cpu)}"
+                 f".compareTo({_cel_amount('limits', 'cpu', None)}) <= 0"),
+            message="router resources: the CPU request exceeds the CPU limit",
+            check=lambda r: r.limits.cpu is None or quantity(r.requests.cpu) <= quantity(r.limits.cpu),
+            field_path=".limits",
+        ),
+    )
+
+
 class Router(SpecModel):
-    """The router in front of all roles (one endpoint for clients)."""
+    """The router in front of the engines (vllm-router): one endpoint for clients. A deployment with
+    prefill/decode roles gets a prefill/decode router (`<name>-router`) that sends each request to a
+    prefill engine, then to a decode engine with the KV hand-off; aggregated roles get a load-balancing
+    router (`<name>-router`, or `<name>-router-aggregated` beside a prefill/decode one)."""
 
     replicas: Annotated[int, Field(ge=0, le=64)] = 2
-    """Router replicas."""
+    """Router replicas. 0 renders no router: clients then reach a role's Service directly, and
+    prefill/decode roles do not disaggregate (a decode engine prefills every prompt itself)."""
+    policy: RouterPolicy = "CacheAware"
+    """How the aggregated router picks an engine: CacheAware (the engine that already holds the
+    longest prefix of the prompt, unless the load is too uneven) | RoundRobin | ConsistentHash (by
+    the X-Session-ID, X-User-ID, ... header) | StickyLeastLoaded (a session stays on the engine it
+    started on; new sessions go to the least loaded) | Random."""
+    prefill_policy: RouterPolicy = "CacheAware"
+    """How the prefill/decode router picks a prefill engine (the values of policy)."""
+    decode_policy: RouterPolicy = "CacheAware"
+    """How the prefill/decode router picks a decode engine (the values of policy)."""
+    resources: RouterResources = RouterResources()
+    """CPU and memory of each router pod."""
 
 
 class Workload(SpecModel):
@@ -549,6 +626,30 @@ class WeightsStatus(StatusModel):
     """Why it failed, or what it is doing."""
 
 
+class RouterStatus(StatusModel):
+    """One router: where it listens and which engines it sends requests to."""
+
+    name: str
+    """The router's Deployment and Service."""
+    mode: RouterMode
+    """PrefillDecode (prefill, then decode with the KV hand-off) | Aggregated (load balancing)."""
+    endpoint: str | None = None
+    """In-cluster URL of the router's Service."""
+    replicas: int = 0
+    """Desired router replicas: 0 until it has a ready leader of each kind of engine it needs (a
+    prefill and a decode, or an aggregated one), since a router with an empty list cannot start."""
+    ready_replicas: int = 0
+    """Ready router pods."""
+    compatibility_hash: str | None = None
+    """PrefillDecode: the revision whose engines it pairs (the hash both roles' leaders carry)."""
+    prefill_workers: int | None = None
+    """Prefill engines (ready leader pods) it lists."""
+    decode_workers: int | None = None
+    """Decode engines (ready leader pods) it lists."""
+    aggregated_workers: int | None = None
+    """Aggregated engines (ready leader pods) it lists."""
+
+
 class KimiK3DeploymentStatus(StatusModel):
     """Observed state, written by the operator only when it changes."""
 
@@ -561,7 +662,12 @@ class KimiK3DeploymentStatus(StatusModel):
     pools: Annotated[list[PoolStatus], Field(max_length=16), list_map("name")] = []
     """Per pool: resolved facts and per-role replica counts."""
     endpoint: str | None = None
-    """The URL clients send requests to."""
+    """The URL clients send requests to: the router's Service, else (spec.router.replicas 0) a
+    role's leader Service."""
+    routers: Annotated[list[RouterStatus], Field(max_length=2), list_map("name")] = []
+    """The routers and the engines each one lists."""
+    routing: str | None = None
+    """Set when no router is rendered: what clients reach instead, and what that costs."""
     engine: EngineStatus | None = None
     """Effective engine settings."""
     ready_summary: str | None = None
