@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..api import RoleName
+from .router import RouterPlan
 from .weights import WeightsPlan
 
 
@@ -157,6 +158,8 @@ class Plan:
     max_surge: int = 1
     max_unavailable: int = 0
     """The rolling update of every role (spec.rollout), in replicas."""
+    routers: tuple[RouterPlan, ...] = ()
+    """The routers in front of the roles; none when spec.router.replicas is 0."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

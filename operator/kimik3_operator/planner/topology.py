@@ -24,6 +24,7 @@ from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
+from .router import router_plans
 from .split import assign_replicas
 from .traps import check_traps
 from .weights import weights_plan, with_commits
@@ -41,7 +42,8 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
-                            max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable),
+                            max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
+                            routers=router_plans(spec)),
                        staged or {})
 
 

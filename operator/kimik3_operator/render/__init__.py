@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
 from .compute_domain import compute_domain
 from .names import Owner, stamp_hash
+from .router import RoleEndpoints, router_children
 from .services import leader_service
 from .weights import weights_children
 from .workloads import leader_worker_set
@@ -19,21 +20,29 @@ def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) 
     return _in_apply_order(weights_children(owner, plan.weights, tools_image))
 
 
-def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None) -> list[dict[str, Any]]:
+def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
+                   endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
     """What serves, once the plan carries the staged commits; prefill and decode Services select
-    `paired_hash` (default: the plan's own). Nothing here depends on the operator's version."""
+    `paired_hash` (default: the plan's own), the routers list the `endpoints` (the ready leaders the
+    reconciler saw). Nothing here depends on the operator's version."""
     children: list[dict[str, Any]] = []
     for pool, role in plan.role_plans():
         children.append(leader_service(owner, pool, role, paired_hash or plan.compat_hash))
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role))
-    return _in_apply_order(children)
+    return _in_apply_order(children + router_children(owner, plan, endpoints))
 
 
-def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
+def render_routers(owner: Owner, plan: Plan, endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
+    """The routers alone: they depend on the leaders that serve, not on the staged commits."""
+    return _in_apply_order(router_children(owner, plan, endpoints))
+
+
+def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
+                    endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
     """Every child of one deployment, each stamped with its desired-state hash, in apply order."""
-    return render_weights(owner, plan, tools_image) + render_serving(owner, plan)
+    return render_weights(owner, plan, tools_image) + render_serving(owner, plan, endpoints=endpoints)
 
 
 def _in_apply_order(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,4 +50,4 @@ def _in_apply_order(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [stamp_hash(c) for c in sorted(children, key=lambda o: APPLY_ORDER[o["kind"]])]
 
 
-__all__ = ["Owner", "render_children", "render_serving", "render_weights"]
+__all__ = ["Owner", "RoleEndpoints", "render_children", "render_routers", "render_serving", "render_weights"]

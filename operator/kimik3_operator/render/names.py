@@ -20,6 +20,7 @@ LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_POOL = f"{GROUP}/pool"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPAT = f"{GROUP}/compat-hash"
+LABEL_ROUTER = f"{GROUP}/router"
 MAX_WORKLOAD_NAME = 45
 MAX_LABEL_VALUE = 63
 
@@ -62,6 +63,12 @@ def workload_name(owner: Owner, pool: str, role: str) -> str:
 def service_name(owner: Owner, pool: str, role: str) -> str:
     # LWS already creates a headless Service named after the LWS; ours fronts the leaders.
     return f"{workload_name(owner, pool, role)}-leader"
+
+
+def router_name(owner: Owner, suffix: str = "") -> str:
+    """Its Deployment's and its Service's name (a Service name is a 63-character DNS label), and
+    the value of LABEL_ROUTER on its pods."""
+    return bounded(f"{owner.name}-router{suffix}", MAX_LABEL_VALUE)
 
 
 def deployment_label(owner: Owner) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..planner import Plan, PoolPlan, RolePlan
+from ..planner import Plan, PoolPlan, RolePlan, RouterPlan
 from ..planner.layout import describe
 from ..planner.perf import CALIBRATION
 from .engine import engine_args, engine_env
@@ -33,6 +33,16 @@ def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     }
 
 
+def router_report(router: RouterPlan) -> dict[str, Any]:
+    """Its engine lists are the ready leaders of the moment: only the live Deployment shows them."""
+    return {
+        "mode": router.mode,
+        "replicas": router.replicas,
+        "policies": dict(router.policies),
+        "routes": [{"pool": pool, "role": role} for pool, role in router.routes],
+    }
+
+
 def plan_report(plan: Plan) -> dict[str, Any]:
     return {
         "pools": [{
@@ -40,6 +50,7 @@ def plan_report(plan: Plan) -> dict[str, Any]:
             "arch": pool.arch,
             "roles": [role_report(plan, pool, role) for role in pool.roles],
         } for pool in plan.pools],
+        "routers": [router_report(router) for router in plan.routers],
         "compatibilityHash": plan.compat_hash,
         "gpus": plan.gpus,
         "calibration": CALIBRATION.as_dict(),
@@ -63,5 +74,10 @@ def plan_table(plan: Plan) -> str:
             ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"router: {r.mode}, {r.replicas} replicas, "
+              + ", ".join(f"{role} {policy}" for role, policy in r.policies)
+              + " -> " + ", ".join(f"{pool}/{role}" for pool, role in r.routes) for r in plan.routers]
+    if not plan.routers:
+        lines.append("router: none (spec.router.replicas 0)")
     lines.append(f"total GPUs: {plan.gpus}; prefill/decode compatibility hash: {plan.compat_hash}")
     return "\n".join(lines)

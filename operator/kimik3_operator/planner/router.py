@@ -1,0 +1,55 @@
+"""Which routers a deployment gets, and what each one routes to.
+
+One vllm-router process is either a prefill/decode router or a load balancer, never both (its
+`--worker-urls` are dropped in P/D mode, and an aggregated engine cannot act as a prefill or a
+decode). So the prefill and decode roles of every pool share one P/D router (any prefill may feed
+any decode of the same revision), and aggregated roles get a load-balancing router of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api import KimiK3DeploymentSpec, RoleName
+from ..api.v1alpha1 import RouterMode
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    mode: RouterMode
+    routes: tuple[tuple[str, RoleName], ...]
+    """(pool, role) of every role whose engines it sends requests to."""
+    replicas: int
+    policies: tuple[tuple[RoleName, str], ...]
+    """(role, API policy name) per kind of engine it picks: prefill and decode, or aggregated."""
+    requests: tuple[tuple[str, str], ...]
+    limits: tuple[tuple[str, str], ...]
+    drain_seconds: int
+    """How long a terminating router may finish the streams it carries: the engines' own drain
+    budget (spec.engine.shutdownTimeoutSeconds), the same promise to a client either way."""
+
+    @property
+    def roles(self) -> tuple[RoleName, ...]:
+        """The kinds of engine it needs at least one of before it can start."""
+        return tuple(role for role, _ in self.policies)
+
+
+def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
+    """The P/D router first when there are prefill/decode roles, then the aggregated one; none
+    when spec.router.replicas is 0."""
+    router = spec.router
+    if router.replicas == 0:
+        return ()
+    routes = [(pool.name, role) for pool in spec.pools for role, _ in pool.roles()]
+    modes: tuple[tuple[RouterMode, tuple[tuple[str, RoleName], ...], tuple[tuple[RoleName, str], ...]], ...] = (
+        ("PrefillDecode", tuple(r for r in routes if r[1] != "aggregated"),
+         (("prefill", router.prefill_policy), ("decode", router.decode_policy))),
+        ("Aggregated", tuple(r for r in routes if r[1] == "aggregated"), (("aggregated", router.policy),)),
+    )
+    requests, limits = router.resources.requests, router.resources.limits
+    return tuple(
+        RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
+                   requests=(("cpu", requests.cpu), ("memory", requests.memory)),
+                   limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
+                   drain_seconds=spec.engine.shutdown_timeout_seconds)
+        for mode, chosen, policies in modes if chosen)
