@@ -46,19 +46,32 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
     keys = [(c["kind"], c["metadata"]["name"]) for c in children]
     assert len(keys) == len(set(keys)), f"two children share a name: {keys}"
     assert len([k for k in keys if k[0] == "LeaderWorkerSet"]) == len(plan.role_plans())
+    assert len([k for k in keys if k[0] == "Deployment"]) == len(plan.routers) == (
+        (cr.spec.router.replicas > 0) * len({role.role == "aggregated" for _, role in plan.role_plans()}))
     ours = labels(owner)
     for child in children:
         meta = child["metadata"]
         assert meta["namespace"] == owner.namespace
         assert meta["ownerReferences"] == [owner.reference()], f"{keys}: owner reference"
         assert ours.items() <= meta["labels"].items()
-        if child["kind"] in SERVING_KINDS:
+        if meta["labels"].get("app.kubernetes.io/component") == "router":
+            _check_router(child)
+        elif child["kind"] in SERVING_KINDS:
             assert LABEL_POOL in meta["labels"] and LABEL_ROLE in meta["labels"], keys
         assert len(meta["name"]) <= 63, meta["name"]
         _check_secret(cr, child)
         if child["kind"] == "LeaderWorkerSet":
             _check_workload(cr, child)
     return children
+
+
+def _check_router(child: dict[str, Any]) -> None:
+    """A router selects its own pods only, and never gets API access."""
+    assert LABEL_ROLE not in child["metadata"]["labels"]  # `-l serving.kimik3.dev/role` finds engines only
+    if child["kind"] == "Deployment":
+        template = child["spec"]["template"]
+        assert child["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        assert template["spec"]["automountServiceAccountToken"] is False
 
 
 def _check_secret(cr: KimiK3Deployment, child: dict[str, Any]) -> None:

@@ -229,6 +229,23 @@ def _model(draw: Draw) -> dict[str, Any]:
     return m
 
 
+ROUTER_POLICIES = ("CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoaded", "Random")
+ROUTER_AMOUNTS = ("250m", "1", "1.5", "4", "512Mi", "1Gi", "3Gi")
+
+
+def _router(draw: Draw) -> dict[str, Any]:
+    router: dict[str, Any] = {}
+    if maybe(draw, 60):
+        router["replicas"] = draw(st.integers(0, 64))
+    for key in ("policy", "prefillPolicy", "decodePolicy"):
+        if maybe(draw, 30):
+            router[key] = draw(st.sampled_from(ROUTER_POLICIES))
+    if maybe(draw, 30):
+        router["resources"] = {part: {r: draw(st.sampled_from(ROUTER_AMOUNTS)) for r in ("cpu", "memory") if maybe(draw, 50)}
+                               for part in ("requests", "limits") if maybe(draw, 60)}
+    return router
+
+
 @st.composite
 def plausible_bodies(draw: Draw) -> dict[str, Any]:
     """A deployment a user could plausibly write (it may still be refused, by a rule or the planner)."""
@@ -237,8 +254,8 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
     spec: dict[str, Any] = {"model": _model(draw), "pools": _pools(draw)}
     if maybe(draw, 55):
         spec["engine"] = _engine(draw)
-    if maybe(draw, 10):
-        spec["router"] = {"replicas": draw(st.integers(0, 64))}
+    if maybe(draw, 15):
+        spec["router"] = _router(draw)
     if maybe(draw, 30):
         w: dict[str, Any] = {}
         if maybe(draw, 60):

@@ -1,4 +1,5 @@
-"""The golden scenarios: one deployment each, planned against `all_pools()`."""
+"""The golden scenarios: one deployment each, planned against `all_pools()`, with the leader pods
+the operator saw (the routers list them)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,26 @@ SCENARIOS: dict[str, dict[str, Any]] = {
          "decode": {"replicas": 3, "parallelism": {"tensor": 8}}}],
         engine=DSPARK),
 }
+
+
+LEADER_IPS: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
+    "gb300-tp8-aggregated": {("gb300", "aggregated"): ("10.244.0.12", "10.244.0.4")},
+    "gb300-tp16-dspark": {("gb300", "aggregated"): ("10.244.1.3",)},
+    "b200-dep16-disaggregated": {("b200", "prefill"): ("10.244.2.21",),
+                                 ("b200", "decode"): ("10.244.2.9", "10.244.2.30")},
+    "h200-16": {("h200", "aggregated"): ("10.244.3.2",)},
+    "mi355x-tp8": {("mi355x", "aggregated"): ("10.244.4.7",)},
+    "gb300-prefill-rack-a-decode-rack-b": {("rack-a", "prefill"): ("10.244.5.40",),
+                                           ("rack-b", "decode"): ("10.244.6.3", "10.244.6.11", "10.244.6.7")},
+}
+"""Pod IPs of each scenario's ready leader pods, one per replica, listed out of order: the router
+arguments show them sorted."""
+
+
+def leader_pods(name: str, compat_hash: str) -> list[dict[str, Any]]:
+    """The ready leader pods of scenario `name`, all of revision `compat_hash`."""
+    return [{"metadata": {"labels": {"serving.kimik3.dev/pool": pool, "serving.kimik3.dev/role": role,
+                                     "serving.kimik3.dev/compat-hash": compat_hash,
+                                     "leaderworkerset.sigs.k8s.io/worker-index": "0"}},
+             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+            for (pool, role), ips in LEADER_IPS[name].items() for ip in ips]

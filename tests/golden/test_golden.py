@@ -17,10 +17,11 @@ import yaml
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged
 from kimik3_operator.render import Owner, render_children
+from kimik3_operator.reconcile.pairing import leader_endpoints
 from kimik3_operator.render.report import plan_report
 from tests.support.nodes import all_pools
 
-from .scenarios import SCENARIOS
+from .scenarios import SCENARIOS, leader_pods
 
 HERE = Path(__file__).resolve().parent
 UPDATE = os.environ.get("KIMIK3_UPDATE_GOLDEN") == "1"
@@ -38,12 +39,20 @@ def plan_scenario(body: dict[str, Any]) -> Plan:
     return with_staged(plan, {s.name: STAGED_COMMIT for s in plan.weights.sources})
 
 
-def rendered(name: str) -> dict[str, str]:
+def rendered_objects(name: str) -> list[dict[str, Any]]:
+    """Every child of scenario `name` in the steady state: staged, its leader pods ready."""
     body = SCENARIOS[name]
     plan = plan_scenario(body)
     owner = Owner(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"], uid=OWNER_UID)
+    endpoints = leader_endpoints(plan, leader_pods(name, plan.compat_hash), plan.compat_hash)
+    return render_children(owner, plan, endpoints=endpoints)
+
+
+def rendered(name: str) -> dict[str, str]:
+    body = SCENARIOS[name]
+    plan = plan_scenario(body)
     files = {f"{o['kind'].lower()}-{o['metadata']['name']}.yaml": yaml.safe_dump(o, sort_keys=False, width=120)
-             for o in render_children(owner, plan)}
+             for o in rendered_objects(name)}
     files["cr.yaml"] = yaml.safe_dump(body, sort_keys=False)
     files["plan.json"] = json.dumps(plan_report(plan), indent=2) + "\n"
     return files

@@ -1,11 +1,16 @@
-"""Prefill and decode Services move to a new revision together, and only once it can serve."""
+"""Prefill and decode Services move to a new revision together, and only once it can serve; the
+router lists the ready leaders of that revision."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from kimik3_operator.reconcile.pairing import serving_hash
+from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.planner import plan_deployment, pool_facts
+from kimik3_operator.reconcile.pairing import leader_endpoints, serving_hash
+from tests.support.cases import load_examples
+from tests.support.nodes import all_pools
 from tests.unit.test_status import _plan  # a PD plan on GB300 decode + B200 prefill
 
 
@@ -32,3 +37,34 @@ def test_nothing_to_protect_means_the_new_revision() -> None:
     plan = dataclasses.replace(_plan(), compat_hash="new")
     assert serving_hash(plan, [], set()) == "new"
     assert serving_hash(plan, [], {"old"}) == "new"  # the old revision no longer serves anyway
+
+
+def _with_ip(pod: dict[str, Any], ip: str | None) -> dict[str, Any]:
+    return {**pod, "status": {**pod["status"], **({"podIP": ip} if ip else {})}}
+
+
+def test_the_router_lists_ready_leaders_of_the_paired_revision_only() -> None:
+    plan = dataclasses.replace(_plan(), compat_hash="new")
+    (prefill, _), (decode, _) = roles = [(p.name, r.role) for p, r in plan.role_plans()]
+    pods = [_with_ip(_leader(prefill, "prefill", "old"), "10.0.0.1"),
+            _with_ip(_leader(prefill, "prefill", "new"), "10.0.0.2"),
+            _with_ip(_leader(decode, "decode", "old"), "10.0.1.1"),
+            _with_ip(_leader(decode, "decode", "old", ready=False), "10.0.1.2"),
+            _with_ip(_leader(decode, "decode", "old"), None),  # no IP yet
+            _with_ip(_leader(decode, "decode", "old"), "not-an-ip")]
+    by_role = {(e.pool, e.role): e for e in leader_endpoints(plan, pods, "old")}
+    assert sorted(by_role) == sorted(roles)
+    assert by_role[(prefill, "prefill")].addresses == ("10.0.0.1",)
+    assert by_role[(decode, "decode")].addresses == ("10.0.1.1",)
+    assert {e.compat_hash for e in by_role.values()} == {"old"}
+
+
+def test_aggregated_engines_of_any_revision_are_listed() -> None:
+    body = dict(load_examples())["gb300-aggregated-tp8.yaml"]
+    spec = KimiK3Deployment.model_validate(body).spec
+    plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools})
+    pool = plan.pools[0].name
+    pods = [_with_ip(_leader(pool, "aggregated", "old"), "10.0.0.1"),
+            _with_ip(_leader(pool, "aggregated", plan.compat_hash), "10.0.0.2")]
+    (endpoints,) = leader_endpoints(plan, pods, plan.compat_hash)
+    assert endpoints.addresses == ("10.0.0.1", "10.0.0.2") and endpoints.compat_hash is None

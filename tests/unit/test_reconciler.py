@@ -106,7 +106,8 @@ def test_weights_are_staged_before_anything_serves_then_steady_state_writes_noth
     assert [w["phase"] for w in status["weights"]] == ["Pending"]
     cluster.finish_staging()
     second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
-    assert len(second.applied) == 5 and second.status_written  # 2 Services, 1 ComputeDomain, 2 LWS
+    # 2 leader Services, 1 ComputeDomain, 2 LWS, the router's Service and Deployment
+    assert len(second.applied) == 7 and second.status_written
     (weights,) = cluster.deployment["status"]["weights"]
     assert weights["phase"] == "Staged" and weights["commit"] == "c0ffee" * 6 + "c0ff"
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
@@ -239,3 +240,111 @@ def test_an_object_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> N
     ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == APPLY_REJECTED and "spec is immutable" in ready["message"]
     assert ("LeaderWorkerSet", "k3-gb300-decode") in cluster.objects  # what serves is left alone
+
+
+# ---- the router's engine lists --------------------------------------------------------------------
+
+def _leader(pool: str, role: str, ip: str, compat: str, ready: bool = True, index: str = "0",
+            **meta: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": f"{pool}-{role}-{ip}", **meta, "labels": {
+                "serving.kimik3.dev/deployment": "k3", "serving.kimik3.dev/pool": pool,
+                "serving.kimik3.dev/role": role, "serving.kimik3.dev/compat-hash": compat,
+                "leaderworkerset.sigs.k8s.io/worker-index": index}},
+            "spec": {"nodeName": "node", "containers": []},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def _compat(cluster: MemoryCluster) -> str:
+    return cluster.deployment["status"]["engine"]["compatibilityHash"]  # type: ignore[no-any-return]
+
+
+def _lists(cluster: MemoryCluster, name: str = "k3-router") -> dict[str, Any]:
+    deployment = cluster.objects[("Deployment", name)]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    return {"replicas": deployment["spec"]["replicas"],
+            **{flag: [args[i + 1] for i, a in enumerate(args) if a == flag] for flag in ("--prefill", "--decode")}}
+
+
+def _serving_pd(pods: list[dict[str, Any]]) -> MemoryCluster:
+    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster.list_active_pods = lambda: pods  # type: ignore[method-assign]
+    return cluster
+
+
+def test_the_router_lists_the_ready_leaders_and_follows_a_replaced_one_in_one_pass() -> None:
+    pods: list[dict[str, Any]] = []
+    cluster = _serving_pd(pods)
+    reconcile(cluster, "ns", "k3")
+    assert _lists(cluster) == {"replicas": 0, "--prefill": [], "--decode": []}  # nothing to route to yet
+    h = _compat(cluster)
+    pods += [_leader("b200", "prefill", "10.0.0.5", h), _leader("gb300", "decode", "10.0.1.70", h),
+             _leader("gb300", "decode", "10.0.1.8", h),
+             _leader("gb300", "decode", "10.0.1.9", h, ready=False),  # starting
+             _leader("gb300", "decode", "10.0.1.10", h, index="1"),  # a worker serves no HTTP
+             _leader("gb300", "decode", "10.0.1.11", h, deletionTimestamp="2026-11-30T00:00:00Z"),
+             _leader("gb300", "decode", "10.0.1.12", h, namespace="other")]  # another deployment's
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.applied == ["Deployment/k3-router"]
+    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.5:8000"],
+                               "--decode": ["http://10.0.1.8:8000", "http://10.0.1.70:8000"]}
+    (router,) = cluster.deployment["status"]["routers"]
+    assert (router["prefillWorkers"], router["decodeWorkers"], router["compatibilityHash"]) == (1, 2, h)
+    assert cluster.deployment["status"]["endpoint"] == "http://k3-router.ns.svc:8000"
+
+    pods[1] = _leader("gb300", "decode", "10.0.1.71", h)  # replaced: same leader, new IP
+    assert reconcile(cluster, "ns", "k3").applied == ["Deployment/k3-router"]
+    assert _lists(cluster)["--decode"] == ["http://10.0.1.8:8000", "http://10.0.1.71:8000"]
+    cluster.writes.clear()
+    assert reconcile(cluster, "ns", "k3").applied == [] and not [w for w in cluster.writes if w.startswith("apply")]
+
+
+def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() -> None:
+    pods: list[dict[str, Any]] = []
+    cluster = _serving_pd(pods)
+    reconcile(cluster, "ns", "k3")
+    old = _compat(cluster)
+    pods += [_leader("b200", "prefill", "10.0.0.5", old), _leader("gb300", "decode", "10.0.1.5", old)]
+    reconcile(cluster, "ns", "k3")
+    cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "fp8"}  # enters the compatibility hash
+    reconcile(cluster, "ns", "k3")
+    new = _compat(cluster)
+    assert new != old
+    pods.append(_leader("b200", "prefill", "10.0.0.6", new))  # the new prefill is up, no new decode yet
+    reconcile(cluster, "ns", "k3")
+    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.5:8000"],
+                               "--decode": ["http://10.0.1.5:8000"]}
+    pods.append(_leader("gb300", "decode", "10.0.1.6", new))
+    reconcile(cluster, "ns", "k3")
+    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.6:8000"],
+                               "--decode": ["http://10.0.1.6:8000"]}
+    assert cluster.deployment["status"]["routers"][0]["compatibilityHash"] == new
+
+
+def test_routers_follow_the_serving_leaders_while_a_new_revision_stages() -> None:
+    pods: list[dict[str, Any]] = []
+    cluster = _serving_pd(pods)
+    reconcile(cluster, "ns", "k3")
+    h = _compat(cluster)
+    pods += [_leader("b200", "prefill", "10.0.0.5", h), _leader("gb300", "decode", "10.0.1.5", h)]
+    reconcile(cluster, "ns", "k3")
+    workloads = {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"}
+    cluster.deployment["spec"]["model"]["revision"] = "v2"
+    reconcile(cluster, "ns", "k3")
+    pods[1] = _leader("gb300", "decode", "10.0.1.6", h)
+    outcome = reconcile(cluster, "ns", "k3")
+    assert "Deployment/k3-router" in outcome.applied
+    assert _lists(cluster)["--decode"] == ["http://10.0.1.6:8000"]
+    assert {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"} == workloads
+
+
+def test_no_router_replicas_is_no_router_and_the_endpoint_falls_back() -> None:
+    cluster = _staged(MemoryCluster(_pd(), NODES))
+    reconcile(cluster, "ns", "k3")
+    cluster.deployment["spec"]["router"] = {"replicas": 0}
+    outcome = reconcile(cluster, "ns", "k3")
+    assert sorted(outcome.deleted) == ["Deployment/k3-router", "Service/k3-router"]
+    status = cluster.deployment["status"]
+    assert status["endpoint"] == "http://k3-gb300-decode-leader.ns.svc:8000" and status["routers"] == []
+    assert "do not disaggregate" in status["routing"]

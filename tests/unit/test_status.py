@@ -7,11 +7,11 @@ from typing import Any
 
 from kimik3_operator.api import Condition, KimiK3Deployment
 from kimik3_operator.api.reasons import (
-    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, UPDATING,
+    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, ROUTER_NOT_READY, UPDATING,
 )
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.reconcile.status import compute_status, set_condition
-from kimik3_operator.render import Owner
+from kimik3_operator.render import Owner, RoleEndpoints
 from tests.support.cases import load_examples
 from tests.support.nodes import b200_nodes, gb300_rack
 
@@ -19,14 +19,31 @@ OWNER = Owner(name="k3-pd", namespace="inference", uid="u")
 T0, T1 = "2026-11-30T00:00:00Z", "2026-11-30T00:05:00Z"
 
 
-def _plan():  # noqa: ANN202
-    spec = KimiK3Deployment.model_validate(dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"]).spec
+def _plan(body: dict[str, Any] | None = None):  # noqa: ANN202
+    spec = KimiK3Deployment.model_validate(body or dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"]).spec
     nodes = gb300_rack() + b200_nodes()
     return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
 
 
 def _lws(ready: int, updated: int) -> dict[str, Any]:
     return {"status": {"readyReplicas": ready, "updatedReplicas": updated, "replicas": max(ready, updated)}}
+
+
+ALL_READY = {"k3-pd-b200-prefill-prefill": _lws(1, 1), "k3-pd-gb300-decode-decode": _lws(2, 2)}
+ENDPOINTS = (RoleEndpoints("b200-prefill", "prefill", ("10.0.0.1",), "h1"),
+             RoleEndpoints("gb300-decode", "decode", ("10.0.1.1", "10.0.1.2"), "h1"))
+
+
+def _router(ready: int, updated: int | None = None, generation: int = 1, observed: int = 1) -> dict[str, Any]:
+    """A live router Deployment with 2 desired replicas."""
+    updated = ready if updated is None else updated
+    return {"metadata": {"generation": generation},
+            "status": {"observedGeneration": observed, "replicas": max(ready, updated),
+                       "readyReplicas": ready, "updatedReplicas": updated}}
+
+
+SERVING = {"workloads": ALL_READY, "endpoints": ENDPOINTS, "routers": {"k3-pd-router": _router(2)}}
+"""Every engine and the router ready."""
 
 
 def _cond(status, type_: str) -> Condition:  # noqa: ANN001
@@ -50,14 +67,12 @@ def test_pods_not_ready_then_ready() -> None:
     assert _cond(empty, "Ready").status == "False" and _cond(empty, "Ready").reason == PODS_NOT_READY
     assert empty.ready_summary == "0/3"
     assert empty.gpus == 16 + 2 * 8
-    workloads = {"k3-pd-b200-prefill-prefill": _lws(1, 1), "k3-pd-gb300-decode-decode": _lws(2, 2)}
-    ready = compute_status(owner=OWNER, generation=3, previous=empty, plan=plan, error=None,
-                           workloads=workloads, now=T1)
+    ready = compute_status(owner=OWNER, generation=3, previous=empty, plan=plan, error=None, now=T1, **SERVING)
     assert ready.phase == "Ready" and ready.ready_summary == "3/3"
     assert _cond(ready, "Ready").status == "True" and _cond(ready, "Ready").last_transition_time == T1
     assert _cond(ready, "Progressing").status == "False"
     again = compute_status(owner=OWNER, generation=3, previous=ready, plan=plan, error=None,
-                           workloads=workloads, now="2026-11-30T01:00:00Z")
+                           now="2026-11-30T01:00:00Z", **SERVING)
     assert again == ready  # nothing changed: the caller writes nothing
 
 
@@ -76,7 +91,9 @@ def test_resolved_facts_and_endpoint_are_visible() -> None:
     assert pools["b200-prefill"].interconnect == "RDMA"
     (decode,) = pools["gb300-decode"].roles
     assert (decode.tensor_parallel, decode.nodes_per_replica, decode.gpus_per_replica) == (8, 2, 8)
-    assert status.endpoint == "http://k3-pd-gb300-decode-decode-leader.inference.svc:8000"
+    assert status.endpoint == "http://k3-pd-router.inference.svc:8000"
+    assert decode.endpoint == "http://k3-pd-gb300-decode-decode-leader.inference.svc:8000"
+    assert status.routing is None
 
 
 def test_planning_error_keeps_last_known_facts() -> None:
@@ -109,8 +126,7 @@ def test_not_ready_for_lack_of_room_says_so() -> None:
     assert (ready.status, ready.reason) == ("False", INSUFFICIENT_CAPACITY)
     assert "1 of 2 replicas do not fit now" in ready.message
     ready_anyway = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
-                                  workloads={"k3-pd-b200-prefill-prefill": _lws(1, 1),
-                                             "k3-pd-gb300-decode-decode": _lws(2, 2)}, capacity=["ignored"])
+                                  capacity=["ignored"], **SERVING)
     assert _cond(ready_anyway, "Ready").status == "True"
 
 
@@ -130,3 +146,50 @@ def test_events_only_on_transitions() -> None:
                             error=PlanningError(INSUFFICIENT_MEMORY, "no fit"), workloads={}, now="t2")
     kinds = {(t, r) for t, r, _ in transitions(again, failed)}
     assert ("Warning", INSUFFICIENT_MEMORY) in kinds and all(t == "Warning" for t, _ in kinds)
+
+
+def test_the_router_reports_its_lists_and_readiness() -> None:
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0, **SERVING)
+    (router,) = status.routers
+    assert router.model_dump(exclude_none=True) == {
+        "name": "k3-pd-router", "mode": "PrefillDecode", "endpoint": "http://k3-pd-router.inference.svc:8000",
+        "replicas": 2, "ready_replicas": 2, "compatibility_hash": "h1", "prefill_workers": 1, "decode_workers": 2}
+
+
+def test_engines_ready_behind_a_router_that_is_not_is_not_ready() -> None:
+    def ready_with(router: dict[str, Any]) -> Condition:
+        status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
+                                **{**SERVING, "routers": {"k3-pd-router": router}})
+        assert status.phase == ("Ready" if _cond(status, "Ready").status == "True" else "Progressing")
+        return _cond(status, "Ready")
+
+    assert ready_with(_router(2)).status == "True"
+    starting = ready_with(_router(0))
+    assert (starting.status, starting.reason) == ("False", ROUTER_NOT_READY)
+    assert starting.message == "router k3-pd-router: 0/2 ready, 0 updated"
+    # New lists: the counts of the generation before say nothing until the Deployment saw the new one.
+    assert ready_with(_router(2, generation=2, observed=1)).reason == ROUTER_NOT_READY
+    # Rolling onto new lists: the old pods still serve, the new ones are not ready yet.
+    assert ready_with(_router(2, updated=1)).reason == ROUTER_NOT_READY
+    assert ready_with({}).reason == ROUTER_NOT_READY  # not created yet
+
+
+def test_a_router_waits_for_a_ready_leader_of_each_kind_of_engine() -> None:
+    no_decode = (ENDPOINTS[0], RoleEndpoints("gb300-decode", "decode", (), "h1"))
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
+                            **{**SERVING, "endpoints": no_decode, "routers": {"k3-pd-router": _router(0)}})
+    (router,) = status.routers
+    assert (router.replicas, router.prefill_workers, router.decode_workers) == (0, 1, 0)
+    ready = _cond(status, "Ready")
+    assert (ready.status, ready.reason) == ("False", ROUTER_NOT_READY)
+    assert "no ready decode leader of compatibility hash h1" in ready.message
+
+
+def test_without_a_router_the_status_says_what_clients_reach() -> None:
+    body = dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"]
+    status = compute_status(owner=OWNER, generation=1, previous=None, error=None, now=T0, workloads=ALL_READY,
+                            plan=_plan({**body, "spec": {**body["spec"], "router": {"replicas": 0}}}))
+    assert status.routers == [] and status.phase == "Ready"
+    assert status.endpoint == "http://k3-pd-gb300-decode-decode-leader.inference.svc:8000"
+    assert status.routing is not None and status.endpoint in status.routing
+    assert "prefill and decode do not disaggregate without the router" in status.routing

@@ -17,15 +17,15 @@ from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
 from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
-from ..contract.kinds import BY_KIND, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
+from ..contract.kinds import BY_KIND, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.images import OPERATOR_IMAGE
-from ..render import Owner, render_serving, render_weights
+from ..render import Owner, render_routers, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
 from ..planner.facts import PoolFacts
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
-from .pairing import serving_hash
+from .pairing import leader_endpoints, serving_hash
 from .status import compute_status, transitions
 from .weights_status import weights_state
 
@@ -100,6 +100,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     active_pods = cluster.list_active_pods() if pods is None else pods
     used = gpus_used(active_pods, own)
     short = shortfalls(plan, facts, used)
+    own_pods = [p for p in active_pods if own(p)]
 
     live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
     current: dict[tuple[str, str], dict[str, Any]] = {}
@@ -113,13 +114,18 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         wanted = {_key(o) for o in desired}
         if weights.all_staged:
             plan = with_staged(plan, weights.commits)
-            paired = serving_hash(plan, [p for p in active_pods if own(p)], _selected_hashes(live))
-            serving = render_serving(owner, plan, paired)
+        paired = serving_hash(plan, own_pods, _selected_hashes(live))
+        endpoints = leader_endpoints(plan, own_pods, paired)
+        if weights.all_staged:
+            serving = render_serving(owner, plan, paired, endpoints)
             _apply_all(cluster, serving, live, current, outcome)
             wanted |= {_key(o) for o in serving}
         else:
-            # What serves now keeps serving (a new revision stages into a folder of its own).
+            # What serves now keeps serving (a new revision stages into a folder of its own), and
+            # its routers keep following the leaders that serve.
             wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
+            _apply_all(cluster, [o for o in render_routers(owner, plan, endpoints) if _key(o) in live],
+                       live, current, outcome)
     except MissingApiError as exc:
         hint = BY_KIND[exc.kind].missing_hint
         return fail(PlanningError(MISSING_DEPENDENCY, f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True))
@@ -130,10 +136,12 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             cluster.delete(obj)
             outcome.deleted.append("/".join(key))
 
-    workloads = {n: o for (k, n), o in {**live, **current}.items() if k == LEADER_WORKER_SET.kind and (k, n) in wanted}
+    kept = {k: o for k, o in {**live, **current}.items() if k in wanted}
     _write_status(cluster, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads=workloads, now=now(), capacity=short, weights=weights))
+        workloads={n: o for (k, n), o in kept.items() if k == LEADER_WORKER_SET.kind}, now=now(),
+        capacity=short, weights=weights, endpoints=endpoints,
+        routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}))
     return outcome
 
 

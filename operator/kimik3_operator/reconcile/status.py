@@ -7,18 +7,20 @@ Which phase and conditions a pass shows is one table (SITUATIONS), first match w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
 from ..api.reasons import (
-    ALL_REPLICAS_READY, AS_EXPECTED, INSUFFICIENT_CAPACITY, INVALID_SPEC, PODS_NOT_READY, STABLE, UPDATING,
-    WEIGHTS_FAILED, WEIGHTS_STAGING,
+    ALL_REPLICAS_READY, AS_EXPECTED, INSUFFICIENT_CAPACITY, INVALID_SPEC, PODS_NOT_READY, ROUTER_NOT_READY, STABLE,
+    UPDATING, WEIGHTS_FAILED, WEIGHTS_STAGING,
 )
-from ..api.v1alpha1 import EngineStatus
+from ..api.v1alpha1 import EngineStatus, RouterStatus
 from ..planner import Plan, PlanningError
+from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
 from ..render.plan_fields import pool_fields, role_fields
+from ..render.router import RouterTargets, router_targets, router_url
 from ..render.services import service_url
 from .weights_status import WeightsState
 
@@ -80,14 +82,51 @@ def engine_status(plan: Plan) -> EngineStatus:
 
 
 def entry_endpoint(pools: list[PoolStatus]) -> str | None:
-    """Where clients go until the router lands: the first aggregated role, else the first
-    decode role (decode-first routing, as llm-d does: decode pulls the prompt's KV from prefill)."""
+    """Where clients go without a router (spec.router.replicas 0): the first aggregated role, else
+    the first decode role (which then prefills every prompt itself)."""
     for wanted in ("aggregated", "decode"):
         for pool in pools:
             for role in pool.roles:
                 if role.role == wanted:
                     return role.endpoint
     return None
+
+
+def _router_status(owner: Owner, targets: RouterTargets, live: Mapping[str, Any]) -> tuple[RouterStatus, str | None]:
+    """A router's status, and why it does not serve as rendered yet (None when it does)."""
+    status = live.get("status") or {}
+    desired = targets.replicas
+    ready = min(int(status.get("readyReplicas") or 0), desired)
+    # Counts of an older generation (lists just changed) say nothing about the new pods.
+    observed = int(status.get("observedGeneration") or 0) >= int((live.get("metadata") or {}).get("generation") or 0)
+    updated = int(status.get("updatedReplicas") or 0) if observed else 0
+    out = RouterStatus(
+        name=targets.name, mode=targets.plan.mode, endpoint=router_url(owner, targets.name), replicas=desired,
+        ready_replicas=ready, compatibility_hash=targets.compat_hash,
+        **{f"{role}_workers": len(targets.urls(role)) for role in targets.plan.roles})
+    if targets.missing:
+        revision = f" of compatibility hash {targets.compat_hash}" if targets.compat_hash else ""
+        return out, (f"router {targets.name}: no ready {' or '.join(targets.missing)} leader{revision} to send "
+                     "requests to, so it is not started yet")
+    done = observed and updated >= desired and ready >= desired and int(status.get("replicas") or 0) <= desired
+    return out, None if done else f"router {targets.name}: {ready}/{desired} ready, {updated} updated"
+
+
+def router_statuses(owner: Owner, plan: Plan, endpoints: Sequence[RoleEndpoints],
+                    routers: Mapping[str, Mapping[str, Any]]) -> tuple[list[RouterStatus], list[str]]:
+    """Each router's status, and a line for each one that does not serve as rendered yet."""
+    pairs = [_router_status(owner, t, routers.get(t.name) or {}) for t in router_targets(owner, plan, endpoints)]
+    return [status for status, _ in pairs], [why for _, why in pairs if why]
+
+
+def without_router(plan: Plan, endpoint: str | None) -> str | None:
+    """What clients reach when no router is rendered, and what that costs."""
+    if plan.routers:
+        return None
+    split = any(role.role != "aggregated" for _, role in plan.role_plans())
+    return (f"no router (spec.router.replicas is 0): clients reach {endpoint} directly"
+            + ("; prefill and decode do not disaggregate without the router (a decode engine prefills every "
+               "prompt itself and the prefill roles idle)" if split else ""))
 
 
 @dataclass(frozen=True)
@@ -103,6 +142,8 @@ class Seen:
     serving: bool
     """Workloads exist: what serves keeps serving while a new revision stages."""
     weights: WeightsState | None
+    routing: list[str] = field(default_factory=list)
+    """Routers that do not serve as rendered yet, one line each."""
 
     @property
     def weights_failed(self) -> bool:
@@ -133,6 +174,10 @@ def _lagging(s: Seen) -> str:
     return "; ".join(s.lagging)
 
 
+def _routing(s: Seen) -> str:
+    return "; ".join(s.routing)
+
+
 Said = tuple[bool, str, Callable[[Seen], str]]
 """A condition as a situation states it: status, reason, message."""
 
@@ -159,6 +204,9 @@ SITUATIONS: tuple[Situation, ...] = (
               (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
     Situation(lambda s: s.weights_failed, "Failed",
               (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
+    # Every engine serves, but the router in front (the one endpoint) does not yet.
+    Situation(lambda s: bool(s.routing) and s.serving and not s.lagging, "Progressing",
+              (False, ROUTER_NOT_READY, _routing), (True, ROUTER_NOT_READY, _routing), (False, AS_EXPECTED, _routing)),
     # Checkpoints staging: a new revision stages beside the one serving, or nothing serves yet.
     Situation(lambda s: s.weights_staging and s.serving and not s.lagging, "Progressing",
               (True, ALL_REPLICAS_READY, _counts_and_weights), (True, WEIGHTS_STAGING, _weights),
@@ -182,10 +230,13 @@ situation (or reason) is a row here; a new condition type a field of Situation, 
 def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentStatus | None,
                    plan: Plan | None, error: PlanningError | None,
                    workloads: Mapping[str, Mapping[str, Any]], now: str,
-                   capacity: list[str] | None = None, weights: WeightsState | None = None) -> KimiK3DeploymentStatus:
+                   capacity: list[str] | None = None, weights: WeightsState | None = None,
+                   endpoints: Sequence[RoleEndpoints] = (),
+                   routers: Mapping[str, Mapping[str, Any]] | None = None) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
-    checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got."""
+    checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
+    the routers (live Deployments by name) list the `endpoints` and are ready, or it is not Ready."""
     conditions = list(previous.conditions) if previous else []
 
     def put(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -203,11 +254,13 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
             "observed_generation": generation, "phase": "Failed", "conditions": conditions})
     pools = role_statuses(owner, plan, workloads)
     roles = [(p.name, r) for p in pools for r in p.roles]
+    statuses, routing = router_statuses(owner, plan, endpoints, routers or {})
+    endpoint = statuses[0].endpoint if statuses else entry_endpoint(pools)
     seen = Seen(
         ready=sum(r.ready_replicas for _, r in roles), desired=sum(r.replicas for _, r in roles),
         lagging=[f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
                  for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas],
-        short=capacity or [], serving=bool(workloads), weights=weights)
+        short=capacity or [], serving=bool(workloads), weights=weights, routing=routing)
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, message) in situation.conditions().items():
         put(type_, ok, reason, message(seen))
@@ -216,7 +269,9 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         phase=situation.phase,  # type: ignore[arg-type]
         conditions=conditions,
         pools=pools,
-        endpoint=entry_endpoint(pools),
+        endpoint=endpoint,
+        routers=statuses,
+        routing=without_router(plan, endpoint),
         engine=engine_status(plan),
         ready_summary=f"{seen.ready}/{seen.desired}",
         gpus=plan.gpus,
