@@ -3,7 +3,8 @@ operator renders from the deployment and today's nodes exist exactly once each, 
 rendered, and are owned by the live deployment; nothing else in the namespace claims to be ours.
 
 The expected children come from the operator's own planner and renderer fed with the live Node
-objects, so the check follows the operator's rules instead of restating them.
+objects (and the live leader pods, which the routers list), so the check follows the operator's
+rules instead of restating them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from kimik3_operator.api import KIND, KimiK3Deployment
 from kimik3_operator.api.reasons import NO_MATCHING_NODES
 from kimik3_operator.contract.kinds import CHILD_KINDS
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
+from kimik3_operator.reconcile.pairing import leader_endpoints
 from kimik3_operator.render import Owner, render_children
-from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY
+from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY, deployment_label
 
 from .kube import condition, get_json
 
@@ -48,9 +50,13 @@ def planned(cr: dict[str, Any]) -> Plan:
 
 
 def rendered_children(cr: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the operator should have applied for `cr` on the nodes present now."""
+    """What the operator should have applied for `cr` on the nodes present now, its routers listing
+    the ready leader pods present now."""
     meta = cr["metadata"]
-    return render_children(Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]), planned(cr))
+    owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    plan = planned(cr)
+    pods = get_json("pods", "-n", meta["namespace"], "-l", f"{LABEL_DEPLOYMENT}={deployment_label(owner)}")["items"]
+    return render_children(owner, plan, endpoints=leader_endpoints(plan, pods, plan.compat_hash))
 
 
 def contains(live: Any, want: Any, path: str = "") -> list[str]:

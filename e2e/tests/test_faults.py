@@ -193,8 +193,9 @@ def node_ready(name: str) -> bool:
 
 
 def pods_of(namespace: str) -> dict[str, tuple[str, str]]:
+    """The serving pods (the engines; not the routers, which may sit on any node)."""
     return {p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"].get("nodeName") or "")
-            for p in get_json("pods", "-n", namespace)["items"]}
+            for p in get_json("pods", "-n", namespace, "-l", "serving.kimik3.dev/role")["items"]}
 
 
 # ---- kube-apiserver restarted -------------------------------------------------------------------
@@ -226,6 +227,7 @@ def test_apiserver_crash_while_a_deployment_is_created(replicas: Replicas, names
     ("leaderworkerset", "k3-gb300-aggregated"),
     ("service", "k3-gb300-aggregated-leader"),
     ("computedomain", "k3-gb300-aggregated-cd"),
+    ("deployment", "k3-router"),
 ])
 def test_child_deleted_by_hand_is_restored(replicas: Replicas, namespace: str,
                                            resource: str, name: str) -> None:

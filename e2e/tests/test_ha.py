@@ -37,9 +37,9 @@ TAKEOVER_LIMIT = 60.0
 
 
 def deployment(namespace: str, name: str) -> dict[str, Any]:
-    """Two aggregated GB300 pools: six children (LWS, leader Service, ComputeDomain each) so a
-    pass takes several writes and a kill can land between them; GB300 only (4 B200 nodes are
-    what the other tests need)."""
+    """Two aggregated GB300 pools: eight children (LWS, leader Service, ComputeDomain each, and the
+    router's Deployment and Service) so a pass takes several writes and a kill can land between
+    them; GB300 only (4 B200 nodes are what the other tests need)."""
     body = base_deployment(name=name, namespace=namespace)
     body["spec"]["pools"] = [{"name": p, "nodeSelector": GB300,
                               "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}} for p in POOLS]
@@ -48,8 +48,12 @@ def deployment(namespace: str, name: str) -> dict[str, Any]:
 
 def expected_children(name: str) -> dict[str, set[str]]:
     return {"LeaderWorkerSet": {f"{name}-{p}-aggregated" for p in POOLS},
-            "Service": {f"{name}-{p}-aggregated-leader" for p in POOLS},
-            "ComputeDomain": {f"{name}-{p}-aggregated-cd" for p in POOLS}}
+            "Service": {f"{name}-{p}-aggregated-leader" for p in POOLS} | {f"{name}-router"},
+            "ComputeDomain": {f"{name}-{p}-aggregated-cd" for p in POOLS},
+            "Deployment": {f"{name}-router"}}
+
+
+SERVING_KINDS = ("leaderworkersets", "services", "computedomains", "deployments")
 
 
 class Audit:
@@ -105,7 +109,7 @@ def converged(namespace: str, name: str) -> bool:
         return False
     uid, selector = cr["metadata"]["uid"], f"serving.kimik3.dev/deployment={name}"
     found: dict[str, set[str]] = {}
-    for kind in ("leaderworkersets", "services", "computedomains"):
+    for kind in SERVING_KINDS:
         for child in get_json(kind, "-n", namespace, "-l", selector)["items"]:
             owners = [(o["uid"], o.get("controller")) for o in child["metadata"].get("ownerReferences") or []]
             assert owners == [(uid, True)], f"{child['kind']} {child['metadata']['name']} owners {owners}"
@@ -116,7 +120,7 @@ def converged(namespace: str, name: str) -> bool:
 
 def no_strays(namespace: str, names: set[str]) -> None:
     """Every operator-managed object in the namespace belongs to one of `names`."""
-    for kind in ("leaderworkersets", "services", "computedomains"):
+    for kind in SERVING_KINDS:
         items = get_json(kind, "-n", namespace, "-l", "app.kubernetes.io/managed-by=kimik3-operator")["items"]
         owners = {o["metadata"]["labels"]["serving.kimik3.dev/deployment"] for o in items}
         assert owners <= names, f"{kind} of unknown deployments: {owners - names}"

@@ -1,6 +1,6 @@
-"""A spec change that P/D must agree on rolls out with both roles' Services moving to the new
-revision together (never a prefill of one revision paired with a decode of another), and the
-default surge keeps every replica serving meanwhile."""
+"""A spec change that P/D must agree on rolls out with both roles' Services and the router's engine
+lists moving to the new revision together (never a prefill of one revision paired with a decode of
+another), and the default surge keeps every replica serving meanwhile."""
 
 from __future__ import annotations
 
@@ -18,13 +18,20 @@ COMPAT = "serving.kimik3.dev/compat-hash"
 
 
 def _state(namespace: str) -> dict[str, Any]:
-    services = get_json("services", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3")["items"]
+    # the role Services (the router's has no role label)
+    services = get_json("services", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3,serving.kimik3.dev/role")
     pods = get_json("pods", "-n", namespace, "-l", "serving.kimik3.dev/role")["items"]
     lws = {o["metadata"]["name"]: o.get("status") or {} for o in get_json("leaderworkersets", "-n", namespace)["items"]}
-    return {"selected": {s["metadata"]["name"]: s["spec"]["selector"].get(COMPAT) for s in services},
+    (router,) = get_json("deployment", "k3-router", "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    by_url = {f"http://{p['status']['podIP']}:8000": p["metadata"]["labels"][COMPAT]
+              for p in pods if p.get("status", {}).get("podIP")}
+    listed = [a for i, a in enumerate(router["args"]) if i and router["args"][i - 1] in ("--prefill", "--decode")]
+    return {"selected": {s["metadata"]["name"]: s["spec"]["selector"].get(COMPAT) for s in services["items"]},
             "pods": {(p["metadata"]["labels"][COMPAT], any(c["type"] == "Ready" and c["status"] == "True"
                                                           for c in p["status"].get("conditions") or []))
                      for p in pods},
+            # revisions of the engines the router lists (a pod gone since has no revision to show)
+            "routed": {by_url[url] for url in listed if url in by_url},
             "decode_ready": int(lws.get("k3-gb300-decode", {}).get("readyReplicas") or 0)}
 
 
@@ -54,6 +61,9 @@ def test_paired_roles_switch_revision_together_without_losing_capacity(operator:
     assert new != old
     # One revision at a time behind both Services, switching once, from old to new.
     assert all(len(set(s["selected"].values())) == 1 for s in samples), [s["selected"] for s in samples]
+    # The router's engine lists never mix revisions either, and end on the new one.
+    assert all(len(s["routed"]) <= 1 for s in samples), [s["routed"] for s in samples]
+    assert samples[-1]["routed"] == {new}
     order = [next(iter(set(s["selected"].values()))) for s in samples]
     assert order[0] == old and order[-1] == new and order == sorted(order, key=lambda h: h == new)
     # The switch waited for the new revision: some sample had new pods not ready yet while the

@@ -100,10 +100,20 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
         cliques[pod["metadata"]["labels"][LWS_GROUP_KEY]].add(clique)
     assert len(cliques) == 3 and all(len(c) == 1 for c in cliques.values()), cliques
 
-    # The endpoint names the leader Service of the entry role.
+    # The endpoint is the P/D router, which lists every role's ready leader pods by IP.
     svc = get_json("service", "k3-gb300-decode-leader", "-n", namespace)
-    assert cr["status"]["endpoint"] == f"http://k3-gb300-decode-leader.{namespace}.svc:8000"
     assert svc["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert cr["status"]["endpoint"] == f"http://k3-router.{namespace}.svc:8000"
+    (router,) = cr["status"]["routers"]
+    assert (router["mode"], router["readyReplicas"], router["prefillWorkers"], router["decodeWorkers"]) == (
+        "PrefillDecode", 2, 1, 3)
+    (container,) = get_json("deployment", "k3-router", "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    leaders = {role: {f"http://{p['status']['podIP']}:8000" for p in by_role[role]
+                      if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"}
+               for role in ("prefill", "decode")}
+    for role, urls in leaders.items():
+        assert {args[i + 1] for i, a in enumerate(args) if a == f"--{role}"} == urls, (role, args)
     printed = kubectl("get", "k3", "k3", "-n", namespace).stdout
     assert "Ready" in printed and "4/4" in printed and "40" in printed, printed
 
@@ -112,8 +122,8 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
 
     def children_gone() -> bool:
         lws = get_json("leaderworkersets", "-n", namespace)["items"]
-        svcs = get_json("services", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3")["items"]
-        return not lws and not svcs and not _pods(namespace, "k3")
+        owned = get_json("services,deployments", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3")["items"]
+        return not lws and not owned and not _pods(namespace, "k3")
 
     wait_for("every child to be garbage-collected", children_gone, timeout=120)
 
