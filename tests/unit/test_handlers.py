@@ -77,3 +77,14 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     state.phases.record(("ns", "gone"), "Ready")
     state.forget_all_but({("ns", "kept")})
     assert set(state._locks) == {("ns", "kept"), ("ns", "running")}  # a pass still running keeps its lock
+
+
+def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
+    """The router's Deployment included: its readiness is part of the deployment's, and a router
+    deleted or edited by hand is repaired at once, not at the next resync."""
+    from kimik3_operator.contract.kinds import CHILD_KINDS
+
+    watching = {(h.selector.group, h.selector.version, h.selector.any_name)
+                for h in kopf.get_default_registry()._watching.get_all_handlers()}
+    assert watching == {(k.group, k.version, k.plural) for k in CHILD_KINDS if k.watched}
+    assert ("apps", "v1", "deployments") in watching
