@@ -4,8 +4,9 @@ the same keys but for the one the two camel-casings spell differently."""
 from __future__ import annotations
 
 from kimik3_operator.api import PoolStatus, RoleStatus
+from kimik3_operator.api.v1alpha1 import RouterStatus
 from kimik3_operator.reconcile.status import compute_status
-from kimik3_operator.render.plan_fields import POOL_FIELDS, ROLE_FIELDS, plan_key
+from kimik3_operator.render.plan_fields import POOL_FIELDS, ROLE_FIELDS, ROUTER_FIELDS, plan_key
 from kimik3_operator.render.report import plan_report
 
 from .test_status import OWNER, _plan
@@ -15,6 +16,7 @@ def test_every_fact_is_a_status_field() -> None:
     """The status models ignore unknown fields: a misspelt one would vanish silently."""
     assert set(POOL_FIELDS) <= set(PoolStatus.model_fields)
     assert set(ROLE_FIELDS) <= set(RoleStatus.model_fields)
+    assert set(ROUTER_FIELDS) <= set(RouterStatus.model_fields)
 
 
 def test_plan_output_and_status_show_the_same_facts() -> None:
@@ -26,9 +28,13 @@ def test_plan_output_and_status_show_the_same_facts() -> None:
         assert {f: shown[plan_key(f)] for f in POOL_FIELDS} == {f: getattr(pool, f) for f in POOL_FIELDS}
         for shown_role, role in zip(shown["roles"], pool.roles, strict=True):
             assert {f: shown_role[plan_key(f)] for f in ROLE_FIELDS} == {f: getattr(role, f) for f in ROLE_FIELDS}
+    assert len(report["routers"]) == len(status.routers) > 0
+    for shown, router in zip(report["routers"], status.routers, strict=True):
+        assert {f: shown[plan_key(f)] for f in ROUTER_FIELDS} == {f: getattr(router, f) for f in ROUTER_FIELDS}
 
 
 def test_the_wire_keys_differ_only_where_pydantic_capitalises_after_a_digit() -> None:
     keys = {f: (m.model_fields[f].alias, plan_key(f))
-            for m, table in ((PoolStatus, POOL_FIELDS), (RoleStatus, ROLE_FIELDS)) for f in table}
+            for m, table in ((PoolStatus, POOL_FIELDS), (RoleStatus, ROLE_FIELDS), (RouterStatus, ROUTER_FIELDS))
+            for f in table}
     assert {f: k for f, k in keys.items() if k[0] != k[1]} == {"all2all_backend": ("all2AllBackend", "all2allBackend")}

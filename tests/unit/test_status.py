@@ -153,6 +153,7 @@ def test_the_router_reports_its_lists_and_readiness() -> None:
     (router,) = status.routers
     assert router.model_dump(exclude_none=True) == {
         "name": "k3-pd-router", "mode": "PrefillDecode", "endpoint": "http://k3-pd-router.inference.svc:8000",
+        "prefill_policy": "CacheAware", "decode_policy": "CacheAware",
         "replicas": 2, "ready_replicas": 2, "compatibility_hash": "h1", "prefill_workers": 1, "decode_workers": 2}
 
 

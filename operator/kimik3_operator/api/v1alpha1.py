@@ -633,6 +633,12 @@ class RouterStatus(StatusModel):
     """The router's Deployment and Service."""
     mode: RouterMode
     """PrefillDecode (prefill, then decode with the KV hand-off) | Aggregated (load balancing)."""
+    prefill_policy: RouterPolicy | None = None
+    """PrefillDecode: how it picks a prefill engine."""
+    decode_policy: RouterPolicy | None = None
+    """PrefillDecode: how it picks a decode engine."""
+    policy: RouterPolicy | None = None
+    """Aggregated: how it picks an engine."""
     endpoint: str | None = None
     """In-cluster URL of the router's Service."""
     replicas: int = 0

@@ -33,6 +33,19 @@ class RouterPlan:
         """The kinds of engine it needs at least one of before it can start."""
         return tuple(role for role, _ in self.policies)
 
+    @property
+    def prefill_policy(self) -> str | None:
+        return dict(self.policies).get("prefill")
+
+    @property
+    def decode_policy(self) -> str | None:
+        return dict(self.policies).get("decode")
+
+    @property
+    def policy(self) -> str | None:
+        """The aggregated router's."""
+        return dict(self.policies).get("aggregated")
+
 
 def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
     """The P/D router first when there are prefill/decode roles, then the aggregated one; none

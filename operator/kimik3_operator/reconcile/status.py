@@ -19,7 +19,7 @@ from ..api.v1alpha1 import EngineStatus, RouterStatus
 from ..planner import Plan, PlanningError
 from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
-from ..render.plan_fields import pool_fields, role_fields
+from ..render.plan_fields import pool_fields, role_fields, router_fields
 from ..render.router import RouterTargets, router_targets, router_url
 from ..render.services import service_url
 from .weights_status import WeightsState
@@ -101,8 +101,8 @@ def _router_status(owner: Owner, targets: RouterTargets, live: Mapping[str, Any]
     observed = int(status.get("observedGeneration") or 0) >= int((live.get("metadata") or {}).get("generation") or 0)
     updated = int(status.get("updatedReplicas") or 0) if observed else 0
     out = RouterStatus(
-        name=targets.name, mode=targets.plan.mode, endpoint=router_url(owner, targets.name), replicas=desired,
-        ready_replicas=ready, compatibility_hash=targets.compat_hash,
+        **router_fields(targets.plan), name=targets.name, endpoint=router_url(owner, targets.name),
+        replicas=desired, ready_replicas=ready, compatibility_hash=targets.compat_hash,
         **{f"{role}_workers": len(targets.urls(role)) for role in targets.plan.roles})
     if targets.missing:
         revision = f" of compatibility hash {targets.compat_hash}" if targets.compat_hash else ""

@@ -1,6 +1,7 @@
 """A plan's facts as the status and `kimik3 plan -o json` both show them: one mapping.
 
-A pool's hardware and a role's size, layout and backends appear in both with the same values,
+A pool's hardware, a role's size, layout and backends, and a router's mode and policies appear in
+both with the same values,
 because both read them from these tables, keyed by the status models' field names (PoolStatus,
 RoleStatus). Each adds what only it knows: the status its live replica counts and endpoints, the
 plan output its commands and predictions.
@@ -16,7 +17,7 @@ import re
 from operator import attrgetter
 from typing import Any
 
-from ..planner import PoolPlan, RolePlan
+from ..planner import PoolPlan, RolePlan, RouterPlan
 
 POOL_FIELDS = {
     "name": "name",
@@ -43,12 +44,25 @@ ROLE_FIELDS = {
 """RoleStatus field -> attribute (path) of the RolePlan."""
 
 
+ROUTER_FIELDS = {
+    "mode": "mode",
+    "prefill_policy": "prefill_policy",
+    "decode_policy": "decode_policy",
+    "policy": "policy",
+}
+"""RouterStatus field -> attribute of the RouterPlan."""
+
+
 def pool_fields(pool: PoolPlan) -> dict[str, Any]:
     return {field: attrgetter(attr)(pool) for field, attr in POOL_FIELDS.items()}
 
 
 def role_fields(role: RolePlan) -> dict[str, Any]:
     return {field: attrgetter(attr)(role) for field, attr in ROLE_FIELDS.items()}
+
+
+def router_fields(router: RouterPlan) -> dict[str, Any]:
+    return {field: attrgetter(attr)(router) for field, attr in ROUTER_FIELDS.items()}
 
 
 def plan_key(field: str) -> str:

@@ -12,7 +12,7 @@ from ..planner import Plan, PoolPlan, RolePlan, RouterPlan
 from ..planner.layout import describe
 from ..planner.perf import CALIBRATION
 from .engine import engine_args, engine_env
-from .plan_fields import plan_keys, pool_fields, role_fields
+from .plan_fields import plan_keys, pool_fields, role_fields, router_fields
 
 
 def _env_dict(env: list[dict[str, Any]]) -> dict[str, str]:
@@ -36,9 +36,8 @@ def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
 def router_report(router: RouterPlan) -> dict[str, Any]:
     """Its engine lists are the ready leaders of the moment: only the live Deployment shows them."""
     return {
-        "mode": router.mode,
+        **plan_keys(router_fields(router)),
         "replicas": router.replicas,
-        "policies": dict(router.policies),
         "routes": [{"pool": pool, "role": role} for pool, role in router.routes],
     }
 
