@@ -30,11 +30,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import socket
 import sys
-import traceback
+
+from check_harness import serve  # this script's own folder
 
 os.environ["RUST_BACKTRACE"] = "0"  # a panic is the expected outcome: keep its report short
 
@@ -112,27 +112,12 @@ def check_case(case: dict, held_port: int) -> dict:
     return {"name": name, "ok": not errors, "errors": errors, "parsed": parsed}
 
 
-def main() -> int:
-    # The Rust core prints to stdout: keep stdout for our JSON only.
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    try:
-        cases = json.load(sys.stdin)
-        if not isinstance(cases, list):
-            raise ValueError("stdin must be a JSON list of cases")
-        with socket.socket() as held:
-            held.bind(("127.0.0.1", 0))
-            held.listen()
-            results = [check_case(c, held.getsockname()[1]) for c in cases]
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        return 2
-    json.dump(results, out, indent=1)
-    out.write("\n")
-    out.flush()
-    return 0 if all(r["ok"] for r in results) else 1
+def check_all(cases: list[dict]) -> list[dict]:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        return [check_case(c, held.getsockname()[1]) for c in cases]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(check_all))

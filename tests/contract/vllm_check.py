@@ -45,11 +45,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import os
 import re
 import sys
-import traceback
+
+from check_harness import serve  # this script's own folder
 
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # without it, building the parser fails on a host with no GPU
 
@@ -185,24 +185,9 @@ def check_case(case: dict) -> dict:
     return {"name": name, "ok": not errors, "errors": errors}
 
 
-def main() -> int:
-    # vLLM logs to stdout: keep stdout for our JSON only, send everything else to stderr.
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    try:
-        cases = json.load(sys.stdin)
-        if not isinstance(cases, list):
-            raise ValueError("stdin must be a JSON list of cases")
-        results = [check_case(c) for c in cases]
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        return 2
-    json.dump(results, out, indent=1)
-    out.write("\n")
-    out.flush()
-    return 0 if all(r["ok"] for r in results) else 1
+def check_all(cases: list[dict]) -> list[dict]:
+    return [check_case(c) for c in cases]
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(check_all))

@@ -300,13 +300,19 @@ def test_the_router_lists_the_ready_leaders_and_follows_a_replaced_one_in_one_pa
     assert reconcile(cluster, "ns", "k3").applied == [] and not [w for w in cluster.writes if w.startswith("apply")]
 
 
-def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() -> None:
+def _routing_pd() -> tuple[MemoryCluster, list[dict[str, Any]], str]:
+    """A P/D deployment whose router lists one prefill (10.0.0.5) and one decode (10.0.1.5)."""
     pods: list[dict[str, Any]] = []
     cluster = _serving_pd(pods)
     reconcile(cluster, "ns", "k3")
-    old = _compat(cluster)
-    pods += [_leader("b200", "prefill", "10.0.0.5", old), _leader("gb300", "decode", "10.0.1.5", old)]
+    compat = _compat(cluster)
+    pods += [_leader("b200", "prefill", "10.0.0.5", compat), _leader("gb300", "decode", "10.0.1.5", compat)]
     reconcile(cluster, "ns", "k3")
+    return cluster, pods, compat
+
+
+def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() -> None:
+    cluster, pods, old = _routing_pd()
     cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "fp8"}  # enters the compatibility hash
     reconcile(cluster, "ns", "k3")
     new = _compat(cluster)
@@ -323,12 +329,7 @@ def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() 
 
 
 def test_routers_follow_the_serving_leaders_while_a_new_revision_stages() -> None:
-    pods: list[dict[str, Any]] = []
-    cluster = _serving_pd(pods)
-    reconcile(cluster, "ns", "k3")
-    h = _compat(cluster)
-    pods += [_leader("b200", "prefill", "10.0.0.5", h), _leader("gb300", "decode", "10.0.1.5", h)]
-    reconcile(cluster, "ns", "k3")
+    cluster, pods, h = _routing_pd()
     workloads = {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"}
     cluster.deployment["spec"]["model"]["revision"] = "v2"
     reconcile(cluster, "ns", "k3")
