@@ -126,4 +126,10 @@ MUTANTS += (
     Mutant("AITER on for MI355X", "render/engine.py",
            'env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})', "pass",
            "tests/unit/test_render.py::test_amd_pools_turn_aiter_on"),
+    Mutant("the P/D router lists engines of the paired revision only", "reconcile/pairing.py",
+           "if labels.get(LABEL_ROLE) in PAIRED and labels.get(LABEL_COMPAT) != paired_hash:", "if False:",
+           "tests/unit/test_pairing.py::test_the_router_lists_ready_leaders_of_the_paired_revision_only"),
+    Mutant("no router pod before each kind of engine has a ready leader", "render/router.py",
+           "return 0 if self.missing else self.plan.replicas", "return self.plan.replicas",
+           "tests/unit/test_router_render.py::test_no_router_pod_until_every_kind_of_engine_has_a_ready_leader"),
 )

@@ -112,8 +112,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
         weights = weights_state(owner, plan.weights, jobs, job_pods)
         wanted = {_key(o) for o in desired}
-        if weights.all_staged:
-            plan = with_staged(plan, weights.commits)
+        plan = with_staged(plan, weights.commits) if weights.all_staged else plan
         paired = serving_hash(plan, own_pods, _selected_hashes(live))
         endpoints = leader_endpoints(plan, own_pods, paired)
         if weights.all_staged:
