@@ -233,16 +233,16 @@ ROUTER_POLICIES = ("CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoa
 ROUTER_AMOUNTS = ("250m", "1", "1.5", "4", "512Mi", "1Gi", "3Gi")
 
 
-def _router(draw: Draw) -> dict[str, Any]:
+def _router_settings(draw: Draw) -> dict[str, Any]:
+    """The router's policies and resources, requests above limits included (a rule refuses them)."""
     router: dict[str, Any] = {}
-    if maybe(draw, 60):
-        router["replicas"] = draw(st.integers(0, 64))
     for key in ("policy", "prefillPolicy", "decodePolicy"):
         if maybe(draw, 30):
             router[key] = draw(st.sampled_from(ROUTER_POLICIES))
     if maybe(draw, 30):
-        router["resources"] = {part: {r: draw(st.sampled_from(ROUTER_AMOUNTS)) for r in ("cpu", "memory") if maybe(draw, 50)}
-                               for part in ("requests", "limits") if maybe(draw, 60)}
+        router["resources"] = {
+            part: {r: draw(st.sampled_from(ROUTER_AMOUNTS)) for r in ("cpu", "memory") if maybe(draw, 50)}
+            for part in ("requests", "limits") if maybe(draw, 60)}
     return router
 
 
@@ -254,8 +254,8 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
     spec: dict[str, Any] = {"model": _model(draw), "pools": _pools(draw)}
     if maybe(draw, 55):
         spec["engine"] = _engine(draw)
-    if maybe(draw, 15):
-        spec["router"] = _router(draw)
+    if maybe(draw, 10):
+        spec["router"] = {"replicas": draw(st.integers(0, 64))}
     if maybe(draw, 30):
         w: dict[str, Any] = {}
         if maybe(draw, 60):
@@ -280,4 +280,6 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
                                                                   max_size=2, unique=True))}
     if maybe(draw, 5):
         spec["autoscaling"] = {}
+    if maybe(draw, 15):
+        spec["router"] = {**spec.get("router", {}), **_router_settings(draw)}
     return {"apiVersion": f"{v1.GROUP}/{v1.VERSION}", "kind": v1.KIND, "metadata": {"name": name}, "spec": spec}
