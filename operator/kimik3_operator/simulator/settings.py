@@ -42,10 +42,10 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..planner.perf import PUBLISHED
+from ..kimi_k3 import PUBLISHED
 
 DEFAULT_GPU = "GB300"
-DEFAULT_ACCEPTANCE = PUBLISHED["acceptance_range"][0]
+DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
 ROLES = ("prefill", "decode", "aggregated")
 
 
