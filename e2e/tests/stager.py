@@ -1,7 +1,7 @@
 """The kubelet's part for staging Jobs, which kwok cannot play: run each staging pod's real command.
 
 kwok runs no containers. For every Running staging pod, this runs the pod's own command
-(`python -m kimik3_operator.weights stage ...`, as rendered) on the host with the environment the
+(`python -m kimik3_operator.stager stage ...`, as rendered) on the host with the environment the
 kubelet would give it: secrets resolved, the pod's ServiceAccount token (a TokenRequest) with the
 API server on loopback, so its progress patches go through the real RBAC the operator rendered.
 The network the pod would see is faked on loopback only: a fake Hub and a fake S3 stand in for the
@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from tests.weights.fake_hub import FakeHub
-from tests.weights.fake_s3 import FakeS3
+from kimik3_operator.contract.stager import STAGER_MODULE
+from tests.stager.fake_hub import FakeHub
+from tests.stager.fake_s3 import FakeS3
 
 from .kube import kubectl
 
@@ -148,8 +149,8 @@ class Stager:
         return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
     def _provide(self, uri: str, volume: Path) -> None:
-        """Make the checkpoint `uri` names exist in this fake world (the loader's own failure modes
-        are tested in tests/weights; here every referenced checkpoint is there)."""
+        """Make the checkpoint `uri` names exist in this fake world (the stager's own failure modes
+        are tested in tests/stager; here every referenced checkpoint is there)."""
         scheme, _, rest = uri.partition("://")
         if scheme == "hf" and rest not in self.hub.repos:
             self.commits[rest] = self.hub.add_repo(rest, HUB_REPOS["moonshotai/Kimi-K3"])
@@ -182,7 +183,7 @@ class Stager:
             if arg.startswith(CACHE_MOUNT + "/") or arg == CACHE_MOUNT:
                 arg = str(volume) + arg[len(CACHE_MOUNT):]
             args.append(str(termination_log) if arg == TERMINATION_LOG else arg)
-        assert args[:3] == ["python", "-m", "kimik3_operator.weights"], args
+        assert args[:3] == ["python", "-m", STAGER_MODULE], args
         result = subprocess.run([sys.executable, *args[1:]], env=self._env(pod, container, workdir),
                                 capture_output=True, text=True, timeout=180)
         message = termination_log.read_text()[-4096:] if termination_log.exists() else ""

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api.reasons import ALL_REPLICAS_READY, WEIGHTS_STAGING
-from kimik3_operator.weights import marker_path
+from kimik3_operator.contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+from kimik3_operator.stager import marker_path
 from tests.support.cases import base_deployment
 
 from .kube import apply, condition, get_json, kubectl, wait_for
@@ -86,11 +87,11 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     assert pods and {p["metadata"]["labels"]["serving.kimik3.dev/compat-hash"] for p in pods} == {
         cr["status"]["engine"]["compatibilityHash"]}
 
-    # Progress came through the pods' own Role: the annotation is there, written by the loader.
+    # Progress came through the pods' own Role: the annotation is there, written by the stager.
     for job in _jobs(namespace).values():
-        record = json.loads(job["metadata"]["annotations"]["serving.kimik3.dev/weights-progress"])
+        record = json.loads(job["metadata"]["annotations"][PROGRESS_ANNOTATION])
         assert record["phase"] == "Complete" and record["commit"]
-        assert any(m["manager"] == "kimik3-weights-progress" for m in job["metadata"]["managedFields"])
+        assert any(m["manager"] == PROGRESS_FIELD_MANAGER for m in job["metadata"]["managedFields"])
     runs = stager.runs_in(namespace)
     assert len(runs) == 2 and all(r.exit_code == 0 for r in runs), [(r.exit_code, r.stderr[-500:]) for r in runs]
 

@@ -245,12 +245,18 @@ def _role_dicts(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [p[r] for p in body["spec"]["pools"] for r in v1.ROLE_NAMES if isinstance(p.get(r), dict)]
 
 
+HUB_IDS_REFUSED = ("hf://moonshotai/Kimi--K3", "hf://moonshotai/Kimi..K3", "hf://moonshotai/Kimi-K3.git",
+                   "hf://moon--shot/Kimi-K3")
+PVC_PATHS_OUTSIDE = ("pvc://weights/..", "pvc://weights/../kimi-k3", "pvc://weights/kimi-k3/../../x", "pvc://w/../")
+
+
 def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     spec, pools = body["spec"], body["spec"]["pools"]
     pool = draw(st.sampled_from(pools))
     rule = draw(st.sampled_from(("owned-flag", "tensor-divides-96", "mode-aggregated", "prefill-with-decode",
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
-                                 "pool-needs-role", "agg-or-pd", "mode-disaggregated")))
+                                 "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
+                                 "pvc-stays-inside")))
     if rule == "interval-needs-tokens":
         _engine_of(body)["prefixCaching"] = {"retention": {"policy": "Interval"}}
     elif rule == "tokens-need-interval":
@@ -264,6 +270,10 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     elif rule == "tensor-divides-96":
         role = draw(st.sampled_from(_role_dicts(body) or [pool.setdefault("aggregated", {})]))
         role.setdefault("parallelism", {})["tensor"] = draw(st.sampled_from(TP_NON_DIVISORS))
+    elif rule == "hub-repo-id":
+        spec["model"]["uri"] = draw(st.sampled_from(HUB_IDS_REFUSED))
+    elif rule == "pvc-stays-inside":
+        spec["model"]["uri"] = draw(st.sampled_from(PVC_PATHS_OUTSIDE))
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

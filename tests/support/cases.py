@@ -90,3 +90,7 @@ INVALID["env sets a variable the operator owns: " + ", ".join(v1.OWNED_ENV)] = _
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
+INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(
+    lambda d: d["spec"]["model"].update(uri="hf://moonshotai/Kimi--K3"))
+INVALID["a pvc:// path stays inside its claim: no '..' in it"] = _edit(
+    lambda d: d["spec"]["model"].update(uri="pvc://weights/../kimi-k3"))

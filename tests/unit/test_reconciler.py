@@ -11,7 +11,7 @@ from kimik3_operator.api.reasons import (
 )
 from kimik3_operator.k8s import ApplyResult
 from kimik3_operator.reconcile.reconciler import reconcile
-from kimik3_operator.render.names import ANNOTATION_HASH
+from kimik3_operator.contract.names import ANNOTATION_HASH
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 

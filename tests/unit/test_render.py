@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.contract.names import ANNOTATION_HASH
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner, render_children
-from kimik3_operator.render.names import (ANNOTATION_HASH, LABEL_COMPAT, MAX_WORKLOAD_NAME, bounded,
-                                          desired_hash, workload_name)
+from kimik3_operator.render.names import LABEL_COMPAT, MAX_WORKLOAD_NAME, bounded, desired_hash, workload_name
 from tests.support.cases import EXAMPLES, load_examples
 from tests.support.nodes import all_pools
 

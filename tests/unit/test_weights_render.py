@@ -9,8 +9,6 @@ from typing import Any
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import plan_deployment, pool_facts, with_staged
 from kimik3_operator.render import Owner, render_serving, render_weights
-from kimik3_operator.render.weights import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
-from kimik3_operator.weights import report
 from tests.support.cases import base_deployment
 from tests.support.nodes import all_pools
 
@@ -120,10 +118,6 @@ def test_s3_credentials_come_from_the_whole_secret_and_the_endpoint_from_the_spe
     assert not any(e["name"].startswith("HF_") for e in c["env"])
 
 
-def test_the_loader_and_the_operator_agree_on_the_progress_annotation() -> None:
-    assert (report.PROGRESS_ANNOTATION, report.FIELD_MANAGER) == (PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER)
-
-
 def test_an_operator_upgrade_changes_no_serving_template() -> None:
     """What an operator release changes (its version, its image) must not reach a pod template, or
     upgrading the operator would restart every serving replica."""
@@ -137,13 +131,12 @@ def test_an_operator_upgrade_changes_no_serving_template() -> None:
     assert "kimik3-operator:" not in json.dumps([o for o in after if o["kind"] in serving])
 
 
-def test_the_inline_wait_agrees_with_the_loaders_marker(tmp_path: Any) -> None:
+def test_the_inline_wait_agrees_with_the_stagers_marker(tmp_path: Any) -> None:
     import subprocess
     import sys
 
     from kimik3_operator.render.weights import WAIT_SCRIPT
-    from kimik3_operator.weights import stage
-    from kimik3_operator.weights.model import marker_path
+    from kimik3_operator.stager import marker_path, stage
 
     src = tmp_path / "src"
     src.mkdir()

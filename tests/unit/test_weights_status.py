@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.contract.stager import PROGRESS_ANNOTATION
 from kimik3_operator.planner.weights import weights_plan
 from kimik3_operator.reconcile.weights_status import weights_state
 from kimik3_operator.render import Owner
-from kimik3_operator.render.weights import PROGRESS_ANNOTATION, job_name
+from kimik3_operator.render.weights import job_name
 from tests.support.cases import base_deployment
 
 OWNER = Owner(name="k3", namespace="ns", uid="u")

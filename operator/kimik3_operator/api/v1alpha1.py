@@ -10,12 +10,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..contract import uri as model_uri
+from ..contract.names import GROUP
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
 
-GROUP = "serving.kimik3.dev"
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
 PLURAL = "kimik3deployments"
@@ -49,13 +50,22 @@ ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
 ImageRef = Annotated[str, Field(max_length=512)]
-# What the weights loader stages (operator/kimik3_operator/weights): the Hub, S3, or a claim in place.
-ModelUri = Annotated[str, Field(max_length=512, pattern=r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
-                                                        r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\t\n\v\f\r ]*)?"
-                                                        r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\t\n\v\f\r ]*)?)$")]
+ModelUri = Annotated[str, Field(max_length=model_uri.MAX_LENGTH, pattern=model_uri.PATTERN)]
+"""What the stager stages: the Hub, S3, or a claim in place. The grammar is the stager's own
+(contract/uri.py); what a pattern cannot say is in `model_uri_rules`."""
 EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\t\n\v\f\r /]+(/[^\t\n\v\f\r ]*)?$")]
 """No whitespace, spelled out: `\\s` is ASCII in the API server's Go regexp but Unicode in pydantic's."""
 EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+def model_uri_rules(field: str, attribute: str, *, optional: bool = False) -> tuple[Rule, ...]:
+    """The model-URI refusals a pattern cannot express (contract/uri.py RULES), as Rules of the
+    model that holds the URI in `field` (wire name) / `attribute` (Python name)."""
+    guard = f"!has(self.{field}) || " if optional else ""
+    return tuple(
+        Rule(cel=guard + rule.cel.format(uri=f"self.{field}"), message=rule.message, field_path=f".{field}",
+             check=lambda m, holds=rule.holds: getattr(m, attribute) is None or holds(getattr(m, attribute)))
+        for rule in model_uri.RULES)
 
 
 class SecretKeyRef(SpecModel):
@@ -96,6 +106,8 @@ class ModelSource(SpecModel):
     endpoint: EndpointUrl | None = None
     """Hub or S3 endpoint to download from (a mirror, a private S3 service); rendered as HF_ENDPOINT
     or AWS_ENDPOINT_URL for the staging Jobs only. Default: the public Hub / AWS."""
+
+    rules = model_uri_rules("uri", "uri")
 
 
 class Retention(SpecModel):
@@ -150,6 +162,7 @@ class Speculative(SpecModel):
             message="speculative method DSpark needs draftModelUri (a K3DSparkModel checkpoint)",
             check=lambda s: s.method != "DSpark" or s.draft_model_uri is not None,
         ),
+        *model_uri_rules("draftModelUri", "draft_model_uri", optional=True),
     )
 
 

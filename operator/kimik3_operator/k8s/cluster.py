@@ -23,8 +23,8 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..contract.kinds import CHILD_KINDS
 from ..api import GROUP, KIND, VERSION
-from ..render.names import ANNOTATION_HASH, FIELD_MANAGER
-from ..render.weights import PROGRESS_FIELD_MANAGER
+from ..contract.names import ANNOTATION_HASH, FIELD_MANAGER
+from ..contract.stager import PROGRESS_FIELD_MANAGER
 
 HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER})
 """Writers that only touch fields we never set (a staging pod's progress annotation on its Job):

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from ..api import KimiK3DeploymentSpec
+from ..contract.stager import CONTENT_COMMIT, HUB_COMMIT
+from ..contract.uri import parse_model_uri
+
 MODEL_PATH = "/models/kimi-k3"
 DRAFT_PATH = "/models/kimi-k3-draft"
 SourceName = Literal["model", "draft"]
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-CONTENT_HASH = re.compile(r"^[0-9a-f]{64}$")
-"""The loader's commit of an s3:// prefix or pvc:// folder: a sha256 over its file list."""
 CACHE_MOUNT = "/cache"
 """Where a staging Job mounts the volume it writes to."""
 
@@ -50,7 +49,7 @@ class WeightsSource:
 
     @property
     def scheme(self) -> str:
-        return self.uri.partition("://")[0]
+        return parse_model_uri(self.uri).scheme
 
 
 @dataclass(frozen=True)
@@ -79,18 +78,17 @@ def weights_plan(spec: KimiK3DeploymentSpec) -> WeightsPlan:
         wanted.append(("draft", speculative.draft_model_uri, "main", DRAFT_PATH))
     sources = []
     for name, uri, revision, mount in wanted:
-        scheme, _, rest = uri.partition("://")
+        location = parse_model_uri(uri)  # admission let only parseable URIs through
         # Only the Hub has branches; s3:// and pvc:// stage what is there now unless pinned to
         # the content hash an earlier stage reported.
-        if scheme != "hf" and not CONTENT_HASH.match(revision):
+        if location.scheme != "hf" and not CONTENT_COMMIT.match(revision):
             revision = ""
-        if scheme == "pvc":
-            claim, _, path = rest.partition("/")
-            source = WeightsSource(name, uri, revision, mount, claim, path.strip("/"))
+        if location.scheme == "pvc":
+            source = WeightsSource(name, uri, revision, mount, location.authority, location.path)
         else:
             source = WeightsSource(name, uri, revision, mount, None, "")
             source = dataclasses.replace(source, folder=f"{name}-{source.key}")
-        if COMMIT.match(revision) or CONTENT_HASH.match(revision):
+        if HUB_COMMIT.match(revision) or CONTENT_COMMIT.match(revision):
             source = dataclasses.replace(source, commit=revision)
         sources.append(source)
     cache = spec.model.cache

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 from ..api.v1alpha1 import WeightsStatus
 from ..planner import WeightsPlan
 from ..render.names import Owner
-from ..render.weights import PROGRESS_ANNOTATION, job_name
+from ..contract.stager import PROGRESS_ANNOTATION
+from ..render.weights import job_name
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 

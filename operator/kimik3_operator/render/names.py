@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import GROUP, KIND, VERSION
+from ..contract.names import ANNOTATION_HASH
 
-FIELD_MANAGER = "kimik3-operator"
 MANAGED_BY = "kimik3-operator"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_POOL = f"{GROUP}/pool"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPAT = f"{GROUP}/compat-hash"
-ANNOTATION_HASH = f"{GROUP}/desired-hash"
 MAX_WORKLOAD_NAME = 45
 MAX_LABEL_VALUE = 63
 

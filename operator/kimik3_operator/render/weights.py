@@ -1,6 +1,6 @@
 """The weights cache claim, the staging Jobs, and what serving pods need to read the weights.
 
-One Job per checkpoint (model, draft) runs the loader (`python -m kimik3_operator.weights stage`,
+One Job per checkpoint (model, draft) runs the stager (`python -m kimik3_operator.stager stage`,
 from the operator image) into its folder of the cache claim; its final progress record is the
 container's termination message, where the operator reads the resolved commit. While it runs it
 writes its latest record into an annotation of its own Job, through a ServiceAccount whose Role
@@ -15,14 +15,12 @@ from typing import Any
 
 from ..api import GROUP
 from ..contract.kinds import JOB, PERSISTENT_VOLUME_CLAIM, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
+from ..contract.stager import MARKER_NAME, STAGER_MODULE, STATE_DIR
 from ..planner import WeightsPlan, WeightsSource
 from ..planner.weights import CACHE_MOUNT
 from .names import Owner, bounded, object_meta
 
 CACHE_VOLUME = "model-cache"
-PROGRESS_ANNOTATION = f"{GROUP}/weights-progress"
-PROGRESS_FIELD_MANAGER = "kimik3-weights-progress"
-"""The staging pod writes PROGRESS_ANNOTATION under this manager (weights/report.py)."""
 LABEL_SOURCE = f"{GROUP}/weights-source"
 RUN_AS = 65532  # the operator image's non-root user
 WAIT_TIMEOUT_SECONDS = 3600
@@ -102,7 +100,7 @@ def _restricted() -> dict[str, Any]:
 
 
 def stage_args(owner: Owner, source: WeightsSource) -> list[str]:
-    args = ["python", "-m", "kimik3_operator.weights", "stage", "--uri", source.uri]
+    args = ["python", "-m", STAGER_MODULE, "stage", "--uri", source.uri]
     if source.revision:
         args += ["--revision", source.revision]
     return args + ["--dest", f"{CACHE_MOUNT}/{source.folder}".rstrip("/"),
@@ -165,10 +163,10 @@ def serving_mounts(owner: Owner, weights: WeightsPlan) -> list[dict[str, Any]]:
             for s in weights.sources]
 
 
-WAIT_SCRIPT = """\
+WAIT_SCRIPT = f"""\
 import json, os, sys, time
 dest, commit, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
-marker = os.path.join(dest, ".kimik3", "ready.json")
+marker = os.path.join(dest, "{STATE_DIR}", "{MARKER_NAME}")
 deadline = time.monotonic() + timeout
 while True:
     try:
@@ -186,7 +184,7 @@ while True:
         sys.exit(1)
     time.sleep(5)
 """
-"""The serving pods' wait, run by the serving image's own Python: what `weights wait` checks (the
+"""The serving pods' wait, run by the serving image's own Python: what `stager wait` checks (the
 completion marker names the commit, every listed file has its size). Not the operator image, whose
 tag changes with every operator release: a pod template must not, or an upgrade would restart
 every replica."""

@@ -1,0 +1,89 @@
+"""``python -m kimik3_operator.simulator vllm serve MODEL [flags...]``: a Kimi K3 vLLM engine stand-in.
+
+Give it the command a serving pod would run (plain or wrapped in `sh -c`); append
+`--host 127.0.0.1 --port N` to move it onto loopback. K3SIM_* variables (settings.py) say what the
+command line does not: the GPU, the DSpark acceptance, the time scale. A `--headless` worker
+command serves nothing and just waits for SIGTERM, like a vLLM worker pod without an API server.
+Exit codes: 0 after SIGTERM/SIGINT and the drain, 1 the engine loop failed, 2 bad command line or
+settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Sequence
+
+from aiohttp import web
+
+from .cmdline import CommandLineError, parse_serve
+from .config import EngineConfig, describe, engine_config, engine_metrics
+from .engine import Engine
+from .nixl import Handshakes
+from .server import Simulator, drain
+from .settings import SettingsError, settings_from_env
+from .stats import SimStats
+
+log = logging.getLogger("kimik3_operator.simulator")
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(config: EngineConfig) -> int:
+    serve_args = config.serve
+    metrics = engine_metrics(config)
+    stats = SimStats(config.settings.stats_history)
+    handshakes = Handshakes(config.settings.handshake_dir, config)
+    engine = Engine(config, metrics, stats, handshakes)
+    sim = Simulator(config, engine, stats)
+    loop = asyncio.get_running_loop()
+    sim.ready_at = loop.time() + config.settings.startup_seconds * config.settings.time_scale
+    runner = web.AppRunner(sim.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, serve_args.host, serve_args.port, shutdown_timeout=2.0).start()
+    handshakes.publish()
+    log.info("%s; listening on %s:%d", describe(config), serve_args.host, serve_args.port)
+    engine_task = asyncio.create_task(engine.run(), name="engine-loop")
+    signalled = asyncio.create_task(_until_signalled())
+    try:
+        await asyncio.wait({engine_task, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if engine_task.done():
+            log.error("the engine loop stopped", exc_info=engine_task.exception())
+            return 1
+        log.info("draining %d requests (shutdown timeout %ds)", engine.in_flight, serve_args.shutdown_timeout)
+        await drain(sim, serve_args.shutdown_timeout)
+        await asyncio.wait_for(engine_task, timeout=10)
+        return 0
+    finally:
+        signalled.cancel()
+        handshakes.withdraw()
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = settings_from_env()
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        serve_args = parse_serve(argv)
+        if serve_args.headless:
+            log.info("headless worker of %s: nothing to serve, waiting for SIGTERM", serve_args.model)
+            asyncio.run(_until_signalled())
+            return 0
+        config = engine_config(serve_args, settings)
+    except (CommandLineError, SettingsError) as exc:
+        print(f"k3sim: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""The HTTP face of a simulated vLLM leader: the OpenAI routes, /health, /metrics and /sim/stats.
+
+/health answers 503 until the (scaled) startup delay has passed and again once a SIGTERM starts
+the drain; requests then get 503 too, in-flight ones finish within --shutdown-timeout (0: they are
+aborted at once, as vLLM does) and the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .config import VLLM_VERSION, EngineConfig
+from .engine import Engine, Output, QueueFull, Sequence, Submission
+from .nixl import classify
+from .openai_format import Envelope, error_body, sse, tool_call_delta
+from .stats import SimStats
+from .text import Answer, PromptError, chat_answer, chat_prompt, completion_prompt, prompt_seed
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 << 20
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def _error(message: str, status: int, kind: str) -> web.Response:
+    return web.json_response(error_body(message, kind, status), status=status)
+
+
+class Simulator:
+    def __init__(self, config: EngineConfig, engine: Engine, stats: SimStats) -> None:
+        self.config = config
+        self.engine = engine
+        self.stats = stats
+        self.ready_at = 0.0
+        self.draining = False
+        self.created = int(time.time())
+
+    # ---- plumbing -----------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.add_routes([
+            web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
+            web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
+            web.get("/sim/stats", self.sim_stats),
+            web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+        ])
+        return app
+
+    def _ready(self) -> bool:
+        return not self.draining and asyncio.get_running_loop().time() >= self.ready_at
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._ready() else 503)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        serve = self.config.serve
+        names = serve.served_model_names or (serve.model,)
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": serve.model,
+             "parent": None, "max_model_len": self.config.max_model_len,
+             "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                             "created": self.created, "allow_create_engine": False, "allow_sampling": True,
+                             "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                             "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}]}
+            for name in names]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.engine.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def sim_stats(self, request: web.Request) -> web.Response:
+        c = self.config
+        layout = c.perf.layout
+        engine = {"role": c.role, "kv_role": c.serve.kv_role, "kv_connector": c.kv_connector,
+                  "engine_ids": list(c.engine_ids), "gpu": c.gpu.product,
+                  "layout": {"tensor": layout.tensor, "pipeline": layout.pipeline, "data": layout.data,
+                             "expert": layout.expert},
+                  "crosses_rdma": c.perf.crosses_rdma, "block_size": c.perf.block_size,
+                  "speculative_tokens": c.spec_tokens, "acceptance": c.acceptance,
+                  "time_scale": c.settings.time_scale, "compat_hash": self.engine.handshakes.compat_hash,
+                  "in_flight": self.engine.in_flight, "draining": self.draining}
+        return web.json_response(self.stats.as_dict(engine))
+
+    # ---- the OpenAI routes --------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        if not self._ready():
+            return _error("The server is not ready" if not self.draining else "The server is shutting down",
+                          503, "ServiceUnavailableError")
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            sub, answer, envelope = self._submission(request, body, chat)
+            seq = self.engine.submit(sub)
+        except (BadRequest, PromptError) as exc:
+            status, kind = (exc.status, exc.kind) if isinstance(exc, BadRequest) else (400, "BadRequestError")
+            return _error(str(exc), status, kind)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not JSON", 400, "BadRequestError")
+        except QueueFull as full:
+            self.stats.reject(full.reason)
+            return _error(f"The request queue is full ({full.reason})", 503, "ServiceUnavailableError")
+        try:
+            if body.get("stream"):
+                return await self._stream(request, body, seq, answer, envelope)
+            return await self._complete(seq, answer, envelope)
+        except ConnectionResetError:  # the client went away mid-stream
+            return web.Response(status=499)
+        finally:
+            self.engine.abort(seq)  # no-op once finished; a client gone mid-request frees its slot
+
+    def _submission(self, request: web.Request, body: dict[str, Any],
+                    chat: bool) -> tuple[Submission, Answer, Envelope]:
+        serve, config = self.config.serve, self.config
+        model = body.get("model")
+        names = serve.served_model_names or (serve.model,)
+        if model is not None and model not in names:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        if chat:
+            tokens = chat_prompt(body.get("messages"), body.get("tools"))
+        else:
+            tokens = completion_prompt(body.get("prompt"))
+        if not tokens:
+            raise BadRequest("the prompt is empty")
+        room = config.max_model_len - len(tokens)
+        if room <= 0:
+            raise BadRequest(f"This model's maximum context length is {config.max_model_len} tokens. However, your "
+                             f"prompt contains {len(tokens)} input tokens, which exceeds this limit even without any "
+                             f"output tokens. Please reduce the length of the input prompt.")
+        seed = prompt_seed(tokens)
+        natural = config.settings.output_tokens
+        answer = (chat_answer(body["messages"], body.get("tools"), body.get("tool_choice", "auto"), natural, seed)
+                  if chat else Answer(seed=seed, natural_length=natural))
+        param, limit, finish = self._generation(body, chat, room, answer)
+        handoff = classify(body.get("kv_transfer_params"), bool(config.kv_connector))
+        header_id = request.headers.get("X-Request-Id")
+        base = header_id or (body.get("request_id") if isinstance(body.get("request_id"), str) else None) \
+            or uuid.uuid4().hex
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
+        rank = request.headers.get("X-data-parallel-rank")
+        sub = Submission(
+            key=header_id or rid, internal_id=f"{rid}-{uuid.uuid4().hex[:8]}", tokens=tokens,
+            fingerprint=f"{seed:016x}", max_tokens_param=param, limit=limit, finish_at_limit=finish, handoff=handoff,
+            rank=int(rank) if rank is not None and rank.isdigit() else None)
+        return sub, answer, Envelope(rid, body.get("model") or names[0], chat)
+
+    def _generation(self, body: dict[str, Any], chat: bool, room: int, answer: Answer) -> tuple[int | None, int, str]:
+        """(the max_tokens the request gave, tokens it will get, why it stops): max_tokens (chat:
+        max_completion_tokens first) or the room left in max_model_len, the answer's own length
+        unless ignore_eos, at least min_tokens."""
+        param = body.get("max_completion_tokens") if chat else None
+        param = param if param is not None else body.get("max_tokens")
+        if param is not None and (not isinstance(param, int) or isinstance(param, bool) or param < 1):
+            raise BadRequest("max_tokens must be a positive integer")
+        if param is not None and param > room:
+            raise BadRequest(f"'max_tokens' is too large: {param}. This model's maximum context length is "
+                             f"{self.config.max_model_len} tokens and your request has "
+                             f"{self.config.max_model_len - room} input tokens.")
+        max_tokens = param if param is not None else room
+        natural = max_tokens if body.get("ignore_eos") else answer.natural_length
+        min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
+        limit = max(1, min(max_tokens, max(natural, min_tokens)))
+        return param, limit, "length" if limit == max_tokens else "stop"
+
+    async def _outputs(self, seq: Sequence) -> AsyncIterator[tuple[int, Output]]:
+        """(tokens generated before this output, output) until the request finishes."""
+        done = 0
+        while True:
+            out = await seq.events.get()
+            yield done, out
+            done += out.new_tokens
+            if out.finish_reason is not None:
+                return
+
+    async def _complete(self, seq: Sequence, answer: Answer, envelope: Envelope) -> web.Response:
+        async for _, out in self._outputs(seq):
+            if out.finish_reason is None:
+                continue
+            if out.finish_reason == "error":
+                return _error(out.error or "KV transfer failed", 500, "InternalServerError")
+            if out.finish_reason == "abort":
+                return _error("The request was aborted", 503, "ServiceUnavailableError")
+            generated, prompt = seq.generated, seq.prompt_len
+            if envelope.chat:
+                body = envelope.chat_completion(answer.text(0, generated) or None, answer.call_done(generated),
+                                                answer.finish_reason(generated, out.finish_reason), prompt,
+                                                generated, out.kv_transfer_params)
+            else:
+                body = envelope.completion(answer.raw(0, generated), out.finish_reason, prompt, generated,
+                                           out.kv_transfer_params)
+            return web.json_response(body)
+        raise AssertionError("a request ended without a finish reason")
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], seq: Sequence, answer: Answer,
+                      envelope: Envelope) -> web.StreamResponse:
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage")) or self.config.serve.force_include_usage
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+
+        async def write(chunk: dict[str, Any] | str) -> None:
+            await response.write(sse(chunk))
+
+        async for before, out in self._outputs(seq):
+            if out.finish_reason in ("error", "abort"):
+                await write(error_body(out.error or "The request was aborted", "InternalServerError", 500))
+                break
+            after = before + out.new_tokens
+            if envelope.chat and before == 0:
+                await write(envelope.role_chunk())
+            chunk = self._delta_chunk(envelope, answer, before, after, out)
+            if chunk is not None:
+                if continuous:
+                    chunk["usage"] = envelope.usage_chunk(seq.prompt_len, after)["usage"]
+                await write(chunk)
+        else:
+            if include_usage:
+                await write(envelope.usage_chunk(seq.prompt_len, seq.generated))
+        await write("[DONE]")
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    def _delta_chunk(envelope: Envelope, answer: Answer, before: int, after: int, out: Output) -> dict[str, Any] | None:
+        finish = out.finish_reason
+        if not envelope.chat:
+            return envelope.completion_chunk(answer.raw(before, after), finish, out.kv_transfer_params)
+        delta: dict[str, Any] = {}
+        if answer.tool_call is None:
+            delta = {"content": answer.text(before, after)}
+        elif (call := answer.call_done(after)) and not answer.call_done(before):
+            delta = tool_call_delta(call)
+        if finish is not None:
+            finish = answer.finish_reason(after, finish)
+        if not delta and finish is None:
+            return None  # the parser holds back the tools channel until a call block closes
+        return envelope.chat_chunk(delta, finish, out.kv_transfer_params if finish else None)
+
+
+async def drain(sim: Simulator, timeout: float) -> None:
+    """SIGTERM: stop taking requests, let in-flight ones finish (at most `timeout` s), then stop the loop."""
+    sim.draining = True
+    engine = sim.engine
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while engine.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if engine.in_flight:
+        log.warning("shutdown timeout: aborting %d requests", engine.in_flight)
+        for rank in engine.ranks:
+            for seq in [*rank.waiting, *rank.running]:
+                engine.abort(seq)
+    engine.stopping = True
+    engine.wake.set()
+

@@ -1,0 +1,121 @@
+"""What the simulator needs that the `vllm serve` command line does not carry: K3SIM_* variables.
+
+A host-side pod runner sets these from what the pod would have had (the node's labels, the pod's
+labels); tests set them directly. Every variable is optional.
+
+  K3SIM_GPU_PRODUCT       GPU of the node: a catalog name (GB300, B200, H200, MI355X, ...) or a node
+                          label value (NVIDIA-GB300, AMD_Instinct_MI355X). Default GB300, the GPU the
+                          perf model is calibrated on.
+  K3SIM_ROLE              prefill | decode | aggregated, as /sim/stats reports it. Default: from
+                          --kv-transfer-config's kv_role (kv_producer: prefill, kv_consumer: decode,
+                          kv_both: both), or aggregated without one. What an engine does with a request
+                          follows the request's kv_transfer_params, as in vLLM, whatever the role.
+  K3SIM_DSPARK_ACCEPTANCE Mean tokens a speculative step emits (acceptance length, 1 to 1 + k).
+                          Default 2.61, the pessimistic end of DSpark's published 2.61-4.73, which is
+                          also the planner's default when a workload gives none.
+  K3SIM_TIME_SCALE        Wall seconds per modelled second: 0.1 runs ten times faster. Default 1.0,
+                          the perf model's own predictions.
+  K3SIM_STARTUP_SECONDS   Model-load time before /health answers 200 (scaled). Default 0.
+  K3SIM_CROSSES_RDMA      1/0: the replica's collectives cross RDMA (slower fixed step latency).
+                          Default: the replica has more GPUs than the GPU's NVLink domain.
+  K3SIM_KV_FABRIC_GBPS    GB/s each GPU moves KV at for a P/D hand-off. Default: the GPU's NIC.
+  K3SIM_OUTPUT_TOKENS     Tokens an answer has before the model stops by itself (max_tokens still
+                          caps it; ignore_eos removes it). Default 256.
+  K3SIM_HANDSHAKE_DIR     A folder the NIXL engines of one test share, standing in for NIXL's side
+                          channel: each engine publishes its engine ids and compatibility hash there
+                          and a decode engine checks the prefill engine it pulls from; an unknown or
+                          incompatible engine fails the request as vLLM does. Unset: trusted.
+  K3SIM_COMPAT_EXTRA      Extra text folded into the compatibility hash (e.g. the pod's
+                          serving.kimik3.dev/compat-hash label, to model what the image pins).
+  K3SIM_STATS_HISTORY     Requests /sim/stats remembers. Default 2000.
+  K3SIM_MAX_QUEUED        Waiting requests beyond which new ones get 503 (memory bound; vLLM's own
+                          --max-num-queued-reqs applies too). Default 10000.
+  K3SIM_LOG_LEVEL         Python log level. Default INFO.
+
+vLLM's own VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT are read as vLLM reads them: they are what a prefill
+engine advertises in its kv_transfer_params.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..kimi_k3 import PUBLISHED
+
+DEFAULT_GPU = "GB300"
+DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
+ROLES = ("prefill", "decode", "aggregated")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    gpu_product: str = DEFAULT_GPU
+    role: str | None = None
+    acceptance: float = DEFAULT_ACCEPTANCE
+    time_scale: float = 1.0
+    startup_seconds: float = 0.0
+    crosses_rdma: bool | None = None
+    kv_fabric_gb_s: float | None = None
+    output_tokens: int = 256
+    handshake_dir: str | None = None
+    compat_extra: str = ""
+    stats_history: int = 2000
+    max_queued: int = 10000
+    log_level: str = "INFO"
+    side_channel_host: str = "localhost"
+    side_channel_port: int = 5600
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name}={raw} is outside [{low}, {high}]")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool | None:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not 1 or 0")
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
+    env = os.environ if env is None else env
+    role = env.get("K3SIM_ROLE") or None
+    if role is not None and role not in ROLES:
+        raise SettingsError(f"K3SIM_ROLE={role!r} is not one of {', '.join(ROLES)}")
+    fabric = env.get("K3SIM_KV_FABRIC_GBPS")
+    return SimSettings(
+        gpu_product=env.get("K3SIM_GPU_PRODUCT") or DEFAULT_GPU,
+        role=role,
+        acceptance=_number(env, "K3SIM_DSPARK_ACCEPTANCE", DEFAULT_ACCEPTANCE, 1.0, 64.0),
+        time_scale=_number(env, "K3SIM_TIME_SCALE", 1.0, 1e-4, 1e4),
+        startup_seconds=_number(env, "K3SIM_STARTUP_SECONDS", 0.0, 0.0, 86400.0),
+        crosses_rdma=_flag(env, "K3SIM_CROSSES_RDMA"),
+        kv_fabric_gb_s=_number(env, "K3SIM_KV_FABRIC_GBPS", 0.0, 1e-3, 1e6) if fabric else None,
+        output_tokens=int(_number(env, "K3SIM_OUTPUT_TOKENS", 256, 1, 1 << 20)),
+        handshake_dir=env.get("K3SIM_HANDSHAKE_DIR") or None,
+        compat_extra=env.get("K3SIM_COMPAT_EXTRA", ""),
+        stats_history=int(_number(env, "K3SIM_STATS_HISTORY", 2000, 1, 1_000_000)),
+        max_queued=int(_number(env, "K3SIM_MAX_QUEUED", 10000, 1, 1_000_000)),
+        log_level=env.get("K3SIM_LOG_LEVEL", "INFO").upper(),
+        side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or "localhost",
+        side_channel_port=int(_number(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600, 1, 65535)),
+    )

@@ -1,0 +1,39 @@
+"""`/sim/stats`: what this engine did with each request, for tests to check the P/D hand-off.
+
+Paths: `local_prefill` (the engine computed the prompt itself), `remote_prefill` (it loaded the
+prompt's KV from a prefill engine: only the backoff token, or nothing, was computed locally) and
+`prefill_for_remote_decode` (it prefilled for a decoder and handed back kv_transfer_params). Each
+record carries a fingerprint of the prompt's tokens, so records of a prefill engine and a decode
+engine can be joined without the router's request ids. The per-request history is bounded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Any
+
+LOCAL, REMOTE, PRODUCED = "local_prefill", "remote_prefill", "prefill_for_remote_decode"
+
+
+class SimStats:
+    def __init__(self, history: int) -> None:
+        self.history = history
+        self.counts: Counter[str] = Counter()
+        self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def record(self, key: str, record: dict[str, Any]) -> None:
+        self.counts["served"] += 1
+        self.counts[record["path"]] += 1
+        if record.get("finish_reason") in ("abort", "error"):
+            self.counts[record["finish_reason"]] += 1
+        self.records[key] = record
+        self.records.move_to_end(key)
+        while len(self.records) > self.history:
+            self.records.popitem(last=False)
+
+    def reject(self, reason: str) -> None:
+        self.counts[f"rejected_{reason}"] += 1
+
+    def as_dict(self, engine: dict[str, Any]) -> dict[str, Any]:
+        counts = {"served": 0, LOCAL: 0, REMOTE: 0, PRODUCED: 0, **self.counts}
+        return {"engine": engine, "requests": counts, "by_request_id": dict(self.records)}

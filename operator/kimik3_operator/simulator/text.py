@@ -1,0 +1,165 @@
+"""Tokens in and out: whitespace words for prompts, and a deterministic model for answers.
+
+A prompt's tokens are its whitespace-separated words (token ids given as a list count one each),
+so prompt lengths, prefix-cache blocks and usage are predictable from the text. A chat prompt is
+its messages (a role marker, then the words) plus the words of the tool schemas it carries.
+
+An answer is plain text cycling through a fixed sentence from an offset the prompt picks, or, when
+the request offers tools (tool_choice not "none") and the last message is not a tool result, one
+call to the named or first tool in Kimi K3's XTML tools channel, the tokens vLLM's kimi_k3 tool
+parser reads back (tool_parsers/kimi_k3_tool_parser.py). Arguments come from the tool's JSON
+schema: a string argument takes the last word of the last user message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+SENTENCE = ("This is a simulated Kimi K3 answer from a vLLM 0.33.0 stand-in whose timing follows the "
+            "operator's performance model for the GPU, layout and batch it runs at.").split()
+
+
+class PromptError(ValueError):
+    """The request's prompt or messages cannot be read (HTTP 400)."""
+
+
+def completion_prompt(prompt: Any) -> list[str]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt.split()
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [f"#{t}" for t in prompt]
+    raise PromptError("prompt must be a string or a list of token ids (one prompt per request)")
+
+
+def _content_words(content: Any) -> list[str]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return content.split()
+    if isinstance(content, list):
+        return [w for part in content if isinstance(part, dict) for w in str(part.get("text", "")).split()]
+    raise PromptError("message content must be a string or a list of parts")
+
+
+def chat_prompt(messages: Any, tools: Any) -> list[str]:
+    if not isinstance(messages, list) or not messages:
+        raise PromptError("messages must be a non-empty list")
+    tokens: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise PromptError("every message needs a role")
+        tokens.append(f"<|{m['role']}|>")
+        tokens += _content_words(m.get("content"))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            tokens += [str(fn.get("name", "")), *str(fn.get("arguments", "")).split()]
+    if tools:
+        tokens += json.dumps(tools, sort_keys=True).split()
+    return tokens
+
+
+def prompt_seed(tokens: Sequence[str]) -> int:
+    return int.from_bytes(hashlib.blake2b("\x00".join(tokens).encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the model generates for one request, token by token."""
+
+    seed: int
+    natural_length: int
+    """Tokens before the model stops by itself (K3SIM_OUTPUT_TOKENS, or the end of the tools channel)."""
+    markup: tuple[str, ...] = ()
+    """The XTML tokens of a tool call answer; empty for plain text."""
+    tool_call: ToolCall | None = None
+    call_closed_at: int = 0
+    """Tokens generated once the call block is closed (the parser emits the call then)."""
+
+    def call_done(self, generated: int) -> ToolCall | None:
+        """The tool call once its block has been generated (what the tool parser then reports)."""
+        return self.tool_call if self.tool_call is not None and generated >= self.call_closed_at else None
+
+    def finish_reason(self, generated: int, engine_reason: str) -> str:
+        """vLLM's chat finish reason: "tool_calls" once a call was made, else the engine's."""
+        return "tool_calls" if self.call_done(generated) and engine_reason in ("stop", "length") else engine_reason
+
+    def text(self, start: int, end: int) -> str:
+        """Content text of tokens [start, end): nothing for the tools channel."""
+        if self.tool_call is not None:
+            return ""
+        return "".join(("" if i == 0 else " ") + SENTENCE[(self.seed + i) % len(SENTENCE)] for i in range(start, end))
+
+    def raw(self, start: int, end: int) -> str:
+        """The generated text including markup, as /v1/completions would return it."""
+        if self.tool_call is None:
+            return self.text(start, end)
+        return "".join(self.markup[start:end])
+
+
+def _value(schema: dict[str, Any], word: str) -> tuple[str, Any]:
+    kind = schema.get("type", "string")
+    if "enum" in schema and schema["enum"]:
+        return ("string" if isinstance(schema["enum"][0], str) else "number"), schema["enum"][0]
+    return {"integer": ("integer", 1), "number": ("number", 1), "boolean": ("boolean", True),
+            "array": ("array", []), "object": ("object", {})}.get(str(kind), ("string", word))
+
+
+def _tool_arguments(function: dict[str, Any], word: str) -> tuple[dict[str, Any], list[str]]:
+    params = function.get("parameters") or {}
+    props = params.get("properties") or {}
+    keys = [k for k in (params.get("required") or list(props)) if k in props] or list(props)[:1]
+    args: dict[str, Any] = {}
+    markup: list[str] = []
+    for key in keys:
+        kind, value = _value(props[key] if isinstance(props[key], dict) else {}, word)
+        args[key] = value
+        text = value if kind == "string" else json.dumps(value)
+        markup += ["<|open|>", f'argument key="{key}" type="{kind}"', "<|sep|>", str(text),
+                   "<|close|>", "argument", "<|sep|>"]
+    return args, markup
+
+
+def _chosen_tool(tools: list[Any], tool_choice: Any) -> dict[str, Any] | None:
+    functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        return next((f for f in functions if f.get("name") == wanted), None)
+    return functions[0] if functions else None
+
+
+def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, natural: int,
+                seed: int) -> Answer:
+    last = messages[-1] if messages else {}
+    if not tools or tool_choice == "none" or last.get("role") == "tool":
+        return Answer(seed=seed, natural_length=natural)
+    function = _chosen_tool(tools, tool_choice)
+    if function is None or not function.get("name"):
+        return Answer(seed=seed, natural_length=natural)
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    words = _content_words(user.get("content")) or ["value"]
+    word = words[-1].strip(".,;:!?\"'") or "value"
+    args, arg_markup = _tool_arguments(function, word)
+    markup = ["<|open|>", "tools", "<|sep|>", "<|open|>", f'call tool="{function["name"]}" index="0"', "<|sep|>",
+              *arg_markup, "<|close|>", "call", "<|sep|>"]
+    closed_at = len(markup)
+    markup += ["<|close|>", "tools", "<|sep|>"]
+    call = ToolCall(id=f"chatcmpl-tool-{uuid.uuid4().hex}", name=str(function["name"]),
+                    arguments=json.dumps(args, ensure_ascii=False))
+    return Answer(seed=seed, natural_length=len(markup), markup=tuple(markup), tool_call=call,
+                  call_closed_at=closed_at)

@@ -1,0 +1,83 @@
+"""Report staging progress into an annotation of the staging Job, so status can show it mid-run.
+
+The operator cannot read a Job's progress any other way without pod logs (a kubelet connection per
+read). The pod's ServiceAccount may only get and patch its own Job (the operator renders that Role),
+and this module needs no Kubernetes client: one JSON merge patch over HTTPS with the mounted token.
+Reporting is best effort: a failed patch is logged once and never fails the download.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import quote
+
+import requests
+
+from ..contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class JobAnnotationReporter:
+    """A progress sink: patches the newest record into the Job at most every `interval` seconds
+    (always for Complete and Failed, so the last word is never throttled away)."""
+
+    def __init__(self, job: str, *, env: Mapping[str, str] | None = None, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, session: requests.Session | None = None) -> None:
+        env = os.environ if env is None else env
+        sa_dir = Path(env.get("KIMIK3_SERVICEACCOUNT_DIR", SERVICE_ACCOUNT_DIR))
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+        self.enabled = bool(host) and (sa_dir / "token").is_file()
+        self.job = job
+        self.interval = interval
+        self._clock = clock
+        self._last = float("-inf")
+        self._warned = False
+        self._lock = threading.Lock()
+        if not self.enabled:
+            log.info("not in a cluster (no KUBERNETES_SERVICE_HOST or token): progress stays in the log")
+            return
+        namespace = env.get("POD_NAMESPACE") or (sa_dir / "namespace").read_text().strip()
+        netloc = f"[{host}]" if host and ":" in host else host
+        self.url = f"https://{netloc}:{port}/apis/batch/v1/namespaces/{quote(namespace)}/jobs/{quote(job)}"
+        self._sa_dir = sa_dir
+        self._session = session or requests.Session()
+        self._session.trust_env = False  # never through a proxy: the API server is in-cluster
+        ca = sa_dir / "ca.crt"
+        self._verify: str | bool = str(ca) if ca.is_file() else True
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        final = record.get("phase") in ("Complete", "Failed")
+        with self._lock:
+            now = self._clock()
+            if not final and now - self._last < self.interval:
+                return
+            self._last = now
+            self._patch(record)
+
+    def _patch(self, record: dict[str, Any]) -> None:
+        body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, sort_keys=True,
+                                                                              separators=(",", ":"))}}}
+        try:
+            # Re-read the token each time: projected tokens rotate during a long download.
+            token = (self._sa_dir / "token").read_text().strip()
+            r = self._session.patch(self.url, params={"fieldManager": PROGRESS_FIELD_MANAGER}, data=json.dumps(body),
+                                    headers={"Authorization": f"Bearer {token}",
+                                             "Content-Type": "application/merge-patch+json"},
+                                    verify=self._verify, timeout=10)
+            if r.status_code >= 300:
+                raise OSError(f"HTTP {r.status_code}: {r.text[:200]}")
+        except (OSError, requests.RequestException) as exc:
+            if not self._warned:
+                log.warning("cannot report progress on Job %s (continuing): %s", self.job, exc)
+                self._warned = True

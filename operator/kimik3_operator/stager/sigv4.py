@@ -1,0 +1,215 @@
+"""AWS Signature Version 4 for the few S3 calls the stager makes, and where the credentials come from.
+
+Why not boto3: botocore pins ``python-dateutil<3`` while the operator's pinned ``kubernetes`` requires
+``python-dateutil>=3``; both cannot be installed in one environment. The stager needs four read-only
+calls (ListObjectsV2, HeadObject, ranged GetObject, and STS for web identity), so it signs them itself.
+The signer is checked against AWS's published example (tests/stager/test_sigv4.py).
+
+Credentials, in the order boto3 uses for a pod: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+(+ ``AWS_SESSION_TOKEN``); web identity (IRSA: ``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE``);
+container credentials (EKS Pod Identity / ECS: ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` or
+``..._RELATIVE_URI`` with ``AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)``); none -> unsigned (public bucket).
+Temporary credentials are refreshed five minutes before they expire (a 1.6 TB copy outlives them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+from urllib.parse import quote, urlsplit
+
+from .errors import WeightsError
+
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+    token: str = ""
+    expires_at: float | None = None  # epoch seconds
+
+    def __repr__(self) -> str:  # never print a secret by accident
+        return f"Credentials(access_key={self.access_key[:4]}..., expires_at={self.expires_at})"
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.secret_key, self.token) if s]
+
+
+def uri_encode(s: str, *, keep_slash: bool) -> str:
+    return quote(s, safe="-_.~/" if keep_slash else "-_.~")
+
+
+def canonical_query(params: Mapping[str, str] | list[tuple[str, str]]) -> str:
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    enc = sorted((uri_encode(k, keep_slash=False), uri_encode(v, keep_slash=False)) for k, v in items)
+    return "&".join(f"{k}={v}" for k, v in enc)
+
+
+def canonical_request(method: str, path: str, query: str, headers: Mapping[str, str],
+                      signed: list[str], payload_hash: str) -> str:
+    lower = {k.lower(): " ".join(str(v).strip().split()) for k, v in headers.items()}
+    canon_headers = "".join(f"{h}:{lower[h]}\n" for h in signed)
+    return "\n".join([method, path, query, canon_headers, ";".join(signed), payload_hash])
+
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    k = _hmac(("AWS4" + secret).encode(), date)
+    k = _hmac(k, region)
+    k = _hmac(k, service)
+    return _hmac(k, "aws4_request")
+
+
+def signature(creds: Credentials, amz_date: str, region: str, service: str, creq: str) -> str:
+    scope = f"{amz_date[:8]}/{region}/{service}/aws4_request"
+    sts = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(creq.encode()).hexdigest()])
+    return hmac.new(signing_key(creds.secret_key, amz_date[:8], region, service), sts.encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def sign(method: str, url: str, headers: dict[str, str], creds: Credentials | None, region: str,
+         service: str = "s3", *, payload_hash: str = EMPTY_SHA256, now: datetime | None = None) -> dict[str, str]:
+    """Headers to send for ``method url``: ``headers`` plus host, x-amz-date, x-amz-content-sha256,
+    the session token and Authorization. The URL's path and query must already be URI-encoded the way
+    S3 expects (see ``S3Client``); what is signed is exactly what is sent."""
+    parts = urlsplit(url)
+    now = now or datetime.now(timezone.utc)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    out = dict(headers)
+    out["host"] = parts.netloc
+    out["x-amz-date"] = amz_date
+    out["x-amz-content-sha256"] = payload_hash
+    if creds is None:
+        return out
+    if creds.token:
+        out["x-amz-security-token"] = creds.token
+    signed = sorted(k.lower() for k in out)
+    pairs = [p.partition("=") for p in parts.query.split("&")] if parts.query else []
+    query = "&".join(f"{k}={v}" for k, _, v in sorted((k, s, v) for k, s, v in pairs))
+    creq = canonical_request(method, parts.path or "/", query, out, signed, payload_hash)
+    sig = signature(creds, amz_date, region, service, creq)
+    out["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{amz_date[:8]}/{region}/{service}/"
+                            f"aws4_request, SignedHeaders={';'.join(signed)}, Signature={sig}")
+    return out
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def _parse_time(s: str) -> float:
+    s = s.strip().replace("Z", "+00:00")
+    return datetime.fromisoformat(s).timestamp()
+
+
+class CredentialProvider:
+    """Current credentials, refreshed when temporary ones near expiry. ``http_get(url, headers)`` returns
+    (status, body bytes) and is injected so this module stays free of an HTTP client."""
+
+    REFRESH_MARGIN = 300.0
+
+    def __init__(self, env: Mapping[str, str], http: Callable[[str, str, dict[str, str]], tuple[int, bytes]],
+                 *, clock: Callable[[], float] = time.time) -> None:
+        self._env = env
+        self._http = http
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._creds: Credentials | None = None
+        self._kind = self._detect()
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    def _detect(self) -> str:
+        e = self._env
+        if e.get("AWS_ACCESS_KEY_ID") and e.get("AWS_SECRET_ACCESS_KEY"):
+            return "env"
+        if e.get("AWS_ROLE_ARN") and e.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+            return "web-identity"
+        if e.get("AWS_CONTAINER_CREDENTIALS_FULL_URI") or e.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):
+            return "container"
+        return "anonymous"
+
+    def get(self) -> Credentials | None:
+        with self._lock:
+            c = self._creds
+            if c is not None and (c.expires_at is None or c.expires_at - self._clock() > self.REFRESH_MARGIN):
+                return c
+            if self._kind == "anonymous":
+                return None
+            self._creds = self._load()
+            return self._creds
+
+    def secrets(self) -> list[str]:
+        c = self._creds
+        return c.secrets() if c else []
+
+    def _load(self) -> Credentials:
+        e = self._env
+        if self._kind == "env":
+            return Credentials(e["AWS_ACCESS_KEY_ID"], e["AWS_SECRET_ACCESS_KEY"], e.get("AWS_SESSION_TOKEN", ""))
+        if self._kind == "web-identity":
+            return self._web_identity()
+        return self._container()
+
+    def _web_identity(self) -> Credentials:
+        e = self._env
+        try:
+            with open(e["AWS_WEB_IDENTITY_TOKEN_FILE"], encoding="utf-8") as f:
+                jwt = f.read().strip()
+        except OSError as exc:
+            raise WeightsError("CredentialsUnavailable", f"cannot read AWS_WEB_IDENTITY_TOKEN_FILE: {exc}") from exc
+        region = e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1"
+        endpoint = (e.get("AWS_ENDPOINT_URL_STS") or e.get("AWS_ENDPOINT_URL")
+                    or f"https://sts.{region}.amazonaws.com").rstrip("/")
+        params = {"Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15", "RoleArn": e["AWS_ROLE_ARN"],
+                  "RoleSessionName": e.get("AWS_ROLE_SESSION_NAME") or "kimik3-weights", "WebIdentityToken": jwt,
+                  "DurationSeconds": "3600"}
+        status, body = self._http("GET", f"{endpoint}/?{canonical_query(params)}", {"Accept": "application/xml"})
+        if status != 200:
+            raise WeightsError("CredentialsUnavailable", f"STS AssumeRoleWithWebIdentity answered HTTP {status}")
+        root = ET.fromstring(body)
+        found = {el.tag.rsplit("}", 1)[-1]: (el.text or "") for el in root.iter()}
+        try:
+            return Credentials(found["AccessKeyId"], found["SecretAccessKey"], found.get("SessionToken", ""),
+                               _parse_time(found["Expiration"]) if found.get("Expiration") else None)
+        except KeyError as exc:
+            raise WeightsError("CredentialsUnavailable", f"STS answer lacks {exc}") from exc
+
+    def _container(self) -> Credentials:
+        e = self._env
+        url = e.get("AWS_CONTAINER_CREDENTIALS_FULL_URI") or (
+            "http://169.254.170.2" + e.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", ""))
+        headers: dict[str, str] = {"Accept": "application/json"}
+        token = e.get("AWS_CONTAINER_AUTHORIZATION_TOKEN", "")
+        if e.get("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"):
+            try:
+                with open(e["AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"], encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise WeightsError("CredentialsUnavailable", f"cannot read the container token file: {exc}") from exc
+        if token:
+            headers["Authorization"] = token
+        status, body = self._http("GET", url, headers)
+        if status != 200:
+            raise WeightsError("CredentialsUnavailable", f"container credentials endpoint answered HTTP {status}")
+        import json
+
+        d: dict[str, Any] = json.loads(body)
+        try:
+            return Credentials(d["AccessKeyId"], d["SecretAccessKey"], d.get("Token", ""),
+                               _parse_time(d["Expiration"]) if d.get("Expiration") else None)
+        except KeyError as exc:
+            raise WeightsError("CredentialsUnavailable", f"container credentials lack {exc}") from exc

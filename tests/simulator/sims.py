@@ -1,0 +1,145 @@
+"""Simulator processes for tests: started from a golden scenario's rendered leader command, on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from kimik3_operator.render.report import plan_report
+from tests.golden.scenarios import SCENARIOS
+from tests.golden.test_golden import plan_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+POD_VALUES = {"POD_IP": "10.0.0.1", "LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
+"""What the kubelet would expand $(NAME) to; the simulator never connects to these addresses."""
+START_TIMEOUT = 30.0
+
+
+def role_report(scenario: str, role: str) -> dict[str, Any]:
+    """The plan report of one role of a golden scenario (its leader command, env and predictions)."""
+    report = plan_report(plan_scenario(SCENARIOS[scenario]))
+    return next(r | {"gpuProduct": p["gpuProduct"]} for p in report["pools"] for r in p["roles"] if r["role"] == role)
+
+
+def expand(argv: list[str]) -> list[str]:
+    return [re.sub(r"\$\((\w+)\)", lambda m: POD_VALUES[m.group(1)], a) for a in argv]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Sim:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        return requests.get(self.url + path, timeout=10, **kw)
+
+    def post(self, path: str, body: dict[str, Any], **kw: Any) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=kw.pop("timeout", 30), **kw)
+
+    def stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+               timeout: float = 30) -> list[tuple[float, Any]]:
+        """POST with stream: true; (seconds since the request was sent, event) per SSE event, as the
+        event arrives (http.client reads line by line, so the times are the client's own)."""
+        url = urlsplit(self.url)
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+        sent = time.monotonic()
+        try:
+            conn.request("POST", path, json.dumps({**body, "stream": True}),
+                         {"Content-Type": "application/json", **(headers or {})})
+            response = conn.getresponse()
+            assert response.status == 200, response.read()[:500]
+            assert response.getheader("Content-Type", "").startswith("text/event-stream")
+            events: list[tuple[float, Any]] = []
+            while line := response.readline():
+                if line.startswith(b"data: "):
+                    data = line[6:].strip().decode()
+                    events.append((time.monotonic() - sent, data if data == "[DONE]" else json.loads(data)))
+            return events
+        finally:
+            conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        return self.get("/sim/stats").json()
+
+    def metric(self, sample: str, **labels: str) -> float:
+        """The sum of a sample over the series whose labels include `labels`, parsed as a scraper parses it."""
+        return sum(s.value for family in text_string_to_metric_families(self.get("/metrics").text)
+                   for s in family.samples
+                   if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+            raise AssertionError(f"the simulator did not stop on SIGTERM; log:\n{self.log.read_text()[-3000:]}")
+
+
+def words(count: int, tag: str) -> str:
+    """A prompt of exactly `count` tokens (the simulator's tokens are whitespace words)."""
+    return " ".join(f"{tag}{i}" for i in range(count))
+
+
+def sse_text(events: list[tuple[float, Any]]) -> str:
+    return "".join(c["text"] for _, e in events if isinstance(e, dict) for c in e["choices"])
+
+
+def start(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Sim:
+    """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for."""
+    port = free_port()
+    log = tmp / f"sim-{port}.log"
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "operator"), **(env or {})}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kimik3_operator.simulator", *expand(argv),
+             "--host", "127.0.0.1", "--port", str(port)],
+            env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    return Sim(f"http://127.0.0.1:{port}", process, log)
+
+
+@contextmanager
+def simulator(argv: list[str], tmp: Path, env: dict[str, str] | None = None, ready: bool = True) -> Iterator[Sim]:
+    """A simulator process on a free loopback port, stopped after. Yielded once /health says 200, or
+    with ready=False as soon as it answers at all."""
+    sim = start(argv, tmp, env)
+    process, log = sim.process, sim.log
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert process.poll() is None, f"the simulator exited with {process.returncode}:\n{log.read_text()}"
+            try:
+                if requests.get(sim.url + "/health", timeout=1).status_code == 200 or not ready:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, f"the simulator was not ready in {START_TIMEOUT}s:\n{log.read_text()}"
+            time.sleep(0.05)
+        yield sim
+    finally:
+        if process.poll() is None:
+            sim.terminate()

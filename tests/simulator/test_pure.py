@@ -1,0 +1,194 @@
+"""The simulator's pure parts: reading the rendered command line, the perf-model timing, the prefix
+cache, answers and tool calls, and the NIXL parameters, without starting a process."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kimik3_operator.planner.catalog import CATALOG
+from kimik3_operator.planner.perf import decode_batch1, decode_step_ms, prefill_seconds
+from kimik3_operator.planner.plan import Layout
+from kimik3_operator.simulator.cmdline import CommandLineError, human_int, parse_serve
+from kimik3_operator.simulator.config import PREFILL_BACKOFF, engine_config
+from kimik3_operator.simulator.nixl import CONSUME, NONE, PRODUCE, Handshakes, classify, produced_params
+from kimik3_operator.simulator.prefix_cache import PrefixCache, block_hashes
+from kimik3_operator.simulator.settings import SettingsError, SimSettings, settings_from_env
+from kimik3_operator.simulator.text import chat_answer, chat_prompt, completion_prompt
+from kimik3_operator.simulator.timing import PerfModel
+
+from .sims import expand, role_report
+
+
+def test_reads_the_rendered_leader_commands() -> None:
+    agg = parse_serve(role_report("gb300-tp8-aggregated", "aggregated")["command"])
+    assert (agg.served_model_name, agg.port, agg.tensor, agg.data, agg.kv_role) == ("kimi-k3", 8000, 8, 1, None)
+    assert agg.prefix_caching and agg.speculative_tokens == 0 and agg.nnodes == 2 and not agg.headless
+    prefill = parse_serve(role_report("gb300-prefill-rack-a-decode-rack-b", "prefill")["command"])
+    assert (prefill.tensor, prefill.data, prefill.expert, prefill.kv_role) == (1, 16, True, "kv_producer")
+    assert prefill.speculative == {"method": "dspark", "model": "/models/kimi-k3-draft", "num_speculative_tokens": 7}
+    decode = parse_serve(role_report("b200-dep16-disaggregated", "decode")["command"])
+    assert decode.kv_role == "kv_consumer" and decode.retention_interval > 0
+
+
+def test_a_worker_command_is_headless() -> None:
+    worker = role_report("gb300-tp8-aggregated", "aggregated")["worker"]["command"]
+    assert parse_serve(expand(worker)).headless
+
+
+def test_unknown_flags_shell_wrapping_and_spellings() -> None:
+    argv = ["/bin/sh", "-c", "exec vllm serve /m --some-future-flag x --max_model_len=1M --served-model-name a b "
+                             "--no-enable-prefix-caching -tp 4 --port 9000 --port 9001 --speculative-config "
+                             "'{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"]
+    args = parse_serve(argv)
+    assert (args.model, args.max_model_len, args.served_model_names) == ("/m", 1 << 20, ("a", "b"))
+    assert (args.tensor, args.port, args.prefix_caching, args.speculative_tokens) == (4, 9001, False, 3)
+    with pytest.raises(CommandLineError):
+        parse_serve(["python", "server.py"])
+    with pytest.raises(CommandLineError):
+        parse_serve(["vllm", "serve", "/m", "--kv-transfer-config", "{not json"])
+    assert (human_int("1m"), human_int("32k"), human_int("auto")) == (10**6, 32000, None)
+
+
+def test_settings_from_the_environment() -> None:
+    s = settings_from_env({"K3SIM_GPU_PRODUCT": "NVIDIA-B200", "K3SIM_TIME_SCALE": "0.1", "K3SIM_ROLE": "decode",
+                           "K3SIM_CROSSES_RDMA": "0", "VLLM_NIXL_SIDE_CHANNEL_PORT": "6000"})
+    assert (s.gpu_product, s.time_scale, s.role, s.crosses_rdma, s.side_channel_port) == \
+        ("NVIDIA-B200", 0.1, "decode", False, 6000)
+    assert settings_from_env({}).acceptance == 2.61
+    for bad in ({"K3SIM_ROLE": "router"}, {"K3SIM_TIME_SCALE": "fast"}, {"K3SIM_DSPARK_ACCEPTANCE": "0.5"}):
+        with pytest.raises(SettingsError):
+            settings_from_env(bad)
+    with pytest.raises(SettingsError):
+        engine_config(parse_serve(["vllm", "serve", "/m"]), SimSettings(gpu_product="NVIDIA-T4"))
+
+
+def test_engine_config_follows_the_command_line_and_vllm_defaults() -> None:
+    config = engine_config(parse_serve(role_report("b200-dep16-disaggregated", "prefill")["command"]),
+                           SimSettings(gpu_product="NVIDIA-B200"))
+    assert config.role == "prefill" and config.perf.crosses_rdma  # TP8 x DP2 spans two HGX boards
+    assert config.engine_ids[1] == config.engine_ids[0][:-1] + "1" and config.engine_ids[0].endswith("_dp0")
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len) == (1024, 16384, 1 << 20)
+    h200 = engine_config(parse_serve(["vllm", "serve", "/m", "-tp", "8", "-pp", "2"]), SimSettings(gpu_product="H200"))
+    assert h200.max_num_batched_tokens == 8192 and h200.role == "aggregated"
+
+
+PERF = PerfModel(gpu=CATALOG["GB300"], layout=Layout(tensor=8), crosses_rdma=False, kv_dtype="bf16",
+                 ssm_dtype="float32", spec_tokens=0, block_size=768, fabric_gb_s=100)
+
+
+def test_prefill_time_is_the_planners_and_chunks_add_up() -> None:
+    assert PERF.prefill_s(8192) == pytest.approx(prefill_seconds(PERF.gpu, PERF.layout, 8192))
+    chunks = PERF.prefill_s(3000) + PERF.prefill_s(8192, 3000)
+    assert chunks == pytest.approx(PERF.prefill_s(8192))
+    with_hit = PERF.prefill_s(8192, 7680)
+    assert PERF.prefill_s(512) < with_hit < PERF.prefill_s(8192) / 10  # new tokens still attend to the cached ones
+    dp = PerfModel(**{**PERF.__dict__, "layout": Layout(tensor=8, data=2, expert=True)})
+    assert dp.prefill_s(8192) == pytest.approx(2 * prefill_seconds(dp.gpu, dp.layout, 8192))
+
+
+@pytest.mark.parametrize("batch,context", [(1, 8192), (16, 4096), (200, 9000)])
+def test_decode_step_is_the_planners(batch: int, context: int) -> None:
+    assert PERF.decode_step_s(batch, context) * 1e3 == pytest.approx(
+        decode_step_ms(PERF.gpu, PERF.layout, False, batch, context, "bf16"))
+
+
+def test_a_speculative_step_at_batch_one_is_decode_batch1s() -> None:
+    spec = PerfModel(**{**PERF.__dict__, "spec_tokens": 7})
+    reference = decode_batch1(spec.gpu, spec.layout, False, context=8192, spec_tokens=7, acceptance=2.61,
+                              kv_dtype="bf16")
+    assert spec.decode_step_s(1, 8192) * 1e3 == pytest.approx(reference.inputs["stepMs"])
+    assert spec.decode_step_s(8, 8192) > spec.decode_step_s(1, 8192) > PERF.decode_step_s(1, 8192)
+
+
+def test_kv_transfer_grows_with_the_prompt() -> None:
+    short, long = PERF.kv_transfer(1000), PERF.kv_transfer(100_000)
+    assert 0 < short.seconds < long.seconds and short.bytes < long.bytes
+    assert long.descriptors == math.ceil(100_000 / 768) * 24 + 69
+    # 100k tokens of BF16 MLA KV per GPU plus its KDA shard over a 100 GB/s NIC: tens of milliseconds
+    assert 0.02 < long.seconds < 0.05
+
+
+def test_prefix_cache_hits_whole_blocks_and_evicts_lru() -> None:
+    words = [f"w{i}" for i in range(1000)]
+    hashes = block_hashes(words, 128)
+    assert len(hashes) == 7
+    cache = PrefixCache(capacity_blocks=10)
+    assert cache.match(hashes, 1000, 128) == 0
+    cache.insert(hashes)
+    assert cache.match(hashes, 1000, 128) == 7 * 128
+    other = block_hashes(["x", *words[1:]], 128)
+    assert cache.match(other, 1000, 128) == 0  # chained: a different first block changes every block
+    exact = block_hashes(words[:896], 128)
+    assert cache.match(exact, 896, 128) == 6 * 128  # the last token is always computed
+    cache.insert(other)
+    assert len(cache) == 10 and cache.match(hashes, 1000, 128) < 7 * 128
+    assert PrefixCache(10, enabled=False).match(hashes, 1000, 128) == 0
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}]
+
+
+def test_prompts_are_words() -> None:
+    assert completion_prompt("a b  c") == ["a", "b", "c"]
+    assert completion_prompt([[1, 2, 3]]) == ["#1", "#2", "#3"]
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert chat_prompt(messages, None) == ["<|system|>", "be", "brief", "<|user|>", "hi"]
+    assert len(chat_prompt(messages, WEATHER)) > 5
+
+
+def test_a_request_with_tools_gets_one_tool_call() -> None:
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    answer = chat_answer(messages, WEATHER, "auto", natural=256, seed=1)
+    assert answer.tool_call is not None and answer.tool_call.name == "get_weather"
+    assert json.loads(answer.tool_call.arguments) == {"city": "Paris", "days": 1}
+    assert answer.text(0, answer.natural_length) == ""
+    assert "".join(answer.markup).startswith("<|open|>tools<|sep|><|open|>call tool=\"get_weather\"")
+    assert answer.call_closed_at < answer.natural_length
+    after_tool = messages + [{"role": "assistant", "tool_calls": [answer.tool_call.as_dict()]},
+                             {"role": "tool", "content": "sunny"}]
+    assert chat_answer(after_tool, WEATHER, "auto", 256, 1).tool_call is None
+    assert chat_answer(messages, WEATHER, "none", 256, 1).tool_call is None
+    plain = chat_answer(messages, None, "auto", 256, 1)
+    assert plain.text(0, 3) + plain.text(3, 6) == plain.text(0, 6)
+
+
+def test_nixl_parameters_are_vllms() -> None:
+    config = engine_config(parse_serve(role_report("b200-dep16-disaggregated", "prefill")["command"]),
+                           SimSettings(gpu_product="B200", side_channel_host="10.1.2.3"))
+    params = produced_params(config, rank=1, internal_id="cmpl-x-1", computed_tokens=99, block_ids=[[1], [2]])
+    assert set(params) == {"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                           "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size",
+                           "remote_num_tokens", "remote_blocks_expiry_time", "remote_registration_generation",
+                           "transfer_mode"}
+    assert (params["remote_host"], params["remote_port"], params["tp_size"]) == ("10.1.2.3", 5601, 8)
+    assert params["remote_engine_id"] == config.engine_ids[1]
+    assert classify(params, connector=True).kind == CONSUME
+    assert classify(params, connector=False).kind == NONE  # an engine without a connector ignores them
+    assert classify({"do_remote_decode": True}, connector=True).kind == PRODUCE
+    broken = classify({**params, "remote_host": None} | {"remote_block_ids": []}, connector=True)
+    assert broken.kind == NONE and "invalid" in broken.problem
+    assert classify(params, True).remote_tokens(100) == 100 - PREFILL_BACKOFF
+
+
+def test_handshakes_refuse_unknown_and_incompatible_engines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    command = role_report("b200-dep16-disaggregated", "prefill")["command"]
+    prefill = engine_config(parse_serve(command), SimSettings(gpu_product="B200"))
+    decode = engine_config(parse_serve(role_report("b200-dep16-disaggregated", "decode")["command"]),
+                           SimSettings(gpu_product="B200"))
+    other = engine_config(parse_serve(command), SimSettings(gpu_product="B200", compat_extra="new-image"))
+    Handshakes(str(tmp_path), prefill).publish()
+    Handshakes(str(tmp_path), other).publish()
+    check = Handshakes(str(tmp_path), decode).check
+    assert check(prefill.engine_ids[0]) is None
+    assert "compatibility hash" in (check(other.engine_ids[0]) or "")
+    assert "no such engine" in (check("0f0f0f") or "")
+    assert "not an engine id" in (check("../../etc/passwd") or "")
+    assert Handshakes(None, decode).check("anything") is None
+    Handshakes(str(tmp_path), prefill).withdraw()
+    assert "no such engine" in (check(prefill.engine_ids[0]) or "")

@@ -1,0 +1,200 @@
+"""One aggregated GB300 TP8 engine (golden gb300-tp8-aggregated), started from its rendered leader
+command as a real process on loopback, served at time scale 1: timing against the plan's own
+predictions, continuous batching, streaming and tool calls, /metrics and the prefix cache.
+
+Timing tolerances: the client-side TTFT of an 8192-token prompt (the planner's default workload
+prompt) must lie within -5 % / +25 % + 30 ms of the plan's ttftSeconds (the client adds sending and
+tokenizing 8192 words), and the mean inter-token gap within 15 % of decodeStepMsBatch1 (asyncio
+timers on a shared 2-core machine jitter by a millisecond or so per step; the step loop does not
+let that accumulate).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .sims import Sim, role_report, simulator, sse_text, words
+
+SCENARIO = "gb300-tp8-aggregated"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def role() -> dict[str, Any]:
+    return role_report(SCENARIO, "aggregated")
+
+
+@pytest.fixture(scope="module")
+def agg(role: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    with simulator(role["command"], tmp_path_factory.mktemp("agg"), {"K3SIM_GPU_PRODUCT": role["gpuProduct"]}) as sim:
+        yield sim
+
+
+def test_ttft_and_itl_agree_with_the_plans_prediction(agg: Sim, role: dict[str, Any]) -> None:
+    predicted_ttft = role["predicted"]["ttftSeconds"]
+    predicted_itl = role["predicted"]["decodeStepMsBatch1"] / 1e3
+    events = agg.stream("/v1/completions", {"model": "kimi-k3", "prompt": words(8192, "timing"), "max_tokens": 48})
+    tokens = [t for t, e in events if isinstance(e, dict) and e["choices"]]
+    ttft, gaps = tokens[0], [b - a for a, b in zip(tokens, tokens[1:])]
+    itl = statistics.mean(gaps)
+    print(f"\nTTFT {ttft * 1e3:.1f} ms (plan {predicted_ttft * 1e3:.1f}), ITL {itl * 1e3:.2f} ms "
+          f"(plan {predicted_itl * 1e3:.2f}), {len(tokens)} chunks")
+    assert len(tokens) == 48 and events[-1][1] == "[DONE]"
+    assert predicted_ttft * 0.95 <= ttft <= predicted_ttft * 1.25 + 0.03
+    assert abs(itl - predicted_itl) <= 0.15 * predicted_itl
+
+
+def test_concurrent_requests_batch_together(agg: Sim, role: dict[str, Any]) -> None:
+    """Eight requests at once take about as long as one: they share every decode step."""
+    step = role["predicted"]["decodeStepMsBatch1"] / 1e3
+    body = {"model": "kimi-k3", "max_tokens": 40}
+
+    def one(i: int) -> float:
+        start = time.monotonic()
+        r = agg.post("/v1/completions", {**body, "prompt": words(64, f"batch{i}-")})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
+        return time.monotonic() - start
+
+    with ThreadPoolExecutor(8) as pool:
+        start = time.monotonic()
+        latencies = list(pool.map(one, range(8)))
+        wall = time.monotonic() - start
+    print(f"\n8 concurrent x 40 tokens: {wall:.2f} s wall, slowest {max(latencies):.2f} s; "
+          f"one alone ~{40 * step:.2f} s")
+    assert wall < 2.5 * 40 * step  # serial would be 8 x
+
+
+def _tool_calls(events: list[tuple[float, Any]]) -> dict[int, dict[str, str]]:
+    """Accumulate tool-call deltas the way OpenAI clients do."""
+    calls: dict[int, dict[str, str]] = {}
+    for _, e in events:
+        if not isinstance(e, dict):
+            continue
+        for choice in e["choices"]:
+            for delta in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(delta["index"], {"id": "", "name": "", "arguments": ""})
+                call["id"] = delta.get("id") or call["id"]
+                function = delta.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+    return calls
+
+
+def test_streaming_chat_with_a_tool_call_parses(agg: Sim) -> None:
+    body = {"model": "kimi-k3", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": WEATHER, "stream_options": {"include_usage": True}}
+    events = agg.stream("/v1/chat/completions", body)
+    chunks = [e for _, e in events if isinstance(e, dict)]
+    assert events[-1][1] == "[DONE]"
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    calls = _tool_calls(events)
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("chatcmpl-tool-")
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == ["tool_calls"]
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # the tool result comes back: the next turn answers in text
+    follow = agg.post("/v1/chat/completions", {**body, "stream": False, "messages": body["messages"] + [
+        {"role": "assistant", "tool_calls": [{"id": calls[0]["id"], "type": "function", "function": {
+            "name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny, 21 C"}], "max_tokens": 12}).json()
+    message = follow["choices"][0]["message"]
+    assert message["tool_calls"] == [] and len(message["content"].split()) == 12
+    assert follow["choices"][0]["finish_reason"] == "length"
+
+
+def test_non_streaming_chat_and_completion_answers(agg: Sim) -> None:
+    chat = agg.post("/v1/chat/completions", {"model": "kimi-k3", "max_tokens": 5, "tools": WEATHER,
+                                             "messages": [{"role": "user", "content": "weather in Oslo"}]})
+    # five tokens are not enough to close the call block: no call, cut by length, as vLLM would
+    assert chat.json()["choices"][0]["finish_reason"] == "length"
+    full = agg.post("/v1/chat/completions", {"model": "kimi-k3", "tools": WEATHER,
+                                             "messages": [{"role": "user", "content": "weather in Oslo"}]}).json()
+    assert full["choices"][0]["finish_reason"] == "tool_calls"
+    assert json.loads(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
+    stopped = agg.post("/v1/completions", {"prompt": "tell me a story"}).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] == 256
+    assert stopped["kv_transfer_params"] is None and stopped["model"] == "kimi-k3"
+    streamed = agg.stream("/v1/completions", {"prompt": "tell me a story", "max_tokens": 7})
+    assert sse_text(streamed) == " ".join(stopped["choices"][0]["text"].split()[:7])
+
+
+def test_errors_look_like_vllms(agg: Sim) -> None:
+    wrong = agg.post("/v1/completions", {"model": "gpt-4", "prompt": "x"})
+    assert wrong.status_code == 404 and wrong.json()["error"]["message"] == "The model `gpt-4` does not exist."
+    too_long = agg.post("/v1/completions", {"prompt": "x", "max_tokens": 1 << 21})
+    assert too_long.status_code == 400 and "maximum context length" in too_long.json()["error"]["message"]
+    assert agg.post("/v1/chat/completions", {"messages": []}).status_code == 400
+    models = agg.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["kimi-k3"] and models["data"][0]["max_model_len"] == 1 << 20
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache(agg: Sim) -> None:
+    prompt = words(8192, "cached")
+    hits_before = agg.metric("vllm:prefix_cache_hits_total")
+    first = agg.stream("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    second = agg.stream("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    hit = agg.metric("vllm:prefix_cache_hits_total") - hits_before
+    block = agg.stats()["engine"]["block_size"]
+    assert hit == (8191 // block) * block  # whole blocks, the last token always computed
+    assert second[0][0] < first[0][0] / 3, "a cached prefix shortens prefill"
+    assert agg.metric("vllm:prompt_tokens_by_source_total", source="local_cache_hit") >= hit
+
+
+def test_metrics_parse_and_count_what_was_served(agg: Sim) -> None:
+    before = {n: agg.metric(n) for n in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                                         "vllm:time_to_first_token_seconds_count")}
+    answers = [agg.post("/v1/completions", {"prompt": words(100 + i, f"m{i}-"), "max_tokens": 3 + i}).json()
+               for i in range(3)]
+    text = agg.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["vllm:kv_cache_usage_perc"].type == "gauge"
+    assert {s.labels["engine"] for s in families["vllm:num_requests_running"].samples} == {"0"}
+    assert agg.metric("vllm:generation_tokens_total") - before["vllm:generation_tokens_total"] == \
+        sum(a["usage"]["completion_tokens"] for a in answers)
+    assert agg.metric("vllm:prompt_tokens_total") - before["vllm:prompt_tokens_total"] == \
+        sum(a["usage"]["prompt_tokens"] for a in answers)
+    assert agg.metric("vllm:time_to_first_token_seconds_count") - \
+        before["vllm:time_to_first_token_seconds_count"] == 3
+    assert agg.metric("vllm:request_success_total", finished_reason="length") >= 3
+    assert agg.metric("vllm:cache_config_info", block_size=str(agg.stats()["engine"]["block_size"])) == 1
+
+
+def test_a_client_that_goes_away_frees_its_slot(agg: Sim) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", int(agg.url.rsplit(":", 1)[1]), timeout=10)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "go on", "max_tokens": 500, "stream": True}),
+                 {"Content-Type": "application/json", "X-Request-Id": "walks-away"})
+    response = conn.getresponse()
+    assert response.readline().startswith(b"data: ")
+    conn.close()
+    deadline = time.monotonic() + 5
+    while agg.stats()["by_request_id"].get("walks-away", {}).get("finish_reason") != "abort":
+        assert time.monotonic() < deadline, agg.stats()["by_request_id"].get("walks-away")
+        time.sleep(0.05)
+    assert agg.metric("vllm:request_success_total", finished_reason="abort") >= 1
+
+
+def test_it_listens_on_loopback_only(agg: Sim) -> None:
+    """Bound to what the command line's last --host says (127.0.0.1), not the rendered 0.0.0.0."""
+    port = int(agg.url.rsplit(":", 1)[1])
+    listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                 if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port]
+    assert listening == [f"0100007F:{port:04X}"]
+    assert not any(int(line.split()[1].split(":")[1], 16) == port and line.split()[3] == "0A"
+                   for line in Path("/proc/net/tcp6").read_text().splitlines()[1:])
+    assert agg.get("/version").json() == {"version": "0.33.0"}
