@@ -39,8 +39,8 @@ engine advertises in its kv_transfer_params.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..kimi_k3 import PUBLISHED
 
