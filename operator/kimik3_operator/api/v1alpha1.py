@@ -488,7 +488,9 @@ class RoleStatus(StatusModel):
     pipeline_parallel: int | None = None
     data_parallel: int | None = None
     expert_parallel: bool | None = None
-    all2all_backend: str | None = None
+    all2all_backend: Annotated[str | None, Field(alias="all2allBackend")] = None
+    """vLLM's --all2all-backend (the key `kimik3 plan -o json` uses too; pydantic alone would write
+    all2AllBackend)."""
     moe_backend: str | None = None
     compute_domain: bool | None = None
     block_size: int | None = None
