@@ -9,7 +9,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Verdicts = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 

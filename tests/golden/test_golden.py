@@ -16,8 +16,8 @@ import yaml
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged
-from kimik3_operator.render import Owner, render_children
 from kimik3_operator.reconcile.pairing import leader_endpoints
+from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.report import plan_report
 from tests.support.nodes import all_pools
 

@@ -4,8 +4,9 @@ none until they can start), their policies, probes, hardening and resources."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from itertools import takewhile
-from typing import Any, Iterable
+from typing import Any
 
 import pytest
 
@@ -186,7 +187,7 @@ def test_the_service_fronts_the_router_pods_and_only_the_lists_roll_the_router()
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     moved = (PD_READY[0], RoleEndpoints("gb300-decode", "decode", ("10.244.1.3",), "h"))
     again = render_serving(OWNER, _plan(PD), endpoints=moved)
-    changed = {(o["kind"], o["metadata"]["name"]) for o, p in zip(objs, again) if o != p}
+    changed = {(o["kind"], o["metadata"]["name"]) for o, p in zip(objs, again, strict=True) if o != p}
     assert changed == {("Deployment", "k3-router")}
     (new,) = [o for o in again if o["kind"] == "Deployment"]
     assert new["spec"]["selector"] == deployment["spec"]["selector"]  # immutable on a live Deployment

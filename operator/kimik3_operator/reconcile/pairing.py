@@ -15,7 +15,8 @@ workload's status does not show (a restart faster than its controller looks) wai
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..planner import Plan
 from ..render import RoleEndpoints

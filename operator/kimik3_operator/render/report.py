@@ -72,7 +72,7 @@ def plan_table(plan: Plan) -> str:
                 f"{p['ttftSeconds'] * 1e3:.0f} ms" if "ttftSeconds" in p else "-",
             ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
     lines += [f"router: {r.mode}, {r.replicas} replicas, "
               + ", ".join(f"{role} {policy}" for role, policy in r.policies)
               + " -> " + ", ".join(f"{pool}/{role}" for pool, role in r.routes) for r in plan.routers]

@@ -18,8 +18,9 @@ are sorted so an unchanged set never rewrites the Deployment.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ..contract.kinds import DEPLOYMENT, SERVICE
 from ..planner import Plan, RouterPlan
