@@ -169,6 +169,9 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
     names = {"k3-prune-gb300-decode", "k3-prune-b200-prefill", "k3-prune-gb300-agg-aggregated"}
     wait_for("three workloads", lambda: {o["metadata"]["name"] for o in get_json(
         "leaderworkersets", "-n", namespace)["items"]} == names, timeout=60)
+    routers = {"k3-prune-router", "k3-prune-router-aggregated"}  # one router is P/D or aggregated, never both
+    wait_for("two routers", lambda: {o["metadata"]["name"] for o in get_json(
+        "deployments", "-n", namespace)["items"]} == routers, timeout=60)
     body["spec"]["pools"].pop()
     apply(body)
 
@@ -176,9 +179,11 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
         lws = {o["metadata"]["name"] for o in get_json("leaderworkersets", "-n", namespace)["items"]}
         svcs = {o["metadata"]["name"] for o in get_json("services", "-n", namespace)["items"]}
         cds = {o["metadata"]["name"] for o in get_json("computedomains", "-n", namespace)["items"]}
+        deployments = {o["metadata"]["name"] for o in get_json("deployments", "-n", namespace)["items"]}
         return (lws == names - {"k3-prune-gb300-agg-aggregated"}
                 and "k3-prune-gb300-agg-aggregated-leader" not in svcs
-                and "k3-prune-gb300-agg-aggregated-cd" not in cds)
+                and "k3-prune-gb300-agg-aggregated-cd" not in cds
+                and deployments == {"k3-prune-router"} and "k3-prune-router-aggregated" not in svcs)
 
     wait_for("the removed pool's children to be pruned", pruned, timeout=60)
 
