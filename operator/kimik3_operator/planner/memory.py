@@ -15,8 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kimi_k3 import (BF16_WEIGHT_BYTES, GB, KDA_LAYERS, MAX_MODEL_LEN, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS,
-                       REPLICATED_BYTES, ROUTED_EXPERT_BYTES, kda_state_bytes)
+from ..kimi_k3 import (
+    BF16_WEIGHT_BYTES,
+    GB,
+    KDA_LAYERS,
+    MAX_MODEL_LEN,
+    MLA_BYTES_PER_TOKEN_LAYER,
+    MLA_LAYERS,
+    REPLICATED_BYTES,
+    ROUTED_EXPERT_BYTES,
+    kda_state_bytes,
+)
 from .catalog import GpuSpec
 
 GPU_MEMORY_UTILIZATION = 0.90

@@ -30,9 +30,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kimi_k3 import (BF16_ACTIVE_BYTES, BF16_GFLOP_PER_TOKEN, BYTES_PER_EXPERT, DECODE_REPLICATED_BYTES,
-                       EXPERT_GFLOP_PER_TOKEN, GB, KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_HEADS,
-                       MLA_LAYERS, MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM, MOE_LAYERS, NUM_EXPERTS, PUBLISHED, TOP_K)
+from ..kimi_k3 import (
+    BF16_ACTIVE_BYTES,
+    BF16_GFLOP_PER_TOKEN,
+    BYTES_PER_EXPERT,
+    DECODE_REPLICATED_BYTES,
+    EXPERT_GFLOP_PER_TOKEN,
+    GB,
+    KDA_STATE_BYTES,
+    MLA_BYTES_PER_TOKEN_LAYER,
+    MLA_HEADS,
+    MLA_LAYERS,
+    MLA_QK_HEAD_DIM,
+    MLA_V_HEAD_DIM,
+    MOE_LAYERS,
+    NUM_EXPERTS,
+    PUBLISHED,
+    TOP_K,
+)
 from .catalog import CATALOG, GpuSpec
 from .memory import kv_cache_bytes, memory_fit
 from .plan import Layout
@@ -47,7 +62,7 @@ CALIBRATION_CONTEXT = 8192               # context the batch-1 bytes are counted
 
 def distinct_experts(tokens: float) -> float:
     """Expected distinct experts one MoE layer touches for `tokens` independently routed tokens."""
-    return NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens)
+    return float(NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens))
 
 
 def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8",

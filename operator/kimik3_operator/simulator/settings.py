@@ -41,8 +41,8 @@ simulator answers as (frontend.py); the operator renders it on leader pods.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..kimi_k3 import PUBLISHED
 
