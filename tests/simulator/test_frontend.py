@@ -10,8 +10,9 @@ loopback; VLLM_USE_RUST_FRONTEND comes from the rendered pod env where a test sa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

@@ -22,7 +22,8 @@ engine that only says READY (tests/contract/vllm_rs_frontend.py, which the contr
 from __future__ import annotations
 
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .config import EngineConfig
 from .openai_format import BadRequest

@@ -10,7 +10,7 @@ same token. /detokenize spells an id whose word it never saw as `#N`, which toke
 from __future__ import annotations
 
 import zlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 ID_BITS = 31
 """Hashed ids stay under 2**31: within the u32 a router parses ids into (vllm-router's
