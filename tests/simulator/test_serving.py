@@ -136,7 +136,8 @@ def test_non_streaming_chat_and_completion_answers(agg: Sim) -> None:
 
 def test_errors_look_like_vllms(agg: Sim) -> None:
     wrong = agg.post("/v1/completions", {"model": "gpt-4", "prompt": "x"})
-    assert wrong.status_code == 404 and wrong.json()["error"]["message"] == "The model `gpt-4` does not exist."
+    assert wrong.status_code == 404 and wrong.json()["error"]["param"] == "model"
+    assert wrong.json()["error"]["message"] == "The model `gpt-4` does not exist. Valid aliases: kimi-k3."
     too_long = agg.post("/v1/completions", {"prompt": "x", "max_tokens": 1 << 21})
     assert too_long.status_code == 400 and "maximum context length" in too_long.json()["error"]["message"]
     assert agg.post("/v1/chat/completions", {"messages": []}).status_code == 400

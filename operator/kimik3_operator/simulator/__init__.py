@@ -2,11 +2,14 @@
 
 It reads the `vllm serve` command line the operator renders (cmdline.py) and serves what vLLM
 serves on it: the OpenAI completion and chat routes (streaming and not, tool calls), /v1/models,
-/health and /metrics with vLLM's own metric families (metrics.py), and the NIXL P/D hand-off
-protocol (nixl.py). Its timing comes from the planner's performance model (timing.py) through a
-continuous-batching step loop (engine.py), so TTFT, inter-token latency, DSpark's tokens per step
-and prefix-cache hits are the ones the planner predicts. `/sim/stats` tells tests which requests
-were prefilled where. Entry point: `python -m kimik3_operator.simulator vllm serve ...`.
+/health and /metrics with vLLM's own metric families (metrics.py), the NIXL P/D hand-off
+protocol (nixl.py), and what a router asks the frontend around generation: /tokenize,
+/detokenize, the scale-out /render paths and X-data-parallel-rank, as the pod's frontend (Rust or
+Python) answers them (frontend.py, vocab.py). Its timing comes from the planner's performance
+model (timing.py) through a continuous-batching step loop (engine.py), so TTFT, inter-token
+latency, DSpark's tokens per step and prefix-cache hits are the ones the planner predicts.
+`/sim/stats` tells tests which requests were prefilled where. Entry point:
+`python -m kimik3_operator.simulator vllm serve ...`.
 
 It imports only the pure layers (kimi_k3, planner, api, contract), never kopf, the Kubernetes
 client or the renderer (import-linter contract).

@@ -56,6 +56,7 @@ class ServeArgs:
     tool_call_parser: str | None
     auto_tool_choice: bool
     reasoning_parser: str | None
+    enable_scale_out: bool
 
     @property
     def served_model_name(self) -> str:
@@ -142,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser")
     p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--reasoning-parser")
+    p.add_argument("--enable-scale-out", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--disable-scale-out", dest="enable_scale_out", action="store_false")
     return p
 
 
@@ -201,4 +204,5 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         tool_call_parser=ns.tool_call_parser,
         auto_tool_choice=ns.enable_auto_tool_choice,
         reasoning_parser=ns.reasoning_parser,
+        enable_scale_out=ns.enable_scale_out,
     )

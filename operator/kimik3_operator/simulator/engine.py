@@ -56,6 +56,7 @@ class Submission:
     finish_at_limit: str
     handoff: Handoff
     rank: int | None = None
+    """The data-parallel rank the client chose (X-data-parallel-rank, checked in range), else least loaded."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,7 @@ class Engine:
             raise QueueFull("max_num_queued_reqs")
         if queued >= self.config.settings.max_queued:
             raise QueueFull("K3SIM_MAX_QUEUED")
-        rank = sub.rank if sub.rank is not None and 0 <= sub.rank < len(self.ranks) else \
-            min(self.ranks, key=lambda r: (r.load, r.index)).index
+        rank = sub.rank if sub.rank is not None else min(self.ranks, key=lambda r: (r.load, r.index)).index
         seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(),
                        hashes=block_hashes(sub.tokens, self.perf.block_size))
         self.ranks[rank].waiting.append(seq)

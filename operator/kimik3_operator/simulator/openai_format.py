@@ -15,6 +15,15 @@ from typing import Any
 from .text import ToolCall
 
 
+class BadRequest(Exception):
+    """A request vLLM refuses: answered with error_body(message, kind, status, param)."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
 def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

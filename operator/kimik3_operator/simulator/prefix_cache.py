@@ -1,25 +1,31 @@
-"""Prefix caching the way vLLM keys it: chained hashes of full KV blocks of prompt tokens, LRU-evicted.
+"""Prefix caching the way vLLM keys it: chained hashes of full KV blocks of prompt token ids, LRU-evicted.
 
-A block's hash covers its tokens and the hash of the block before it, so a hit is always a
-prefix. Only full blocks are cached, and a prompt always computes at least its last token, so a
-repeated prompt of N tokens hits floor((N - 1) / block) blocks. Kimi K3's KDA state makes real
-hits sparser (vLLM keeps KDA checkpoints only at retention boundaries); the simulator treats
-every block boundary as one. Each data-parallel rank has its own cache, bounded in blocks.
+A block's hash covers its token ids (vocab.py, what /tokenize returns, so a text prompt and the
+same prompt sent as ids share blocks, and a router's prefix tree over ids agrees with the cache)
+and the hash of the block before it, so a hit is always a prefix. Only full blocks are cached,
+and a prompt always computes at least its last token, so a repeated prompt of N tokens hits
+floor((N - 1) / block) blocks. Kimi K3's KDA state makes real hits sparser (vLLM keeps KDA
+checkpoints only at retention boundaries); the simulator treats every block boundary as one.
+Each data-parallel rank has its own cache, bounded in blocks.
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from .vocab import token_id
+
 
 def block_hashes(tokens: Sequence[str], block_size: int) -> list[bytes]:
+    ids = array("L", map(token_id, tokens))
     out: list[bytes] = []
     parent = b""
-    for start in range(0, len(tokens) - block_size + 1, block_size):
+    for start in range(0, len(ids) - block_size + 1, block_size):
         digest = hashlib.blake2b(parent, digest_size=16)
-        digest.update("\x00".join(tokens[start:start + block_size]).encode())
+        digest.update(ids[start:start + block_size].tobytes())
         parent = digest.digest()
         out.append(parent)
     return out

@@ -1,4 +1,6 @@
-"""The HTTP face of a simulated vLLM leader: the OpenAI routes, /health, /metrics and /sim/stats.
+"""The HTTP face of a simulated vLLM leader: the OpenAI routes, /tokenize, /detokenize and the
+scale-out render paths (as the pod's frontend answers them, frontend.py), /health, /metrics and
+/sim/stats.
 
 /health answers 503 until the (scaled) startup delay has passed and again once a SIGTERM starts
 the drain; requests then get 503 too, in-flight ones finish within --shutdown-timeout (0: they are
@@ -20,24 +22,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import VLLM_VERSION, EngineConfig
 from .engine import Engine, Output, QueueFull, Sequence, Submission
+from .frontend import RENDER_PATHS, Frontend, response_id
 from .nixl import classify
-from .openai_format import Envelope, error_body, sse, tool_call_delta
+from .openai_format import BadRequest, Envelope, error_body, sse, tool_call_delta
 from .stats import SimStats
-from .text import Answer, PromptError, chat_answer, chat_prompt, completion_prompt, prompt_seed
+from .text import Answer, PromptError, chat_answer, prompt_seed
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status, self.kind = status, kind
+def _error(message: str, status: int, kind: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, kind, status, param), status=status)
 
 
-def _error(message: str, status: int, kind: str) -> web.Response:
-    return web.json_response(error_body(message, kind, status), status=status)
+def _refused(exc: BadRequest | PromptError) -> web.Response:
+    return _error(str(exc), exc.status, exc.kind, exc.param) if isinstance(exc, BadRequest) else \
+        _error(str(exc), 400, "BadRequestError")
 
 
 class Simulator:
@@ -45,6 +47,7 @@ class Simulator:
         self.config = config
         self.engine = engine
         self.stats = stats
+        self.frontend = Frontend(config)
         self.ready_at = 0.0
         self.draining = False
         self.created = int(time.time())
@@ -58,6 +61,7 @@ class Simulator:
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
             web.get("/sim/stats", self.sim_stats),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+            *(web.post(path, self.frontend_route) for path in ("/tokenize", "/detokenize", *RENDER_PATHS)),
         ])
         return app
 
@@ -99,6 +103,33 @@ class Simulator:
                   "in_flight": self.engine.in_flight, "draining": self.draining}
         return web.json_response(self.stats.as_dict(engine))
 
+    # ---- the frontend's own routes ------------------------------------------------------------
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        if not self._ready():
+            raise BadRequest("The server is not ready" if not self.draining else "The server is shutting down",
+                             503, "ServiceUnavailableError")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    async def frontend_route(self, request: web.Request) -> web.Response:
+        """/tokenize, /detokenize and the render paths: JSON in, JSON out, refusals as vLLM's errors."""
+        try:
+            body = await self._json(request)
+            if request.path in RENDER_PATHS:
+                answer = self.frontend.render(request.path, body, request.headers.get("X-Request-Id"))
+            else:
+                answer = {"/tokenize": self.frontend.tokenize,
+                          "/detokenize": self.frontend.detokenize}[request.path](body)
+            return web.json_response(answer)
+        except (BadRequest, PromptError) as exc:
+            return _refused(exc)
+
     # ---- the OpenAI routes --------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -108,20 +139,12 @@ class Simulator:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        if not self._ready():
-            return _error("The server is not ready" if not self.draining else "The server is shutting down",
-                          503, "ServiceUnavailableError")
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("the request body must be a JSON object")
+            body = await self._json(request)
             sub, answer, envelope = self._submission(request, body, chat)
             seq = self.engine.submit(sub)
         except (BadRequest, PromptError) as exc:
-            status, kind = (exc.status, exc.kind) if isinstance(exc, BadRequest) else (400, "BadRequestError")
-            return _error(str(exc), status, kind)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error("the request body is not JSON", 400, "BadRequestError")
+            return _refused(exc)
         except QueueFull as full:
             self.stats.reject(full.reason)
             return _error(f"The request queue is full ({full.reason})", 503, "ServiceUnavailableError")
@@ -136,51 +159,29 @@ class Simulator:
 
     def _submission(self, request: web.Request, body: dict[str, Any],
                     chat: bool) -> tuple[Submission, Answer, Envelope]:
-        serve, config = self.config.serve, self.config
-        model = body.get("model")
-        names = serve.served_model_names or (serve.model,)
-        if model is not None and model not in names:
-            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
-        if chat:
-            tokens = chat_prompt(body.get("messages"), body.get("tools"))
-        else:
-            tokens = completion_prompt(body.get("prompt"))
-        if not tokens:
-            raise BadRequest("the prompt is empty")
-        room = config.max_model_len - len(tokens)
-        if room <= 0:
-            raise BadRequest(f"This model's maximum context length is {config.max_model_len} tokens. However, your "
-                             f"prompt contains {len(tokens)} input tokens, which exceeds this limit even without any "
-                             f"output tokens. Please reduce the length of the input prompt.")
+        frontend = self.frontend
+        frontend.check_model(body)
+        tokens, room = frontend.prompt(body, chat)
+        rank = frontend.data_parallel_rank(request.headers.get("X-data-parallel-rank"))
         seed = prompt_seed(tokens)
-        natural = config.settings.output_tokens
+        natural = self.config.settings.output_tokens
         answer = (chat_answer(body["messages"], body.get("tools"), body.get("tool_choice", "auto"), natural, seed)
                   if chat else Answer(seed=seed, natural_length=natural))
         param, limit, finish = self._generation(body, chat, room, answer)
-        handoff = classify(body.get("kv_transfer_params"), bool(config.kv_connector))
+        handoff = classify(body.get("kv_transfer_params"), bool(self.config.kv_connector))
         header_id = request.headers.get("X-Request-Id")
-        base = header_id or (body.get("request_id") if isinstance(body.get("request_id"), str) else None) \
-            or uuid.uuid4().hex
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
-        rank = request.headers.get("X-data-parallel-rank")
+        rid = response_id(header_id, body, chat)
         sub = Submission(
             key=header_id or rid, internal_id=f"{rid}-{uuid.uuid4().hex[:8]}", tokens=tokens,
             fingerprint=f"{seed:016x}", max_tokens_param=param, limit=limit, finish_at_limit=finish, handoff=handoff,
-            rank=int(rank) if rank is not None and rank.isdigit() else None)
-        return sub, answer, Envelope(rid, body.get("model") or names[0], chat)
+            rank=rank)
+        return sub, answer, Envelope(rid, body.get("model") or frontend.model_names[0], chat)
 
     def _generation(self, body: dict[str, Any], chat: bool, room: int, answer: Answer) -> tuple[int | None, int, str]:
         """(the max_tokens the request gave, tokens it will get, why it stops): max_tokens (chat:
         max_completion_tokens first) or the room left in max_model_len, the answer's own length
         unless ignore_eos, at least min_tokens."""
-        param = body.get("max_completion_tokens") if chat else None
-        param = param if param is not None else body.get("max_tokens")
-        if param is not None and (not isinstance(param, int) or isinstance(param, bool) or param < 1):
-            raise BadRequest("max_tokens must be a positive integer")
-        if param is not None and param > room:
-            raise BadRequest(f"'max_tokens' is too large: {param}. This model's maximum context length is "
-                             f"{self.config.max_model_len} tokens and your request has "
-                             f"{self.config.max_model_len - room} input tokens.")
+        param = self.frontend.max_tokens(body, chat, room)
         max_tokens = param if param is not None else room
         natural = max_tokens if body.get("ignore_eos") else answer.natural_length
         min_tokens: int = body["min_tokens"] if isinstance(body.get("min_tokens"), int) else 0

@@ -33,7 +33,9 @@ labels); tests set them directly. Every variable is optional.
   K3SIM_LOG_LEVEL         Python log level. Default INFO.
 
 vLLM's own VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT are read as vLLM reads them: they are what a prefill
-engine advertises in its kv_transfer_params.
+engine advertises in its kv_transfer_params. VLLM_USE_RUST_FRONTEND (an integer, 0 or unset: the
+Python frontend; envs.py:1456-1458 of vLLM 0.33.0) picks which of vLLM's two HTTP frontends the
+simulator answers as (frontend.py); the operator renders it on leader pods.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class SimSettings:
     log_level: str = "INFO"
     side_channel_host: str = "localhost"
     side_channel_port: int = 5600
+    rust_frontend: bool = False
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
@@ -96,6 +99,15 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
     raise SettingsError(f"{name}={raw!r} is not 1 or 0")
 
 
+def _vllm_bool(env: Mapping[str, str], name: str) -> bool:
+    """vLLM's `bool(int(os.getenv(name, "0")))`: anything but an integer stops vLLM at startup."""
+    raw = env.get(name, "0")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer (vLLM reads it with int())") from None
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
     env = os.environ if env is None else env
     role = env.get("K3SIM_ROLE") or None
@@ -118,4 +130,5 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         log_level=env.get("K3SIM_LOG_LEVEL", "INFO").upper(),
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or "localhost",
         side_channel_port=int(_number(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600, 1, 65535)),
+        rust_frontend=_vllm_bool(env, "VLLM_USE_RUST_FRONTEND"),
     )

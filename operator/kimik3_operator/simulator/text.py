@@ -1,8 +1,9 @@
 """Tokens in and out: whitespace words for prompts, and a deterministic model for answers.
 
-A prompt's tokens are its whitespace-separated words (token ids given as a list count one each),
-so prompt lengths, prefix-cache blocks and usage are predictable from the text. A chat prompt is
-its messages (a role marker, then the words) plus the words of the tool schemas it carries.
+A prompt's tokens are its whitespace-separated words (token ids given as a list count one each,
+as the words `#N`; vocab.py gives every word its id), so prompt lengths, prefix-cache blocks and
+usage are predictable from the text. A chat prompt is its messages (a role marker, then the
+words) plus the words of the tool schemas it carries.
 
 An answer is plain text cycling through a fixed sentence from an offset the prompt picks, or, when
 the request offers tools (tool_choice not "none") and the last message is not a tool result, one
