@@ -16,8 +16,10 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
@@ -73,10 +75,12 @@ def main() -> None:
             facts = {p.name: pool_facts(p.node_selector, nodes) for p in cr.spec.pools}
             plan = plan_deployment(cr.spec, facts)
             owner = Owner(name=cr.metadata.name, namespace=cr.metadata.namespace, uid="u")
-            facts_ms = median_ms(lambda: {p.name: pool_facts(p.node_selector, nodes) for p in cr.spec.pools}, repeat)
-            plan_ms = median_ms(lambda: plan_deployment(cr.spec, facts), repeat)
-            render_ms = median_ms(lambda: render_children(owner, plan), repeat)
-            pass_ms = median_ms(lambda: one_pass(body, nodes), repeat)
+            pools = cr.spec.pools
+            facts_ms = median_ms(partial(lambda ps, ns: {p.name: pool_facts(p.node_selector, ns) for p in ps},
+                                         pools, nodes), repeat)
+            plan_ms = median_ms(partial(plan_deployment, cr.spec, facts), repeat)
+            render_ms = median_ms(partial(render_children, owner, plan), repeat)
+            pass_ms = median_ms(partial(one_pass, body, nodes), repeat)
             tracemalloc.start()
             one_pass(body, nodes)
             peak = tracemalloc.get_traced_memory()[1]

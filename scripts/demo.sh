@@ -86,8 +86,10 @@ kubectl -n "$ns" create secret generic hf-token --from-literal=token=hf_demo_tok
   | kubectl apply -f - >/dev/null
 kubectl apply -f "$EXAMPLE"
 echo "== waiting for $ns/$name to become Ready"
+ready=1
 if ! kubectl -n "$ns" wait --for=condition=Ready "k3/$name" --timeout=180s; then
   echo "not Ready in time; status:" >&2
+  ready=0
 fi
 echo
 kubectl -n "$ns" get k3 "$name"
@@ -99,3 +101,7 @@ echo
 kubectl -n "$ns" get pods -o wide -l "serving.kimik3.dev/deployment=$name"
 echo
 echo "Stop everything with: scripts/demo.sh down"
+if [[ $ready != 1 ]]; then
+  echo "FAILED: $ns/$name did not become Ready (operator log: $OPLOG, stager log: $STAGER_LOG)" >&2
+  exit 1
+fi

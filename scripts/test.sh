@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: import contracts, unit/schema/golden tests, then the e2e suite on the local real
+# Every test: lint, types, import contracts, unit/schema/golden tests, then the e2e suite on the local real
 # cluster (built from the Go module proxy on first use, cached in ~/.cache/kimik3-e2e).
 #
 #   scripts/test.sh            all of it; stops the cluster it started at the end
@@ -27,7 +27,9 @@ build_pid=$!
 VENV="$("$ROOT/scripts/venv.sh")"
 export PATH="$VENV/bin:$PATH"
 
-echo "== import contracts"
+echo "== lint (ruff), types (mypy: strict on api, planner, render, contract, kimi_k3), import contracts"
+ruff check .
+mypy
 lint-imports
 echo "== unit, schema and render tests"
 python -m pytest tests -q "$@" || { rc=$?; [[ $rc == 5 && $# -gt 0 ]] || exit "$rc"; }

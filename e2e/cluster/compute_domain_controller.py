@@ -160,7 +160,7 @@ class Controller:
                     self.handle(cd)
                 ready_file.touch()
                 self.watch(listed["metadata"]["resourceVersion"])
-            except Exception as e:  # any failure: log, wait, list again
+            except Exception as e:  # noqa: BLE001 - any failure: log, wait, list again
                 ready_file.unlink(missing_ok=True)
                 log.warning("%s; listing again in %ss", e if isinstance(e, ApiException) else repr(e), RETRY_SECONDS)
                 time.sleep(RETRY_SECONDS)

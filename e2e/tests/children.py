@@ -64,7 +64,7 @@ def contains(live: Any, want: Any, path: str = "") -> list[str]:
     if isinstance(want, list):
         if not isinstance(live, list) or len(live) != len(want):
             return [f"{path}: {live!r} != {want!r}"]
-        return [d for i, (lv, wv) in enumerate(zip(live, want)) for d in contains(lv, wv, f"{path}[{i}]")]
+        return [d for i, (lv, wv) in enumerate(zip(live, want, strict=True)) for d in contains(lv, wv, f"{path}[{i}]")]
     return [] if str(live) == str(want) else [f"{path}: {live!r} != {want!r}"]
 
 

@@ -7,9 +7,10 @@ import os
 import socket
 import subprocess
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -92,7 +93,7 @@ def cluster() -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def chart(cluster: dict[str, str]) -> Iterator[str]:
     """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
-    os.environ["KIMIK3_E2E_STARTED"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    os.environ["KIMIK3_E2E_STARTED"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
     certs = Path(os.environ.get("KIMIK3_STATE") or Path(cluster["KUBECONFIG"]).parent) / "webhook"
     ca_bundle = subprocess.run([str(ROOT / "scripts" / "webhook-certs.sh"), str(certs)], capture_output=True,
                                text=True, check=True).stdout.strip()

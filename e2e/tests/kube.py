@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -16,7 +17,8 @@ CLUSTER_SH = ROOT / "e2e" / "cluster" / "cluster.sh"
 T = TypeVar("T")
 
 
-def kubectl(*args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def kubectl(*args: str, input: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True,
                           timeout=timeout, check=check, env=os.environ)
 

@@ -67,7 +67,7 @@ class Stager:
     _done: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> "Stager":
+    def start(self) -> Stager:
         self.commits = {repo: self.hub.add_repo(repo, files) for repo, files in HUB_REPOS.items()}
         for (bucket, key), data in S3_OBJECTS.items():
             self.s3.put(bucket, key, data)

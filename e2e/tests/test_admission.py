@@ -45,7 +45,7 @@ def test_cel_rule_rejects_negative_example(namespace: str, message: str) -> None
     (lambda d: d["metadata"].update(name="9starts-with-digit"), "metadata.name"),
     (lambda d: d["spec"]["pools"].append(dict(d["spec"]["pools"][0])), "Duplicate value"),
 ])
-def test_schema_rejects_malformed_fields(namespace: str, edit, needle: str) -> None:  # noqa: ANN001
+def test_schema_rejects_malformed_fields(namespace: str, edit, needle: str) -> None:
     body = base_deployment(namespace=namespace)
     edit(body)
     result = apply(body, "--dry-run=server", check=False)

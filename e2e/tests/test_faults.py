@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -28,8 +29,8 @@ from tests.support.cases import base_deployment
 
 from .children import check_children, live_children, planned
 from .conftest import REPORT
-from .replicas import Replicas
 from .kube import CLUSTER_SH, ROOT, apply, condition, get_json, kubectl, wait_for
+from .replicas import Replicas
 
 pytestmark = pytest.mark.e2e
 

@@ -131,7 +131,8 @@ def sample() -> list[tuple[dict[str, Any], Plan | PlanningError]]:
 def _children(namespace: str) -> dict[str, set[tuple[str, str]]]:
     """Children by owner uid: what carries our managed-by label and a controller reference to a deployment."""
     out: dict[str, set[tuple[str, str]]] = {}
-    items = get_json(",".join(CHILD_RESOURCES), "-n", namespace, "-l", f"app.kubernetes.io/managed-by={MANAGED_BY}")["items"]
+    selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+    items = get_json(",".join(CHILD_RESOURCES), "-n", namespace, "-l", selector)["items"]
     for obj in items:
         for ref in obj["metadata"].get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == "KimiK3Deployment":

@@ -15,7 +15,7 @@ import json
 import re
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class Audit:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = path.stat().st_size
-        self.since = datetime.now(timezone.utc)
+        self.since = datetime.now(UTC)
         self.writes: list[dict[str, Any]] = []
 
     def read(self) -> list[dict[str, Any]]:
@@ -166,7 +166,7 @@ def test_sigkill_mid_reconcile_standby_takes_over_and_converges(
 
     first = wait_for("the leader's first write for k3-second", pass_started, timeout=60, interval=0.01)
     leader.kill(signal.SIGKILL)
-    killed_at, killed_wall = time.monotonic(), datetime.now(timezone.utc)
+    killed_at, killed_wall = time.monotonic(), datetime.now(UTC)
     assert leader.proc.wait(10) == -signal.SIGKILL
     written = len(pass_started())
     print(f"\nSIGKILL after {written} write(s) of k3-second's pass (first: {first[0]['verb']} "
@@ -209,7 +209,7 @@ def test_sigterm_releases_the_lease_and_the_standby_takes_over_at_once(
     wait_for("k3-term to converge", lambda: converged(namespace, "k3-term"), timeout=120)
 
     leader.kill(signal.SIGTERM)
-    started, stopped_wall = time.monotonic(), datetime.now(timezone.utc)
+    started, stopped_wall = time.monotonic(), datetime.now(UTC)
     seconds, failures = takeover(replicas, standby, started)
     print(f"\ntakeover after SIGTERM: {seconds:.1f}s")
     # Faster than the 15 s lease could expire: only a release explains it.

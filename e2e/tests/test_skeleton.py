@@ -14,7 +14,11 @@ import pytest
 import yaml
 
 from kimik3_operator.api.reasons import (
-    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, WEIGHTS_STAGING,
+    ALL_REPLICAS_READY,
+    INSUFFICIENT_CAPACITY,
+    INSUFFICIENT_MEMORY,
+    PODS_NOT_READY,
+    WEIGHTS_STAGING,
 )
 from tests.support.cases import base_deployment
 

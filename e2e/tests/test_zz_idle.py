@@ -16,9 +16,10 @@ import json
 import os
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,8 @@ from tests.support.cases import base_deployment
 
 from .children import check_children
 from .conftest import CHART_NAMESPACE, LEASE, OPERATOR_PODS, REPORT, SERVICE_ACCOUNT, free_port
-from .replicas import Replicas
 from .kube import apply, condition, get_json, wait_for
+from .replicas import Replicas
 from .test_skeleton import B200, GB300, pd_deployment
 
 pytestmark = pytest.mark.e2e
@@ -100,17 +101,17 @@ def test_no_writes_while_idle(idle_operator: Replicas, namespace: str, cluster: 
                 and crs["too-small"]["status"]["phase"] == "Failed"
                 and not check_children(namespace))
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     wait_for("three deployments converged (two Ready, one Failed)", converged, timeout=240)
     versions = {cr["metadata"]["name"]: cr["metadata"]["resourceVersion"]
                 for cr in get_json("k3", "-n", namespace)["items"]}
 
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     deadline = time.monotonic() + IDLE_SECONDS
     while time.monotonic() < deadline:
         assert idle_operator.alive(), idle_operator.tails()
         time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
-    until = datetime.now(timezone.utc)
+    until = datetime.now(UTC)
 
     state = Path(cluster["KUBECONFIG"]).parent
     requests = operator_requests(state, since, until)

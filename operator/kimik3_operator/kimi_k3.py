@@ -58,6 +58,17 @@ SSM_DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 """Bytes per value of the KDA recurrent state (--mamba-ssm-cache-dtype; auto is float32)."""
 
 
+def kv_cache_family(kv_cache_dtype: str) -> str:
+    """The MLA_BYTES_PER_TOKEN_LAYER key a --kv-cache-dtype stores in: every fp8 variant one byte
+    a value, auto (the checkpoint's BF16) two."""
+    return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"
+
+
+def ssm_cache_dtype(mamba_ssm_cache_dtype: str) -> str:
+    """The SSM_DTYPE_BYTES key a --mamba-ssm-cache-dtype stores in: bfloat16, else float32 (auto too)."""
+    return "bfloat16" if mamba_ssm_cache_dtype == "bfloat16" else "float32"
+
+
 def kda_state_bytes(tensor: int, spec_tokens: int, ssm_dtype: str) -> int:
     """KDA state of one sequence in one KDA layer on one GPU: the BF16 conv state (one row more
     per speculative token) plus the recurrent state of this rank's heads

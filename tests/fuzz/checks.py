@@ -4,7 +4,8 @@ the vLLM contract fuzz."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.owned_flags import flag_name, owned_flag
@@ -93,7 +94,8 @@ def _check_workload(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
         counts = Counter(flag_name(a) for a in argv if a.startswith("-"))
         assert not [f for f, n in counts.items() if n > 1 and owned_flag([f])], counts
         names = [e["name"] for e in c["env"]]
-        assert len(names) == len(set(names)), f"{template}: duplicate env {sorted(n for n in names if names.count(n) > 1)}"
+        repeated = sorted(n for n in names if names.count(n) > 1)
+        assert not repeated, f"{template}: duplicate env {repeated}"
         for e in c["env"]:
             assert ("value" in e) != ("valueFrom" in e), e
         pod_labels = child["spec"]["leaderWorkerTemplate"][template]["metadata"]["labels"]

@@ -12,8 +12,9 @@ rule's negative case, and spellings of flags the operator owns in extraArgs.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -69,7 +70,8 @@ def _set(body: dict[str, Any], path: Path, value: Any) -> None:
     target[path[-1]] = value
 
 
-def _present(body: dict[str, Any], kinds: Callable[[Any, dict[str, Any]], bool]) -> list[tuple[Path, Any, dict[str, Any]]]:
+def _present(body: dict[str, Any],
+             kinds: Callable[[Any, dict[str, Any]], bool]) -> list[tuple[Path, Any, dict[str, Any]]]:
     return [(p, v, n) for p, v, n in _walk(body["spec"], schema()["properties"]["spec"], ("spec",)) if kinds(v, n)]
 
 

@@ -35,7 +35,8 @@ def nodes() -> tuple[dict[str, Any], ...]:
     return e2e_nodes() + tuple(all_pools())
 
 
-def facts_for(spec: Any, node_list: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None) -> dict[str, PoolFacts]:
+def facts_for(spec: Any,
+              node_list: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None) -> dict[str, PoolFacts]:
     """Pool facts as the operator computes them (reconciler.py), from the fake nodes by default."""
     listed = list(nodes() if node_list is None else node_list)
     return {pool.name: pool_facts(pool.node_selector, listed) for pool in spec.pools}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 KNOWN = {
@@ -29,7 +29,7 @@ CEL_READS = re.compile(r"(?<!has\()self\.(\w+)")
 GO_SPACE = r"\t\n\f\r "  # RE2's \s: ASCII only, and no \v
 
 
-@lru_cache(maxsize=None)
+@cache
 def go_regex(pattern: str) -> re.Pattern[str]:
     r"""Python `re` with RE2's meaning for the constructs our patterns use: `\s` is [\t\n\f\r ]
     (inside or outside a class) and a final `$` matches only at the end of the text."""
@@ -101,9 +101,11 @@ def errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     if "enum" in schema and not any(_json_equal(value, e) for e in schema["enum"]):
         out.append(f"{path}: unsupported value {value!r}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and (value <= schema["minimum"] if schema.get("exclusiveMinimum") else value < schema["minimum"]):
+        low = schema.get("minimum")
+        if low is not None and (value <= low if schema.get("exclusiveMinimum") else value < low):
             out.append(f"{path}: below minimum")
-        if "maximum" in schema and (value >= schema["maximum"] if schema.get("exclusiveMaximum") else value > schema["maximum"]):
+        high = schema.get("maximum")
+        if high is not None and (value >= high if schema.get("exclusiveMaximum") else value > high):
             out.append(f"{path}: above maximum")
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):

@@ -10,7 +10,8 @@ with an optional auth Secret. Such a body may still be refused, by a rule or by 
 from __future__ import annotations
 
 import string
-from typing import Any, Callable, get_args
+from collections.abc import Callable
+from typing import Any, get_args
 
 from hypothesis import strategies as st
 
@@ -153,7 +154,7 @@ def _pools(draw: Draw) -> list[dict[str, Any]]:
     else:
         choices = (("aggregated",), ("prefill",), ("decode",), ("prefill", "decode"))
         roles = [draw(st.sampled_from(choices)) for _ in range(count)]
-    return [_pool(draw, n, r) for n, r in zip(names, roles)]
+    return [_pool(draw, n, r) for n, r in zip(names, roles, strict=True)]
 
 
 def _engine(draw: Draw) -> dict[str, Any]:

@@ -20,13 +20,13 @@ from kimik3_operator.api.crd import openapi_schema
 from kimik3_operator.api.reasons import PLANNING
 from kimik3_operator.planner import PlanningError, plan_deployment
 from kimik3_operator.render import Owner
+from tests.support.cases import INVALID
 
 from .checks import check_children
 from .fleet import facts_for
 from .openapi import validate
 from .strategies import Case, cases
 from .verdict import RULE_MESSAGES, pydantic_verdict
-from tests.support.cases import INVALID
 
 EXAMPLES = 1000
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from pydantic import ValidationError
 
 from kimik3_operator.api import KimiK3Deployment
@@ -60,10 +61,10 @@ FIELDS: dict[str, tuple[Callable[[str], dict[str, Any]], Where]] = {
 
 
 class _CelString(str):
-    def startsWith(self, prefix: str) -> bool:  # noqa: N802 - CEL's spelling
+    def startsWith(self, prefix: str) -> bool:
         return self.startswith(prefix)
 
-    def endsWith(self, suffix: str) -> bool:  # noqa: N802
+    def endsWith(self, suffix: str) -> bool:
         return self.endswith(suffix)
 
     def contains(self, part: str) -> bool:
@@ -89,7 +90,7 @@ def cel_holds(rule: str, obj: dict[str, Any]) -> bool:
     calls = set(re.findall(r"(\w+)\(", rule))
     assert calls <= CEL_CALLS, f"CEL this test cannot evaluate: {sorted(calls - CEL_CALLS)} in {rule}"
     python = re.sub(r"!(?!=)", " not ", rule.replace("||", " or ").replace("&&", " and "))
-    return bool(eval(python, {"has": lambda v: v is not None}, {"self": _CelObject(obj)}))  # noqa: S307
+    return bool(eval(python, {"has": lambda v: v is not None}, {"self": _CelObject(obj)}))
 
 
 def crd_accepts(body: dict[str, Any], where: Where) -> bool:

@@ -11,10 +11,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -97,7 +98,8 @@ class Sim:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-            raise AssertionError(f"the simulator did not stop on SIGTERM; log:\n{self.log.read_text()[-3000:]}")
+            log = self.log.read_text()[-3000:]
+            raise AssertionError(f"the simulator did not stop on SIGTERM; log:\n{log}") from None
 
 
 def words(count: int, tag: str) -> str:

@@ -7,8 +7,9 @@ max_tokens 1, then the original request to decode with the kv_transfer_params pr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

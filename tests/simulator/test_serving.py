@@ -11,12 +11,14 @@ let that accumulate).
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,7 +47,7 @@ def test_ttft_and_itl_agree_with_the_plans_prediction(agg: Sim, role: dict[str, 
     predicted_itl = role["predicted"]["decodeStepMsBatch1"] / 1e3
     events = agg.stream("/v1/completions", {"model": "kimi-k3", "prompt": words(8192, "timing"), "max_tokens": 48})
     tokens = [t for t, e in events if isinstance(e, dict) and e["choices"]]
-    ttft, gaps = tokens[0], [b - a for a, b in zip(tokens, tokens[1:])]
+    ttft, gaps = tokens[0], [b - a for a, b in itertools.pairwise(tokens)]
     itl = statistics.mean(gaps)
     print(f"\nTTFT {ttft * 1e3:.1f} ms (plan {predicted_ttft * 1e3:.1f}), ITL {itl * 1e3:.2f} ms "
           f"(plan {predicted_itl * 1e3:.2f}), {len(tokens)} chunks")

@@ -70,7 +70,7 @@ def send(handler: BaseHTTPRequestHandler, entry: Any, status: int, body: bytes,
 
 
 def write_body(handler: BaseHTTPRequestHandler, entry: Any, status: int, data: bytes,
-               headers: dict[str, str], slow: "Slow | None", start: int) -> None:
+               headers: dict[str, str], slow: Slow | None, start: int) -> None:
     """Send a (possibly partial) body, optionally trickled and cut at a bound to simulate a kill."""
     entry.status = status
     handler.send_response(status)

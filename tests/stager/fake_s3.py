@@ -158,8 +158,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
             try:
                 if url.path == "/creds":
                     return self._send(entry, 200, (
-                        '{"AccessKeyId": "%s", "SecretAccessKey": "%s", "Token": "container-session-token",'
-                        ' "Expiration": "2999-01-01T00:00:00Z"}' % (ACCESS_KEY, SECRET_KEY)).encode(),
+                        f'{{"AccessKeyId": "{ACCESS_KEY}", "SecretAccessKey": "{SECRET_KEY}",'
+                        ' "Token": "container-session-token", "Expiration": "2999-01-01T00:00:00Z"}').encode(),
                         ctype="application/json")
                 if url.path == "/sts/" and query.get("Action") == "AssumeRoleWithWebIdentity":
                     if not query.get("WebIdentityToken"):
@@ -201,7 +201,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
             nxt = ""
             if truncated:
                 # a token with characters that need encoding, as real S3 tokens have
-                nxt = f"<NextContinuationToken>{base64.urlsafe_b64encode(str(start + s3.page_size).encode()).decode()}=+/</NextContinuationToken>"
+                token = base64.urlsafe_b64encode(str(start + s3.page_size).encode()).decode()
+                nxt = f"<NextContinuationToken>{token}=+/</NextContinuationToken>"
             body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                     f"<Name>{bucket}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>"
                     f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{nxt}{items}</ListBucketResult>")

@@ -8,13 +8,13 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from kimik3_operator.stager import ChecksumMismatch, Progress, WeightsError, read_manifest, stage
 from kimik3_operator.contract.stager import STATE_DIR
+from kimik3_operator.stager import ChecksumMismatch, Progress, WeightsError, read_manifest, stage
 from kimik3_operator.stager.manifest import PARTIAL_DIR
 
 from .conftest import cli, cli_env, cli_popen

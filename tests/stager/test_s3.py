@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kimik3_operator.stager import ChecksumMismatch, WeightsError, read_manifest, stage
 from kimik3_operator.contract.stager import STATE_DIR
+from kimik3_operator.stager import ChecksumMismatch, WeightsError, read_manifest, stage
 from kimik3_operator.stager.files import FileStager, partial_name
 from kimik3_operator.stager.manifest import PARTIAL_DIR
 from kimik3_operator.stager.source import RemoteFile

@@ -3,12 +3,12 @@ canonical request, so this is the independent check)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kimik3_operator.stager.sigv4 import EMPTY_SHA256, Credentials, canonical_query, sign
 
 EXAMPLE = Credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
-WHEN = datetime(2013, 5, 24, tzinfo=timezone.utc)
+WHEN = datetime(2013, 5, 24, tzinfo=UTC)
 
 
 def test_aws_documented_get_object_example() -> None:

@@ -7,8 +7,9 @@ The unit tests feed the negative examples to pydantic, the e2e tests to the real
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -51,7 +52,8 @@ INVALID: dict[str, Callable[[], dict[str, Any]]] = {
     "retention policy Interval needs intervalTokens": _edit(
         lambda d: d["spec"].update(engine={"prefixCaching": {"retention": {"policy": "Interval"}}})),
     "intervalTokens applies only to retention policy Interval": _edit(
-        lambda d: d["spec"].update(engine={"prefixCaching": {"retention": {"policy": "Dense", "intervalTokens": 4096}}})),
+        lambda d: d["spec"].update(
+            engine={"prefixCaching": {"retention": {"policy": "Dense", "intervalTokens": 4096}}})),
     "speculative method DSpark needs draftModelUri (a K3DSparkModel checkpoint)": _edit(
         lambda d: d["spec"].update(engine={"speculative": {"method": "DSpark"}})),
     "tensor parallel size must divide the 96 KDA heads": _edit(

@@ -16,7 +16,8 @@ def _body(**pool: Any) -> dict[str, Any]:
 
 
 def test_explicit_hardware_that_cannot_hold_the_model_is_refused_with_the_planners_reason() -> None:
-    verdict = admission_verdict(_body(gpu={"product": "H100"}, aggregated={"replicas": 1, "parallelism": {"tensor": 8}}))
+    verdict = admission_verdict(_body(gpu={"product": "H100"},
+                                      aggregated={"replicas": 1, "parallelism": {"tensor": 8}}))
     assert verdict is not None and verdict.startswith("InsufficientMemory: ")
 
 

@@ -3,7 +3,8 @@ generated CRD is structural and equals the committed one."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, writes_digest
-from kimik3_operator.k8s import unchanged_since_our_apply
 from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
+from kimik3_operator.k8s import unchanged_since_our_apply
+from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, writes_digest
 
 DESIRED = {"metadata": {"annotations": {ANNOTATION_HASH: "h1"}}}
 

@@ -11,7 +11,7 @@ from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 
 
-def _setup(pools: list[dict[str, Any]], nodes: list[dict[str, Any]]):  # noqa: ANN202
+def _setup(pools: list[dict[str, Any]], nodes: list[dict[str, Any]]):
     body = base_deployment()
     body["spec"]["pools"] = pools
     spec = KimiK3Deployment.model_validate(body).spec
@@ -19,7 +19,8 @@ def _setup(pools: list[dict[str, Any]], nodes: list[dict[str, Any]]):  # noqa: A
     return plan_deployment(spec, facts), facts
 
 
-def _pod(node: str, gpus: int, *, ns: str = "other", label: str | None = None, phase: str = "Running") -> dict[str, Any]:
+def _pod(node: str, gpus: int, *, ns: str = "other", label: str | None = None,
+         phase: str = "Running") -> dict[str, Any]:
     return {"metadata": {"namespace": ns, "labels": {"serving.kimik3.dev/deployment": label} if label else {}},
             "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]},
             "status": {"phase": phase}}

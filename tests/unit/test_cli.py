@@ -72,7 +72,7 @@ def test_table(nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (lambda d: d["spec"]["pools"][0]["aggregated"].update(parallelism={"tensor": 5}), "InvalidSpec:"),
 ])
 def test_impossible_spec_exits_2_with_one_line(tmp_path: Path, nodes_file: Path, capsys: pytest.CaptureFixture[str],
-                                               edit, first_word: str) -> None:  # noqa: ANN001
+                                               edit, first_word: str) -> None:
     body = base_deployment()
     edit(body)
     assert main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(nodes_file)]) == 2

@@ -38,7 +38,7 @@ def test_each_stage_renders_registered_kinds_of_its_own_in_apply_order(name: str
     for stage, children in ((WEIGHTS, render_weights(OWNER, PLANS[name])),
                             (SERVING, render_serving(OWNER, PLANS[name]))):
         kinds = [BY_KIND[o["kind"]] for o in children]
-        assert [(o["apiVersion"], k.stage) for o, k in zip(children, kinds)] == [
+        assert [(o["apiVersion"], k.stage) for o, k in zip(children, kinds, strict=True)] == [
             (k.api_version, stage) for k in kinds]
         assert kinds == sorted(kinds, key=CHILD_KINDS.index)
 

@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kimik3_operator.k8s.lease import (LeaderElector, LeaseConfig, Observation, claimed, default_lease_namespace,
-                                       held_by_other, micro_time, observe, released, renew_overdue)
+from kimik3_operator.k8s.lease import (
+    LeaderElector,
+    LeaseConfig,
+    Observation,
+    claimed,
+    default_lease_namespace,
+    held_by_other,
+    micro_time,
+    observe,
+    released,
+    renew_overdue,
+)
 
-T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 
 
 def lease(version: str, holder: str | None, seconds: int = 15) -> dict[str, Any]:

@@ -7,8 +7,7 @@ import pytest
 
 from kimik3_operator.planner import Layout
 from kimik3_operator.planner.catalog import CATALOG
-from kimik3_operator.planner.perf import (decode_batch1, decode_step_ms, prefill_latency_seconds,
-                                          prefill_seconds)
+from kimik3_operator.planner.perf import decode_batch1, decode_step_ms, prefill_latency_seconds, prefill_seconds
 
 GB300 = CATALOG["GB300"]
 TP8 = Layout(tensor=8)

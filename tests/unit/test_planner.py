@@ -8,7 +8,12 @@ import pytest
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.reasons import (
-    HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC, KNOWN_ISSUE, NO_MATCHING_NODES, PD_INCOMPATIBLE,
+    HARDWARE_UNSUPPORTED,
+    INSUFFICIENT_MEMORY,
+    INVALID_SPEC,
+    KNOWN_ISSUE,
+    NO_MATCHING_NODES,
+    PD_INCOMPATIBLE,
 )
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.planner.catalog import product_from_label
@@ -47,7 +52,7 @@ def test_pool_facts_gpus_per_node_is_the_smallest() -> None:
     assert facts.gpus_per_node == 4
 
 
-def _plan(body: dict[str, Any], nodes: list[dict[str, Any]]):  # noqa: ANN202
+def _plan(body: dict[str, Any], nodes: list[dict[str, Any]]):
     spec = KimiK3Deployment.model_validate(body).spec
     return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
 

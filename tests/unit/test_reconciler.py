@@ -7,11 +7,16 @@ import json
 from typing import Any
 
 from kimik3_operator.api.reasons import (
-    APPLY_REJECTED, INSUFFICIENT_MEMORY, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES, WEIGHTS_STAGING,
+    APPLY_REJECTED,
+    INSUFFICIENT_MEMORY,
+    INVALID_SPEC,
+    MISSING_DEPENDENCY,
+    NO_MATCHING_NODES,
+    WEIGHTS_STAGING,
 )
+from kimik3_operator.contract.names import ANNOTATION_HASH
 from kimik3_operator.k8s import ApplyResult
 from kimik3_operator.reconcile.reconciler import reconcile
-from kimik3_operator.contract.names import ANNOTATION_HASH
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 
@@ -225,8 +230,9 @@ def test_an_object_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> N
 
     class Immutable(MemoryCluster):
         def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
-            if desired["kind"] == "PersistentVolumeClaim" and live is not None and \
-                    live["metadata"]["annotations"][ANNOTATION_HASH] != desired["metadata"]["annotations"][ANNOTATION_HASH]:
+            changed = live is not None and (live["metadata"]["annotations"][ANNOTATION_HASH]
+                                            != desired["metadata"]["annotations"][ANNOTATION_HASH])
+            if desired["kind"] == "PersistentVolumeClaim" and changed:
                 raise RejectedApiError("PersistentVolumeClaim", desired["metadata"]["name"], 422,
                                        "spec is immutable after creation")
             return super().apply(desired, live)

@@ -36,7 +36,8 @@ def _by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]
 def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     objs = _render(_example("pd-gb300-decode-b200-prefill.yaml"))
     assert sorted(_by_kind(objs, "LeaderWorkerSet")) == ["k3-pd-b200-prefill-prefill", "k3-pd-gb300-decode-decode"]
-    assert sorted(_by_kind(objs, "Service")) == ["k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader"]
+    assert sorted(_by_kind(objs, "Service")) == [
+        "k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader"]
     assert [o["kind"] for o in objs] == [
         "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job", "Job",  # model and draft
         "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet"]

@@ -8,8 +8,8 @@ import pytest
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.reasons import SLO_UNATTAINABLE
-from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.kimi_k3 import PUBLISHED
+from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.planner.perf import CALIBRATION
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
@@ -17,7 +17,7 @@ from tests.support.nodes import b200_nodes, gb300_rack
 NODES = gb300_rack() + b200_nodes()
 
 
-def _plan(spec_extra: dict[str, Any], pools: list[dict[str, Any]]):  # noqa: ANN202
+def _plan(spec_extra: dict[str, Any], pools: list[dict[str, Any]]):
     body = base_deployment()
     body["spec"]["pools"] = pools
     body["spec"].update(spec_extra)
@@ -25,7 +25,7 @@ def _plan(spec_extra: dict[str, Any], pools: list[dict[str, Any]]):  # noqa: ANN
     return plan_deployment(spec, {p.name: pool_facts(p.node_selector, NODES) for p in spec.pools})
 
 
-def _roles(plan) -> dict[str, Any]:  # noqa: ANN001
+def _roles(plan) -> dict[str, Any]:
     return {r.role: r for _, r in plan.role_plans()}
 
 

@@ -7,7 +7,11 @@ from typing import Any
 
 from kimik3_operator.api import Condition, KimiK3Deployment
 from kimik3_operator.api.reasons import (
-    ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, INSUFFICIENT_MEMORY, PODS_NOT_READY, UPDATING,
+    ALL_REPLICAS_READY,
+    INSUFFICIENT_CAPACITY,
+    INSUFFICIENT_MEMORY,
+    PODS_NOT_READY,
+    UPDATING,
 )
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.reconcile.status import compute_status, set_condition
@@ -19,7 +23,7 @@ OWNER = Owner(name="k3-pd", namespace="inference", uid="u")
 T0, T1 = "2026-11-30T00:00:00Z", "2026-11-30T00:05:00Z"
 
 
-def _plan():  # noqa: ANN202
+def _plan():
     spec = KimiK3Deployment.model_validate(dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"]).spec
     nodes = gb300_rack() + b200_nodes()
     return plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
@@ -29,7 +33,7 @@ def _lws(ready: int, updated: int) -> dict[str, Any]:
     return {"status": {"readyReplicas": ready, "updatedReplicas": updated, "replicas": max(ready, updated)}}
 
 
-def _cond(status, type_: str) -> Condition:  # noqa: ANN001
+def _cond(status, type_: str) -> Condition:
     return next(c for c in status.conditions if c.type == type_)
 
 

@@ -1,10 +1,21 @@
 """The KimiK3Deployment API: pydantic models that are the single source of truth for the CRD."""
 
+from ..contract.names import GROUP
 from .base import Rule, SpecModel, StatusModel, first_error
 from .meta import Condition, ObjectMeta
 from .v1alpha1 import (
-    GROUP, KIND, PLURAL, VERSION, KimiK3Deployment, KimiK3DeploymentSpec, KimiK3DeploymentStatus,
-    Parallelism, Pool, PoolStatus, Role, RoleName, RoleStatus,
+    KIND,
+    PLURAL,
+    VERSION,
+    KimiK3Deployment,
+    KimiK3DeploymentSpec,
+    KimiK3DeploymentStatus,
+    Parallelism,
+    Pool,
+    PoolStatus,
+    Role,
+    RoleName,
+    RoleStatus,
 )
 
 __all__ = [

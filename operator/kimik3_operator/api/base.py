@@ -9,9 +9,10 @@ a negative example per rule to both and compare.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, Any, Callable, ClassVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -33,7 +34,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class list_map:  # noqa: N801 - used as an annotation, reads like one
+class list_map:
     """Annotation for a list of named things: a list-map keyed by `key` in the CRD (stable
     identity under server-side apply), and unique keys in pydantic as the API server requires."""
 
@@ -125,7 +126,7 @@ class SpecModel(BaseModel):
         return out
 
     @model_validator(mode="after")
-    def _check_rules(self) -> "SpecModel":
+    def _check_rules(self) -> SpecModel:
         for rule in type(self).rules:
             if not rule.check(self):
                 raise ValueError(rule.explain(self) if rule.explain else rule.message)

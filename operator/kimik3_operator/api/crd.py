@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from ..contract.names import GROUP
 from . import v1alpha1 as v1
 from .schema import structural
 
@@ -52,9 +53,9 @@ def custom_resource_definition() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{v1.PLURAL}.{v1.GROUP}"},
+        "metadata": {"name": f"{v1.PLURAL}.{GROUP}"},
         "spec": {
-            "group": v1.GROUP,
+            "group": GROUP,
             "scope": "Namespaced",
             "names": {
                 "kind": v1.KIND,
@@ -83,7 +84,7 @@ def crd_yaml() -> str:
     return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=100)
 
 
-CRD_FILENAME = f"{v1.PLURAL}.{v1.GROUP}.yaml"
+CRD_FILENAME = f"{v1.PLURAL}.{GROUP}.yaml"
 
 
 CHART_CRD_PATH = "templates/crds/kimik3deployments.yaml"

@@ -6,7 +6,8 @@ Field names follow design.md's API section; the CRD in crds/ is generated from t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -14,8 +15,8 @@ from ..contract import uri as model_uri
 from ..contract.names import GROUP
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
-from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .meta import Condition, ObjectMeta
+from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
@@ -62,10 +63,12 @@ def model_uri_rules(field: str, attribute: str, *, optional: bool = False) -> tu
     """The model-URI refusals a pattern cannot express (contract/uri.py RULES), as Rules of the
     model that holds the URI in `field` (wire name) / `attribute` (Python name)."""
     guard = f"!has(self.{field}) || " if optional else ""
-    return tuple(
-        Rule(cel=guard + rule.cel.format(uri=f"self.{field}"), message=rule.message, field_path=f".{field}",
-             check=lambda m, holds=rule.holds: getattr(m, attribute) is None or holds(getattr(m, attribute)))
-        for rule in model_uri.RULES)
+    def check(holds: Callable[[str], bool]) -> Callable[[Any], bool]:
+        return lambda m: getattr(m, attribute) is None or holds(getattr(m, attribute))
+
+    return tuple(Rule(cel=guard + rule.cel.format(uri=f"self.{field}"), message=rule.message,
+                      field_path=f".{field}", check=check(rule.holds))
+                 for rule in model_uri.RULES)
 
 
 class SecretKeyRef(SpecModel):
@@ -237,7 +240,7 @@ class Engine(SpecModel):
                 "'extraArgs sets a flag the operator owns: ' + "
                 f"self.extraArgs.map(a, {CEL_FLAG_NAME}).filter(n, {cel_owned('n')})[0]"),
             explain=lambda e: (f"extraArgs sets a flag the operator owns: {owned_flag(e.extra_args)} "
-                               f"(set by {OWNED_FLAGS[owner_of(owned_flag(e.extra_args))]})"),
+                               f"(set by {OWNED_FLAGS.get(owner_of(owned_flag(e.extra_args) or '') or '')})"),
             check=lambda e: owned_flag(e.extra_args) is None,
             field_path=".extraArgs",
         ),
@@ -367,8 +370,9 @@ class Pool(SpecModel):
 
     def roles(self) -> list[tuple[RoleName, Role]]:
         """The roles present, in a fixed order (prefill, decode, aggregated)."""
-        return [(n, r) for n, r in (("prefill", self.prefill), ("decode", self.decode),
-                                    ("aggregated", self.aggregated)) if r is not None]
+        present: tuple[tuple[RoleName, Role | None], ...] = (
+            ("prefill", self.prefill), ("decode", self.decode), ("aggregated", self.aggregated))
+        return [(n, r) for n, r in present if r is not None]
 
 
 class Rollout(SpecModel):
@@ -484,7 +488,9 @@ class RoleStatus(StatusModel):
     pipeline_parallel: int | None = None
     data_parallel: int | None = None
     expert_parallel: bool | None = None
-    all2all_backend: str | None = None
+    all2all_backend: Annotated[str | None, Field(alias="all2allBackend")] = None
+    """vLLM's --all2all-backend (the key `kimik3 plan -o json` uses too; pydantic alone would write
+    all2AllBackend)."""
     moe_backend: str | None = None
     compute_domain: bool | None = None
     block_size: int | None = None

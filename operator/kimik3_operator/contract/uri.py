@@ -14,8 +14,8 @@ its CEL twin. `parse_model_uri` accepts exactly what both accept.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 MAX_LENGTH = 512
 SCHEMES = ("hf", "s3", "pvc")

@@ -1,9 +1,15 @@
 """The only package that talks to the Kubernetes API server."""
 
 from .cluster import (
-    UNREACHABLE, ApplyResult, Cluster, MissingApiError, RejectedApiError, TransientApiError, api_client,
+    UNREACHABLE,
+    ApplyResult,
+    Cluster,
+    MissingApiError,
+    RejectedApiError,
+    TransientApiError,
+    api_client,
     unchanged_since_our_apply,
 )
 
-__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "RejectedApiError", "TransientApiError", "api_client",
-           "unchanged_since_our_apply"]
+__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "RejectedApiError", "TransientApiError",
+           "api_client", "unchanged_since_our_apply"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 import urllib3
 from kubernetes import client, config
@@ -21,15 +22,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
-from ..contract.kinds import CHILD_KINDS
 from ..api import GROUP, KIND, VERSION
+from ..contract.kinds import CHILD_KINDS
 from ..contract.names import ANNOTATION_HASH, FIELD_MANAGER
 from ..contract.stager import PROGRESS_FIELD_MANAGER
+from .identity import IDENTITY, user_agent
 
 HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER})
 """Writers that only touch fields we never set (a staging pod's progress annotation on its Job):
 their writes are not drift and cost no re-apply."""
-from .identity import IDENTITY, user_agent
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ class Cluster:
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._resource(f"{GROUP}/{VERSION}", KIND).get(name=name, namespace=namespace).to_dict()
+            found: dict[str, Any] = self._resource(f"{GROUP}/{VERSION}", KIND).get(
+                name=name, namespace=namespace).to_dict()
+            return found
         except NotFoundError:
             return None
 
@@ -155,7 +158,7 @@ class Cluster:
         except (ApiException, DynamicApiError) as exc:
             translated = _translate(exc)
             if translated is exc and getattr(exc, "status", 0) in (400, 403, 422):
-                raise RejectedApiError(desired["kind"], desired["metadata"]["name"], exc.status,
+                raise RejectedApiError(desired["kind"], desired["metadata"]["name"], getattr(exc, "status", 0),
                                        _api_message(exc)) from exc
             raise translated from exc
         meta = result.get("metadata") or {}
@@ -209,11 +212,12 @@ class Cluster:
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
         event that cannot be posted is logged and never fails a pass."""
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-            "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid")} | {"namespace": namespace},
+            "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "uid")}
+            | {"namespace": namespace},
             "type": type_, "reason": reason, "message": message[:1024],
             "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
             "reportingInstance": IDENTITY, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
@@ -240,7 +244,7 @@ class Cluster:
 
 def _api_message(exc: ApiException | DynamicApiError) -> str:
     """The Status message the API server sent, else the HTTP reason."""
-    body = getattr(exc, "body", None)
+    body = getattr(exc, "body", None) or ""
     try:
         return str(json.loads(body)["message"])
     except (TypeError, ValueError, KeyError):

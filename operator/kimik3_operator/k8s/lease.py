@@ -31,11 +31,12 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -93,7 +94,7 @@ def held_by_other(seen: Observation, me: str, now: float) -> bool:
 
 def micro_time(at: datetime) -> str:
     """A Kubernetes MicroTime."""
-    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def claimed(spec: dict[str, Any], me: str, lease_seconds: int, at: datetime) -> dict[str, Any]:
@@ -172,7 +173,7 @@ class LeaderElector:
 
     def __init__(self, lock: LeaseLock, cfg: LeaseConfig,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._lock, self._cfg, self._clock, self._wall = lock, cfg, clock, wall
         self._seen: Observation | None = None
         self._ours: dict[str, Any] | None = None  # the Lease as our last successful write left it
@@ -227,7 +228,7 @@ class LeaderElector:
         loop = asyncio.get_running_loop()
         try:
             return await asyncio.wait_for(loop.run_in_executor(self._pool, fn), max(timeout, 0.001))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("Lease %s/%s: no answer within %.1fs", self._cfg.namespace, self._cfg.name, timeout)
         except ApiException as exc:  # e.g. 403 before the Role exists: one failed round, not the end
             log.warning("Lease %s/%s: %s %s", self._cfg.namespace, self._cfg.name, exc.status, exc.reason)
@@ -236,7 +237,7 @@ class LeaderElector:
         return False
 
     def _pause(self) -> float:
-        return self._cfg.retry_period * (1 + 0.2 * random.random())  # noqa: S311 - jitter, not crypto
+        return self._cfg.retry_period * (1 + 0.2 * random.random())
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Try every retry period until we hold the Lease (True) or `stop` is set (False)."""
@@ -251,7 +252,7 @@ class LeaderElector:
                 logged = self.holder
             try:
                 await asyncio.wait_for(stop.wait(), self._pause())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return False
 

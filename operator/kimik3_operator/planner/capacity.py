@@ -11,7 +11,7 @@ autoscaler, a scale-from-zero pool) make the pods schedule on their own.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .facts import GPU_RESOURCES, PoolFacts, _quantity
@@ -20,7 +20,7 @@ from .plan import Plan
 NO_CLIQUE = ""
 
 
-def gpus_used(pods: list[Mapping[str, Any]], own: Callable[[Mapping[str, Any]], bool]) -> dict[str, int]:
+def gpus_used(pods: Sequence[Mapping[str, Any]], own: Callable[[Any], bool]) -> dict[str, int]:
     """GPUs requested per node by pods that are not `own`."""
     used: dict[str, int] = defaultdict(int)
     for pod in pods:

@@ -33,6 +33,8 @@ class GpuSpec:
     gpus_per_node: int
     """Typical GPUs per node (4 per Grace tray, 8 per HGX board)."""
     arch: Literal["amd64", "arm64"]
+    nic_gb_s: float
+    """Typical RDMA bandwidth per GPU, GB/s (one NIC per GPU): what a P/D KV hand-off moves at."""
 
     @property
     def usable_bytes(self) -> int:
@@ -57,19 +59,19 @@ CATALOG: dict[str, GpuSpec] = {
     spec.product: spec
     for spec in (
         GpuSpec(product="GB300", vendor="nvidia", generation="blackwell", usable_mib=284_208, hbm_tb_s=8.0,
-                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64"),
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64", nic_gb_s=100),
         GpuSpec(product="GB200", vendor="nvidia", generation="blackwell", usable_mib=189_471, hbm_tb_s=8.0,
-                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64"),
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64", nic_gb_s=50),
         GpuSpec(product="B300", vendor="nvidia", generation="blackwell", usable_mib=275_040, hbm_tb_s=7.75,
-                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64", nic_gb_s=100),
         GpuSpec(product="B200", vendor="nvidia", generation="blackwell", usable_mib=183_359, hbm_tb_s=7.7,
-                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+                bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64", nic_gb_s=50),
         GpuSpec(product="H200", vendor="nvidia", generation="hopper", usable_mib=143_771, hbm_tb_s=4.8,
-                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64", nic_gb_s=50),
         GpuSpec(product="H100", vendor="nvidia", generation="hopper", usable_mib=81_559, hbm_tb_s=3.35,
-                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+                bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64", nic_gb_s=50),
         GpuSpec(product="MI355X", vendor="amd", generation="cdna4", usable_mib=294_896, hbm_tb_s=8.0,
-                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=8, gpus_per_node=8, arch="amd64"),
+                bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=8, gpus_per_node=8, arch="amd64", nic_gb_s=50),
     )
 }
 

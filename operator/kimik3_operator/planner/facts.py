@@ -7,8 +7,9 @@ the same code serves the operator, `kimik3 plan --nodes` and table tests.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .catalog import product_from_label
 
@@ -100,7 +101,7 @@ def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def pool_facts(selector: Mapping[str, str], nodes: list[Mapping[str, Any]]) -> PoolFacts:
+def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]]) -> PoolFacts:
     """Facts of the GPU nodes that `selector` picks (nodes without GPUs are ignored)."""
     picked = tuple(f for f in map(node_facts, nodes)
                    if f.gpu_resource and f.schedulable and selects(selector, f.labels))

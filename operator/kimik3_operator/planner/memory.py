@@ -15,8 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kimi_k3 import (BF16_WEIGHT_BYTES, GB, KDA_LAYERS, MAX_MODEL_LEN, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS,
-                       REPLICATED_BYTES, ROUTED_EXPERT_BYTES, kda_state_bytes)
+from ..kimi_k3 import (
+    BF16_WEIGHT_BYTES,
+    GB,
+    KDA_LAYERS,
+    MAX_MODEL_LEN,
+    MLA_BYTES_PER_TOKEN_LAYER,
+    MLA_LAYERS,
+    REPLICATED_BYTES,
+    ROUTED_EXPERT_BYTES,
+    kda_state_bytes,
+)
 from .catalog import GpuSpec
 
 GPU_MEMORY_UTILIZATION = 0.90
@@ -52,13 +61,23 @@ def weights_per_gpu(tensor: int, pipeline: int, data: int, expert: bool) -> floa
     return experts + dense
 
 
+def kv_cache_bytes(tokens: float, kv_dtype: str, pipeline: int) -> float:
+    """MLA KV of `tokens` tokens on one GPU: every tensor-parallel rank holds all of it for its stage."""
+    return tokens * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / pipeline
+
+
+def sequence_bytes(tensor: int, pipeline: int, tokens: int, kv_dtype: str, spec_tokens: int,
+                   ssm_dtype: str = "float32") -> float:
+    """What one sequence of `tokens` tokens occupies on one GPU: its MLA KV plus its KDA state slots
+    (vLLM keeps 1 + k of them per request under speculative decoding)."""
+    kda = kda_state_bytes(tensor, spec_tokens, ssm_dtype) * KDA_LAYERS * (1 + spec_tokens) / pipeline
+    return kv_cache_bytes(tokens, kv_dtype, pipeline) + kda
+
+
 def state_floor(gpu: GpuSpec, tensor: int, pipeline: int, max_model_len: int | None,
                 kv_dtype: str, spec_tokens: int, ssm_dtype: str = "float32") -> float:
-    tokens = max_model_len or MAX_MODEL_LEN
-    kv = tokens * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / pipeline
-    # vLLM keeps 1 + k KDA state slots per request under speculative decoding.
-    kda = kda_state_bytes(tensor, spec_tokens, ssm_dtype) * KDA_LAYERS * (1 + spec_tokens) / pipeline
-    return max(kv + kda, MIN_POOL_FRACTION * gpu.usable_bytes)
+    one_sequence = sequence_bytes(tensor, pipeline, max_model_len or MAX_MODEL_LEN, kv_dtype, spec_tokens, ssm_dtype)
+    return max(one_sequence, MIN_POOL_FRACTION * gpu.usable_bytes)
 
 
 def budget(gpu: GpuSpec) -> float:

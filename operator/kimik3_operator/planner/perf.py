@@ -30,11 +30,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kimi_k3 import (BF16_ACTIVE_BYTES, BF16_GFLOP_PER_TOKEN, BYTES_PER_EXPERT, DECODE_REPLICATED_BYTES,
-                       EXPERT_GFLOP_PER_TOKEN, GB, KDA_STATE_BYTES, MLA_BYTES_PER_TOKEN_LAYER, MLA_HEADS,
-                       MLA_LAYERS, MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM, MOE_LAYERS, NUM_EXPERTS, PUBLISHED, TOP_K)
+from ..kimi_k3 import (
+    BF16_ACTIVE_BYTES,
+    BF16_GFLOP_PER_TOKEN,
+    BYTES_PER_EXPERT,
+    DECODE_REPLICATED_BYTES,
+    EXPERT_GFLOP_PER_TOKEN,
+    GB,
+    KDA_STATE_BYTES,
+    MLA_BYTES_PER_TOKEN_LAYER,
+    MLA_HEADS,
+    MLA_LAYERS,
+    MLA_QK_HEAD_DIM,
+    MLA_V_HEAD_DIM,
+    MOE_LAYERS,
+    NUM_EXPERTS,
+    PUBLISHED,
+    TOP_K,
+)
 from .catalog import CATALOG, GpuSpec
-from .memory import memory_fit
+from .memory import kv_cache_bytes, memory_fit
 from .plan import Layout
 
 MLA_ATTN_FLOP_COEFF = MLA_LAYERS * 2 * MLA_HEADS * (MLA_QK_HEAD_DIM + MLA_V_HEAD_DIM) / 2  # x S^2, causal
@@ -47,7 +62,7 @@ CALIBRATION_CONTEXT = 8192               # context the batch-1 bytes are counted
 
 def distinct_experts(tokens: float) -> float:
     """Expected distinct experts one MoE layer touches for `tokens` independently routed tokens."""
-    return NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens)
+    return float(NUM_EXPERTS * (1 - (1 - TOP_K / NUM_EXPERTS) ** tokens))
 
 
 def step_bytes(layout: Layout, tokens: float, context: int, kv_dtype: str = "fp8",
@@ -165,7 +180,7 @@ def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: 
     """Largest batch per replica that fits the KV/KDA pool and keeps the step under the ITL SLO."""
     fit = memory_fit(gpu, layout.tensor, layout.pipeline, layout.data, layout.expert,
                      max_model_len=max_model_len, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
-    per_seq = (context * MLA_BYTES_PER_TOKEN_LAYER[kv_dtype] * MLA_LAYERS / layout.pipeline
+    per_seq = (kv_cache_bytes(context, kv_dtype, layout.pipeline)
                + KDA_STATE_BYTES * (1 + spec_tokens) / (layout.tensor * layout.pipeline))
     capacity = max(1, int(fit.free_for_cache / per_seq) * layout.data)
     if itl_ms is None:

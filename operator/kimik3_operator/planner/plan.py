@@ -6,10 +6,12 @@ The planning function fills these types; renderers only read them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..api import RoleName
+from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .weights import WeightsPlan
 
 
@@ -75,11 +77,11 @@ class EngineSettings:
 
     @property
     def kv_dtype_family(self) -> str:
-        return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
+        return kv_cache_family(self.kv_cache_dtype)
 
     @property
     def ssm_dtype(self) -> str:
-        return "bfloat16" if self.kda_state_dtype == "bfloat16" else "float32"
+        return ssm_cache_dtype(self.kda_state_dtype)
 
     @property
     def speculative_tokens(self) -> int:

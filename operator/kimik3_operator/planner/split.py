@@ -12,14 +12,26 @@ prefill replica and two decode replicas (1P1D is a known corruption trap, vllm#5
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Set
 
 from ..api import KimiK3DeploymentSpec
 from ..api.reasons import SLO_UNATTAINABLE
 from ..api.v1alpha1 import Workload
 from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
-from .perf import (DECODE_UTILISATION, EFFICIENCY, PREFILL_UTILISATION, TTFT_QUEUEING, decode_batch1, decode_step_ms,
-                   fixed_ms, max_decode_batch, prefill_latency_seconds, prefill_seconds, replicas_for)
+from .perf import (
+    DECODE_UTILISATION,
+    EFFICIENCY,
+    PREFILL_UTILISATION,
+    TTFT_QUEUEING,
+    decode_batch1,
+    decode_step_ms,
+    fixed_ms,
+    max_decode_batch,
+    prefill_latency_seconds,
+    prefill_seconds,
+    replicas_for,
+)
 from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
 
 DEFAULT_REPLICAS = {"aggregated": 1, "prefill": 1, "decode": 2}
@@ -86,7 +98,7 @@ def _check_slo(where: str, role: RolePlan, predicted: dict[str, float], ttft_ms:
 
 
 def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: tuple[PoolPlan, ...],
-                    omitted: set[tuple[str, str]]) -> tuple[PoolPlan, ...]:
+                    omitted: Set[tuple[str, str]]) -> tuple[PoolPlan, ...]:
     """Fill in omitted replicas and attach predictions to every role."""
     workload = spec.workload or DEFAULT_WORKLOAD
     ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
 from ..api.reasons import HARDWARE_UNSUPPORTED, NO_MATCHING_NODES, PD_INCOMPATIBLE

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 from ..api import KimiK3DeploymentSpec
 from ..contract.stager import CONTENT_COMMIT, HUB_COMMIT

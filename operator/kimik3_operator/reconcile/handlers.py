@@ -28,6 +28,9 @@ from .settings import OperatorConfig
 
 log = logging.getLogger(__name__)
 
+RETRYABLE: tuple[type[Exception], ...] = (TransientApiError, *UNREACHABLE)
+"""A pass cut short by the API server (throttled, restarting, unreachable): retried soon."""
+
 
 class State:
     """What the handlers share, kept in kopf's memo rather than module globals."""
@@ -56,7 +59,7 @@ class State:
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image)
                 result = outcome.error.reason if outcome.error else "ok"
-            except (TransientApiError, *UNREACHABLE):
+            except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
@@ -96,7 +99,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     try:
         outcome = _state(memo).run(namespace, name)
-    except (TransientApiError, *UNREACHABLE) as exc:
+    except RETRYABLE as exc:
         # kopf's own delay for other exceptions is 60 s: a pass cut by an API server restart
         # would hold back the next spec change that long.
         raise kopf.TemporaryError(str(exc), delay=5) from exc
@@ -140,13 +143,13 @@ async def _drain(state: State) -> None:
                 listed = set(await asyncio.to_thread(state.cluster.list_deployments, state.config.namespaces))
                 state.forget_all_but(listed)
                 keys |= listed
-            except Exception:  # noqa: BLE001 - a failed list must not end the resync loop
+            except Exception:
                 log.exception("Listing KimiK3Deployments for resync failed")
                 resync = False
         for namespace, name in sorted(keys):
             try:
                 await asyncio.to_thread(state.run, namespace, name)
-            except Exception:  # noqa: BLE001 - one deployment's failure must not stop the others
+            except Exception:
                 log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name,
                               state.config.retry_seconds)
                 state.queue.put_later((namespace, name), state.config.retry_seconds)

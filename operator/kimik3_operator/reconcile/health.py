@@ -10,7 +10,7 @@ kopf's endpoint checked too (the operator registers no kopf probe handlers).
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web

@@ -8,7 +8,8 @@ has a ready leader in every paired role, then move at once. Old pods are left to
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..planner import Plan
 from ..render.names import LABEL_COMPAT, LABEL_POOL, LABEL_ROLE

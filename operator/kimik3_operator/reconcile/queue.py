@@ -25,7 +25,7 @@ class WorkQueue:
         """Wait up to `timeout` seconds for keys; None when the wait timed out empty."""
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         self._wake.clear()
         keys, self._pending = self._pending, set()

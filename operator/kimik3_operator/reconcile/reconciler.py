@@ -9,9 +9,10 @@ only the status says why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -20,10 +21,10 @@ from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_M
 from ..contract.kinds import BY_KIND, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
-from ..planner.images import OPERATOR_IMAGE
-from ..render import Owner, render_serving, render_weights
 from ..planner.capacity import gpus_used, shortfalls
 from ..planner.facts import PoolFacts
+from ..planner.images import OPERATOR_IMAGE
+from ..render import Owner, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
 from .pairing import serving_hash
 from .status import compute_status, transitions
@@ -48,7 +49,7 @@ class Outcome:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:

@@ -30,8 +30,10 @@ from ..k8s import api_client
 from ..k8s.identity import IDENTITY
 from ..k8s.lease import LeaderElector, LeaseLock
 from ..metrics import LEADER, serve_metrics
-from . import handlers  # noqa: F401 - registers the handlers with kopf's default registry
-from . import login  # noqa: F401 - kopf's requests carry our identity in their User-Agent
+from . import (
+    handlers,  # noqa: F401 - registers the handlers with kopf's default registry
+    login,  # noqa: F401 - kopf's requests carry our identity in their User-Agent
+)
 from .health import HealthServer
 from .settings import OperatorConfig
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import kopf
 
 from ..api import GROUP
-from ..planner.images import OPERATOR_IMAGE
 from ..k8s.lease import LeaseConfig
+from ..planner.images import OPERATOR_IMAGE
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
-                 lease: LeaseConfig | None = None) -> "OperatorConfig":
+                 lease: LeaseConfig | None = None) -> OperatorConfig:
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),

@@ -7,13 +7,21 @@ Which phase and conditions a pass shows is one table (SITUATIONS), first match w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
 from ..api.reasons import (
-    ALL_REPLICAS_READY, AS_EXPECTED, INSUFFICIENT_CAPACITY, INVALID_SPEC, PODS_NOT_READY, STABLE, UPDATING,
-    WEIGHTS_FAILED, WEIGHTS_STAGING,
+    ALL_REPLICAS_READY,
+    AS_EXPECTED,
+    INSUFFICIENT_CAPACITY,
+    INVALID_SPEC,
+    PODS_NOT_READY,
+    STABLE,
+    UPDATING,
+    WEIGHTS_FAILED,
+    WEIGHTS_STAGING,
 )
 from ..api.v1alpha1 import EngineStatus
 from ..planner import Plan, PlanningError
@@ -209,11 +217,11 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                  for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas],
         short=capacity or [], serving=bool(workloads), weights=weights)
     situation = next(s for s in SITUATIONS if s.when(seen))
-    for type_, (ok, reason, message) in situation.conditions().items():
-        put(type_, ok, reason, message(seen))
+    for type_, (ok, reason, describe) in situation.conditions().items():
+        put(type_, ok, reason, describe(seen))
     return KimiK3DeploymentStatus(
         observed_generation=generation,
-        phase=situation.phase,  # type: ignore[arg-type]
+        phase=situation.phase,
         conditions=conditions,
         pools=pools,
         endpoint=entry_endpoint(pools),

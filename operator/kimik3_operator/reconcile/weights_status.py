@@ -9,13 +9,14 @@ their termination message, `Reason: message` on the last line, or a Failed JSON 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..api.v1alpha1 import WeightsStatus
+from ..contract.stager import PROGRESS_ANNOTATION
 from ..planner import WeightsPlan
 from ..render.names import Owner
-from ..contract.stager import PROGRESS_ANNOTATION
 from ..render.weights import job_name
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"

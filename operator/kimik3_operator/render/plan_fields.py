@@ -4,18 +4,15 @@ A pool's hardware and a role's size, layout and backends appear in both with the
 because both read them from these tables, keyed by the status models' field names (PoolStatus,
 RoleStatus). Each adds what only it knows: the status its live replica counts and endpoints, the
 plan output its commands and predictions.
-
-The wire keys differ in one place: the status camel-cases through pydantic, which also
-capitalises after a digit (`all2AllBackend`), `kimik3 plan` does not (`all2allBackend`). Making
-them one changes either the plan output or the CRD, so it is left for a change that means to.
+The wire keys are the status models' own aliases, so the two can never spell a fact differently.
 """
 
 from __future__ import annotations
 
-import re
 from operator import attrgetter
 from typing import Any
 
+from ..api.v1alpha1 import PoolStatus, RoleStatus
 from ..planner import PoolPlan, RolePlan
 
 POOL_FIELDS = {
@@ -52,8 +49,9 @@ def role_fields(role: RolePlan) -> dict[str, Any]:
 
 
 def plan_key(field: str) -> str:
-    """The key `kimik3 plan -o json` shows a status field's fact under."""
-    return re.sub(r"_(.)", lambda m: m.group(1).upper(), field)
+    """The key `kimik3 plan -o json` shows a status field's fact under: the status's own."""
+    model = RoleStatus if field in RoleStatus.model_fields else PoolStatus
+    return model.model_fields[field].alias or field
 
 
 def plan_keys(fields: dict[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,6 @@ def plan_table(plan: Plan) -> str:
                 f"{p['ttftSeconds'] * 1e3:.0f} ms" if "ttftSeconds" in p else "-",
             ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows]
     lines.append(f"total GPUs: {plan.gpus}; prefill/decode compatibility hash: {plan.compat_hash}")
     return "\n".join(lines)

@@ -8,6 +8,6 @@ continuous-batching step loop (engine.py), so TTFT, inter-token latency, DSpark'
 and prefix-cache hits are the ones the planner predicts. `/sim/stats` tells tests which requests
 were prefilled where. Entry point: `python -m kimik3_operator.simulator vllm serve ...`.
 
-It imports only the pure layers (planner, api, contract), never kopf, the Kubernetes client or the
-renderer (import-linter contract).
+It imports only the pure layers (kimi_k3, planner, api, contract), never kopf, the Kubernetes
+client or the renderer (import-linter contract).
 """

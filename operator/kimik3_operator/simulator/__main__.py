@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
 

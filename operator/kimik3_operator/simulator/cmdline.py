@@ -15,8 +15,9 @@ import argparse
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 SHELLS = {"sh", "bash", "dash", "ash"}
 

@@ -11,9 +11,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
 from ..planner.blocks import block_size as k3_block_size
-from ..planner.catalog import CATALOG, GB, GpuSpec, product_from_label
-from ..planner.memory import MODEL_MAX_LEN
+from ..planner.catalog import CATALOG, GpuSpec, product_from_label
 from ..planner.plan import Layout
 from .cmdline import ServeArgs
 from .metrics import CACHE_CONFIG_DEFAULTS, EngineMetrics
@@ -111,14 +111,14 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
     gpu = resolve_gpu(settings.gpu_product)
     layout = Layout(tensor=serve.tensor, pipeline=serve.pipeline, data=serve.data, expert=serve.expert)
     crosses_rdma = settings.crosses_rdma if settings.crosses_rdma is not None else layout.gpus > gpu.nvlink_domain
-    kv_dtype = "fp8" if serve.kv_cache_dtype.startswith("fp8") else "bf16"
-    ssm_dtype = "bfloat16" if serve.mamba_ssm_cache_dtype == "bfloat16" else "float32"
+    kv_dtype = kv_cache_family(serve.kv_cache_dtype)
+    ssm_dtype = ssm_cache_dtype(serve.mamba_ssm_cache_dtype)
     spec_tokens = serve.speculative_tokens
     block = k3_block_size(serve.tensor, kv_dtype, ssm_dtype, spec_tokens)
     perf = PerfModel(gpu=gpu, layout=layout, crosses_rdma=crosses_rdma, kv_dtype=kv_dtype, ssm_dtype=ssm_dtype,
                      spec_tokens=spec_tokens, block_size=block,
                      fabric_gb_s=settings.kv_fabric_gb_s or gpu.nic_gb_s)
-    max_model_len = serve.max_model_len or MODEL_MAX_LEN
+    max_model_len = serve.max_model_len or MAX_MODEL_LEN
     acceptance = settings.acceptance
     if spec_tokens and not 1.0 <= acceptance <= 1 + spec_tokens:
         raise SettingsError(f"K3SIM_DSPARK_ACCEPTANCE={acceptance} must lie in [1, 1 + {spec_tokens}]")

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import PREFILL_BACKOFF, MAX_PREFIX_CACHE_BLOCKS, EngineConfig
+from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
 from .metrics import EngineMetrics
 from .nixl import CONSUME, PRODUCE, Handoff, Handshakes, produced_params
 from .prefix_cache import PrefixCache, block_hashes
@@ -182,7 +182,7 @@ class Engine:
                 timeout = max(0.0, min(transfers) - now) if transfers else None
                 try:
                     await asyncio.wait_for(self.wake.wait(), timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             start = now if self.clock is None else max(self.clock, now - CATCH_UP_SECONDS)

@@ -11,7 +11,8 @@ estimates...) are exported at zero so a dashboard or a recording rule sees every
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def block_hashes(tokens: Sequence[str], block_size: int) -> list[bytes]:

@@ -12,7 +12,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -182,7 +183,7 @@ class Simulator:
                              f"{self.config.max_model_len - room} input tokens.")
         max_tokens = param if param is not None else room
         natural = max_tokens if body.get("ignore_eos") else answer.natural_length
-        min_tokens = body.get("min_tokens") if isinstance(body.get("min_tokens"), int) else 0
+        min_tokens: int = body["min_tokens"] if isinstance(body.get("min_tokens"), int) else 0
         limit = max(1, min(max_tokens, max(natural, min_tokens)))
         return param, limit, "length" if limit == max_tokens else "stop"
 

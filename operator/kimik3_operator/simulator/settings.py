@@ -39,13 +39,13 @@ engine advertises in its kv_transfer_params.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
-from ..planner.perf import PUBLISHED
+from ..kimi_k3 import PUBLISHED
 
 DEFAULT_GPU = "GB300"
-DEFAULT_ACCEPTANCE = PUBLISHED["acceptance_range"][0]
+DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
 ROLES = ("prefill", "decode", "aggregated")
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 SENTENCE = ("This is a simulated Kimi K3 answer from a vLLM 0.33.0 stand-in whose timing follows the "
             "operator's performance model for the GPU, layout and batch it runs at.").split()
@@ -151,7 +152,7 @@ def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, na
     function = _chosen_tool(tools, tool_choice)
     if function is None or not function.get("name"):
         return Answer(seed=seed, natural_length=natural)
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
     words = _content_words(user.get("content")) or ["value"]
     word = words[-1].strip(".,;:!?\"'") or "value"
     args, arg_markup = _tool_arguments(function, word)

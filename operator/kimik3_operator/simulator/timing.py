@@ -1,22 +1,19 @@
 """How long a simulated engine step and a P/D hand-off take, from the planner's perf model.
 
-Everything here calls planner/perf.py (and the memory facts it uses) so the simulator and the
-planner predict the same numbers; the few pure functions perf.py does not have live here:
+Prefill and decode times are planner/perf.py's own functions and the memory figures
+planner/memory.py's, so the simulator and the planner predict the same numbers:
 
-- Prefill of prompt tokens [start, end) on one data-parallel rank: perf.prefill_seconds is
-  linear plus quadratic (causal attention) in the prompt length, so the work for the new tokens,
-  attending to the cached prefix, is prefill(end) - prefill(start); a rank has 1/data of the
-  replica's GPUs, hence x data (the planner's own ttftSeconds). Chunked prefill telescopes to the
-  same total.
-- A decode step of B sequences at mean context C is perf.decode_step_ms. A speculative (DSpark)
-  verify step runs 1 + k tokens per sequence: experts and FLOPs for B (1 + k) tokens, KV and KDA
-  state read once per sequence. That is perf.decode_step_ms's formula with tokens and sequences
-  told apart; at k = 0 it is decode_step_ms, at B = 1 perf.decode_batch1's stepMs (tests hold both).
-- A KV hand-off: each decode GPU pulls, over its own NIC (or K3SIM_KV_FABRIC_GBPS), the prompt's
-  MLA KV (replicated on every tensor-parallel rank, so each pulls all of it for its pipeline stage)
-  and its shard of the KDA state (only the state-bearing slot crosses: vLLM clips the speculative
-  scratch slots), plus a fixed post/notification latency. Descriptors: one per KV block per MLA
-  layer, plus one per KDA layer.
+- Prefill of prompt tokens [start, end) on one data-parallel rank is perf.prefill_latency_seconds
+  with the first `start` tokens cached: the new tokens attend to the prefix already in the rank's
+  KV, so chunked prefill telescopes to the same total as one pass.
+- A decode step of B sequences at mean context C, with k DSpark tokens per verify step, is
+  perf.decode_step_ms.
+
+The one thing perf.py does not model lives here, a KV hand-off: each decode GPU pulls, over its own
+NIC (or K3SIM_KV_FABRIC_GBPS), the prompt's MLA KV (replicated on every tensor-parallel rank, so
+each pulls all of it for its pipeline stage) and its shard of the KDA state (only the state-bearing
+slot crosses: vLLM clips the speculative scratch slots), plus a fixed post/notification latency.
+Descriptors: one per KV block per MLA layer, plus one per KDA layer.
 """
 
 from __future__ import annotations
@@ -24,11 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..planner.blocks import kda_state_bytes
+from ..kimi_k3 import KDA_LAYERS, MLA_LAYERS, kda_state_bytes
 from ..planner.catalog import GpuSpec
-from ..planner.memory import KDA_LAYERS, MLA_BYTES_PER_TOKEN_LAYER, MLA_LAYERS, memory_fit
-from ..planner.perf import (BF16_GFLOP_PER_TOKEN, EFFICIENCY, EXPERT_GFLOP_PER_TOKEN, PREFILL_MFU,
-                            decode_step_ms, fixed_ms, prefill_seconds, step_bytes)
+from ..planner.memory import kv_cache_bytes, memory_fit, sequence_bytes
+from ..planner.perf import decode_step_ms, prefill_latency_seconds
 from ..planner.plan import Layout
 
 KV_POST_SECONDS = 0.0005
@@ -54,34 +50,21 @@ class PerfModel:
     block_size: int
     fabric_gb_s: float
 
-    def _rank_prefill(self, tokens: int) -> float:
-        return prefill_seconds(self.gpu, self.layout, tokens) * self.layout.data if tokens > 0 else 0.0
-
     def prefill_s(self, end: int, start: int = 0) -> float:
         """One rank computing prompt tokens [start, end), tokens before `start` already in its KV."""
-        return self._rank_prefill(end) - self._rank_prefill(start)
+        return prefill_latency_seconds(self.gpu, self.layout, end, cached_tokens=start)
 
     def decode_step_s(self, batch: int, context: float) -> float:
         """One decode (or DSpark verify) step for `batch` sequences over the replica's ranks."""
         if batch <= 0:
             return 0.0
-        if not self.spec_tokens:
-            return decode_step_ms(self.gpu, self.layout, self.crosses_rdma, batch, int(context), self.kv_dtype) / 1e3
-        return self._verify_step_ms(batch, context) / 1e3
-
-    def _verify_step_ms(self, batch: int, context: float) -> float:
-        tokens = batch * (1 + self.spec_tokens)
-        nbytes = step_bytes(self.layout, tokens, int(context), self.kv_dtype, sequences=batch / self.layout.data)
-        bandwidth = nbytes / (EFFICIENCY * self.gpu.hbm_tb_s * 1e12) * 1e3
-        expert_rate = (self.gpu.fp8_tflops if self.gpu.blackwell else self.gpu.bf16_tflops) * 1e12
-        flops = tokens / self.layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / expert_rate + BF16_GFLOP_PER_TOKEN
-                                             * 1e9 / (self.gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
-        return fixed_ms(self.layout, self.crosses_rdma) + max(bandwidth, flops)
+        return decode_step_ms(self.gpu, self.layout, self.crosses_rdma, batch, int(context), self.kv_dtype,
+                              spec_tokens=self.spec_tokens) / 1e3
 
     def kv_transfer(self, tokens: int) -> Transfer:
         """Decode pulling `tokens` prompt tokens of KV and the sequence's KDA state from prefill."""
         layout = self.layout
-        mla_per_gpu = tokens * MLA_BYTES_PER_TOKEN_LAYER[self.kv_dtype] * MLA_LAYERS / layout.pipeline
+        mla_per_gpu = kv_cache_bytes(tokens, self.kv_dtype, layout.pipeline)
         kda_per_gpu = kda_state_bytes(layout.tensor, 0, self.ssm_dtype) * KDA_LAYERS / layout.pipeline
         per_gpu = mla_per_gpu + kda_per_gpu
         gpus = layout.tensor * layout.pipeline
@@ -98,10 +81,10 @@ class PerfModel:
         return max(fit.free_for_cache, 0.0)
 
     def kv_token_bytes(self) -> float:
-        return MLA_BYTES_PER_TOKEN_LAYER[self.kv_dtype] * MLA_LAYERS / self.layout.pipeline
+        return kv_cache_bytes(1, self.kv_dtype, self.layout.pipeline)
 
     def sequence_bytes(self, context: int) -> float:
         """KV of `context` tokens (whole blocks) plus the 1 + k KDA state slots vLLM keeps per request."""
         blocks = math.ceil(max(context, 1) / self.block_size)
-        state = kda_state_bytes(self.layout.tensor, self.spec_tokens, self.ssm_dtype) * KDA_LAYERS
-        return blocks * self.block_size * self.kv_token_bytes() + state * (1 + self.spec_tokens) / self.layout.pipeline
+        return sequence_bytes(self.layout.tensor, self.layout.pipeline, blocks * self.block_size, self.kv_dtype,
+                              self.spec_tokens, self.ssm_dtype)

@@ -25,8 +25,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import WeightsError
 from .flow import VERIFY_MODES, make_source, stage
@@ -130,7 +131,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # worker threads may sit in a stalled read: do not join them
-    except Exception as exc:  # noqa: BLE001 - one line with a reason, never a traceback with headers in it
+    except Exception as exc:
         logging.getLogger(__package__).debug("traceback", exc_info=True)
         return _fail(exc, redact)
     if result.unverified_files:
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Stage model weights into a cache volume; wait for them.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("stage", allow_abbrev=False, help="download/verify into --dest, then write the completion marker")
+    s = sub.add_parser("stage", allow_abbrev=False,
+                       help="download/verify into --dest, then write the completion marker")
     s.add_argument("--uri", required=True, help="hf://org/name, s3://bucket/prefix or pvc://claim/path")
     s.add_argument("--revision", default="main",
                    help="hf: branch, tag or commit (default main); s3/pvc: a previous commit to pin, else ignored")
@@ -194,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true")
     s.set_defaults(func=cmd_stage)
 
-    w = sub.add_parser("wait", allow_abbrev=False, help="exit 0 once --dest holds a complete stage (matching --commit/--uri)")
+    w = sub.add_parser("wait", allow_abbrev=False,
+                       help="exit 0 once --dest holds a complete stage (matching --commit/--uri)")
     w.add_argument("--dest", required=True)
     w.add_argument("--timeout", type=float, required=True, help="give up after this many seconds (0: check once)")
     w.add_argument("--interval", type=float, default=5.0, help="seconds between checks")

@@ -17,9 +17,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .atomic import fsync_dir
 from .digests import Digests, check_digests, hash_into

@@ -20,10 +20,11 @@ import fnmatch
 import logging
 import os
 import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..contract.uri import InvalidModelUri, ModelLocation, parse_model_uri
 from .atomic import atomic_write_json, fsync_dir
@@ -99,7 +100,7 @@ def make_source(uri: str, *, token: str | None, env: Mapping[str, str], dest: Pa
 
 
 def _utcnow() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _selected(path: str, include: Sequence[str], exclude: Sequence[str]) -> bool:

@@ -24,28 +24,29 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 # Before huggingface_hub reads its settings: a staging Job sends no telemetry and fetches no agent registry
 # (huggingface_hub 2.x calls {endpoint}/api/agent-harnesses to build its user agent unless this is set).
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url  # noqa: E402
-from huggingface_hub.errors import (  # noqa: E402
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get  # noqa: E402
-from huggingface_hub.hf_api import RepoFile  # noqa: E402
-from huggingface_hub.utils import build_hf_headers  # noqa: E402
+from huggingface_hub.file_download import http_get
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # a lazy export mypy cannot see
 
-from ..contract.stager import HUB_COMMIT  # noqa: E402
-from .errors import WeightsError  # noqa: E402
-from .manifest import FileEntry, Manifest  # noqa: E402
-from .source import PartialWriter, RemoteFile  # noqa: E402
+from ..contract.stager import HUB_COMMIT
+from .errors import WeightsError
+from .manifest import FileEntry, Manifest
+from .source import PartialWriter, RemoteFile
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class HfSource:
             return revision
         try:
             info = self.api.model_info(self.repo_id, revision=revision)
-        except Exception as exc:  # noqa: BLE001 - mapped to a stable reason
+        except Exception as exc:
             raise _hub_error(exc, self.repo_id, revision) from exc
         if not info.sha or not HUB_COMMIT.match(info.sha):
             raise WeightsError("HubError", f"hf://{self.repo_id}@{revision}: the Hub returned no commit sha")
@@ -129,7 +130,7 @@ class HfSource:
                                           {"sha256": item.lfs.sha256}))
                 else:
                     out.append(RemoteFile(item.path, int(item.size), item.blob_id, {"git-sha1": item.blob_id}))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _hub_error(exc, self.repo_id, commit) from exc
         return out
 
@@ -140,7 +141,7 @@ class HfSource:
         url = hf_hub_url(self.repo_id, rf.path, revision=self.commit, endpoint=self.endpoint)
         try:
             meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint, retry_on_errors=True)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise _hub_error(exc, self.repo_id, self.commit) from exc
         if meta.commit_hash and meta.commit_hash != self.commit:
             raise WeightsError("SourceChanged", f"{rf.path}: the Hub served commit {meta.commit_hash}, "

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any
 
 from ..contract.stager import MARKER_NAME, STATE_DIR
 from .errors import WeightsError

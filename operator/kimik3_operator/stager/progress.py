@@ -6,7 +6,8 @@ A progress record is one flat JSON object (camelCase, like Kubernetes status) an
     {"phase": "Downloading", "uri": "hf://moonshotai/Kimi-K3", "revision": "main", "commit": "4f1c...",
      "filesTotal": 120, "filesDone": 37, "bytesTotal": 1560000000000, "bytesDone": 481000000000,
      "bytesSkipped": 0, "bytesResumed": 4000000000, "bytesFetched": 477000000000, "bytesHashed": 0,
-     "bytesPerSecond": 812000000, "etaSeconds": 1328, "percent": 30.8, "currentFiles": ["model-00038-of-00120.safetensors"],
+     "bytesPerSecond": 812000000, "etaSeconds": 1328, "percent": 30.8,
+     "currentFiles": ["model-00038-of-00120.safetensors"],
      "message": "", "time": "2026-05-01T10:00:00Z"}
 
 Phases: Resolving -> Listing -> Downloading (or Verifying for pvc://) -> Complete, or Failed. A run that
@@ -20,10 +21,11 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from .atomic import atomic_write_bytes
 
@@ -32,7 +34,7 @@ PHASES = ("Pending", "Resolving", "Listing", "Downloading", "Verifying", "Comple
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

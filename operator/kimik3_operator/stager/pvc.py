@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..contract.stager import STATE_DIR
 from .digests import SUMS_NAMES, parse_sha256sums

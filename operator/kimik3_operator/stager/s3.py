@@ -24,7 +24,8 @@ import logging
 import re
 import time
 import xml.etree.ElementTree as ET
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import requests
 

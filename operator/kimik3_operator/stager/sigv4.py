@@ -19,9 +19,10 @@ import hmac
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .errors import WeightsError
@@ -85,7 +86,7 @@ def sign(method: str, url: str, headers: dict[str, str], creds: Credentials | No
     the session token and Authorization. The URL's path and query must already be URI-encoded the way
     S3 expects (see ``S3Client``); what is signed is exactly what is sent."""
     parts = urlsplit(url)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
     out = dict(headers)
     out["host"] = parts.netloc

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Protocol, Sequence
+from typing import BinaryIO, Protocol
 
 from .digests import Digests, hash_into
 from .errors import WeightsError
