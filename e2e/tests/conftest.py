@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client, config
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
-from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .pod_runner import PodRunner
+from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
 
 pytestmark = pytest.mark.e2e

@@ -92,7 +92,7 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     joined = _paths(prefill + decode)
     decoded = {rid: r for rid, r in joined.items() if any(p.pod in r for p in decode)}
     assert len(decoded) == len(answers), sorted(joined)
-    for rid, records in decoded.items():
+    for records in decoded.values():
         by_role = {("prefill" if pod == prefill[0].pod else "decode"): rec for pod, rec in records.items()}
         assert by_role["prefill"]["path"] == "prefill_for_remote_decode", records
         assert by_role["decode"]["path"] == "remote_prefill", records

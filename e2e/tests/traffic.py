@@ -131,3 +131,33 @@ def _ok(url: str) -> bool:
         return SESSION.get(url, timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def main() -> None:
+    """`python -m e2e.tests.traffic PODS_JSON NAMESPACE NAME`: one streamed chat request through the
+    deployment's router (as the pod runner plays it on loopback); prints the answer and its TTFT."""
+    import sys
+    from pathlib import Path
+
+    pods_json, namespace, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+    def router() -> str | None:
+        pods = json.loads(pods_json.read_text()) if pods_json.exists() else {}
+        for key, pod in sorted(pods.items()):
+            if key.startswith(f"{namespace}/{name}-router-") and pod["alive"] and _ok(f"{pod['url']}/readiness"):
+                return str(pod["url"])
+        return None
+
+    url = wait_for(f"the router of {namespace}/{name}", router, timeout=120)
+    question = "In one sentence: what does a prefill/decode split buy a Kimi K3 deployment?"
+    answer = post(url, "/v1/chat/completions", {"model": "kimi-k3", "stream": True, "max_tokens": 48,
+                                                "messages": [{"role": "user", "content": question}]})
+    if answer.status != 200 or not answer.done:
+        raise SystemExit(f"the request failed: HTTP {answer.status} {answer.error}")
+    print(f"Q: {question}\nA: {answer.text.strip()}")
+    print(f"TTFT {answer.ttft * 1000:.0f} ms, {len(answer.gaps) + 1} chunks, "
+          f"usage {answer.usage or 'n/a'} (router {url})")
+
+
+if __name__ == "__main__":
+    main()
