@@ -15,6 +15,8 @@ PIDFILE="$STATE/run/operator.pid"
 OPLOG="$STATE/logs/operator.log"
 STAGER_PIDFILE="$STATE/run/stager.pid"
 STAGER_LOG="$STATE/logs/stager.log"
+PODS_PIDFILE="$STATE/run/pod-runner.pid"
+PODS_LOG="$STATE/logs/pod-runner.log"
 
 stop_pidfile() {
   local pidfile=$1
@@ -24,7 +26,7 @@ stop_pidfile() {
   fi
   rm -f "$pidfile"
 }
-stop_operator() { stop_pidfile "$PIDFILE"; stop_pidfile "$STAGER_PIDFILE"; }
+stop_operator() { stop_pidfile "$PIDFILE"; stop_pidfile "$STAGER_PIDFILE"; stop_pidfile "$PODS_PIDFILE"; }
 
 if [[ "${1:-}" == down ]]; then
   stop_operator
@@ -75,6 +77,13 @@ echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $
   >"$STAGER_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $STAGER_PIDFILE ]] && break; sleep 0.2; done
 echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
+# Likewise the serving and router pods: each leader pod's rendered command runs the Kimi K3 engine
+# simulator and each router pod's the real vllm-router, on loopback ports (e2e/tests/pod_runner.py).
+"$ROOT/scripts/router-venv.sh" >/dev/null
+(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.tests.pod_runner "$STATE/pods" "$PODS_PIDFILE") \
+  >"$PODS_LOG" 2>&1 </dev/null &
+for _ in $(seq 50); do [[ -s $PODS_PIDFILE ]] && break; sleep 0.2; done
+echo "== pod runner running (pid $(cat "$PODS_PIDFILE"), log $PODS_LOG, ports in $STATE/pods/pods.json)"
 
 read -r ns name < <("$VENV/bin/python" -c '
 import sys, yaml
@@ -100,8 +109,14 @@ kubectl -n "$ns" get leaderworkersets,services -l "serving.kimik3.dev/deployment
 echo
 kubectl -n "$ns" get pods -o wide -l "serving.kimik3.dev/deployment=$name"
 echo
+if [[ $ready == 1 ]]; then
+  echo "== one chat request through the router (the endpoint above, played on loopback)"
+  (cd "$ROOT" && "$VENV/bin/python" -m e2e.tests.traffic "$STATE/pods/pods.json" "$ns" "$name") || ready=0
+  echo
+fi
 echo "Stop everything with: scripts/demo.sh down"
 if [[ $ready != 1 ]]; then
-  echo "FAILED: $ns/$name did not become Ready (operator log: $OPLOG, stager log: $STAGER_LOG)" >&2
+  echo "FAILED: $ns/$name did not become Ready or serve (operator log: $OPLOG, stager log: $STAGER_LOG," \
+    "pod runner log: $PODS_LOG)" >&2
   exit 1
 fi

@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client, config
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
+from .pod_runner import PodRunner
 from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
 
@@ -111,6 +112,16 @@ def stager(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
     running = Stager(tmp_path_factory.mktemp("stager")).start()
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def pod_runner(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
+    """Plays every serving leader pod with the engine simulator and every router pod with the real
+    vllm-router, on loopback (kwok runs none): see pod_runner.py."""
+    running = PodRunner(tmp_path_factory.mktemp("pods")).start()
+    yield running
+    running.stop()
+    assert not running.problems, running.problems
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,279 @@
+"""The kubelet's part for serving and router pods, which kwok cannot play: run each pod's own command.
+
+kwok marks pods Running and runs nothing. For every Running leader pod of a serving role this starts
+the Kimi K3 engine simulator (`python -m kimik3_operator.simulator`) with the pod's rendered command
+and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
+status), on a free 127.0.0.1 port; for every Running router pod it starts the real `vllm-router`
+(from the router image's own hash-locked requirements, scripts/router-venv.sh) with the pod's
+rendered args. The network rule holds: nothing ever connects to a pod IP. The router's worker URLs
+name pod IPs (`http://10.244.x.y:8000`), so exactly those are rewritten to the simulator that plays
+that pod, and its listen addresses to loopback; nothing else of the rendered command changes.
+
+Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
+is gone (or replaced: another uid) is stopped. `pods.json` in the runner's folder maps each pod to
+its loopback port, for tests and for the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .kube import kubectl
+
+ROOT = Path(__file__).resolve().parents[2]
+SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
+SERVING_ROLES = ("prefill", "decode", "aggregated")
+ROUTER = "router"
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
+GPU_LABEL = "nvidia.com/gpu.product"
+ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+WORKER_URL = re.compile(r"^http://([0-9.]+):(\d+)$")
+# Router flags whose value is a list of worker URLs (P/D: one URL, optionally a bootstrap port).
+URL_FLAGS = ("--prefill", "--decode", "--worker-urls")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion: a known variable is replaced, an unknown one kept; `$$` is `$`."""
+    return ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value).replace("$$", "$")
+
+
+def router_venv() -> Path:
+    out = subprocess.run([str(ROOT / "scripts" / "router-venv.sh")], capture_output=True, text=True, check=True,
+                         timeout=900).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+@dataclass
+class Proc:
+    namespace: str
+    pod: str
+    uid: str
+    kind: str  # prefill | decode | aggregated | router
+    ip: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    compat: str = ""
+    metrics_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+@dataclass
+class PodRunner:
+    root: Path
+    time_scale: float = 1.0
+    router_health_seconds: int = 1
+    procs: dict[str, Proc] = field(default_factory=dict)
+    """By pod uid."""
+    problems: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> PodRunner:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.handshake = self.root / "nixl"
+        self.handshake.mkdir(exist_ok=True)
+        self.router_bin = router_venv() / "bin" / "vllm-router"
+        self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        with self._lock:
+            for proc in self.procs.values():
+                self._terminate(proc)
+            self.procs.clear()
+            self._write_map()
+
+    # -- what tests use -------------------------------------------------------------------------
+
+    def running(self, namespace: str, kind: str | None = None) -> list[Proc]:
+        with self._lock:
+            return sorted((p for p in self.procs.values() if p.namespace == namespace and p.alive()
+                           and (kind is None or p.kind == kind)), key=lambda p: p.pod)
+
+    def by_ip(self, ip: str) -> Proc | None:
+        with self._lock:
+            return next((p for p in self.procs.values() if p.ip == ip and p.kind != ROUTER and p.alive()), None)
+
+    def kill(self, proc: Proc, sig: signal.Signals = signal.SIGKILL) -> None:
+        """What a crashed container looks like to its peers; the pod itself stays Running, as kwok keeps it."""
+        proc.proc.send_signal(sig)
+        proc.proc.wait(10)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                pods = json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json").stdout)["items"]
+                nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
+                         for n in json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+            except (subprocess.SubprocessError, ValueError):
+                continue
+            try:
+                self._sync(pods, nodes)
+            except Exception as exc:  # noqa: BLE001 - a broken start must show in a test, not end the loop
+                self.problems.append(repr(exc))
+
+    def _sync(self, pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> None:
+        wanted: dict[str, dict[str, Any]] = {}
+        for pod in pods:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            labels = meta.get("labels") or {}
+            kind = labels.get("app.kubernetes.io/component", "")
+            if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
+                continue
+            if kind in SERVING_ROLES and labels.get(WORKER_INDEX) == "0" or kind == ROUTER:
+                wanted[meta["uid"]] = pod
+        with self._lock:
+            for uid in [u for u in self.procs if u not in wanted]:
+                self._terminate(self.procs.pop(uid))
+            # Engines first: a router starts only once every pod its args name is played here.
+            for uid, pod in sorted(wanted.items(), key=lambda kv: kv[1]["metadata"]["labels"].get(
+                    "app.kubernetes.io/component") == ROUTER):
+                if uid in self.procs:
+                    continue
+                kind = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+                started = (self._start_router(pod) if kind == ROUTER
+                           else self._start_engine(pod, nodes.get(pod["spec"].get("nodeName", ""), {})))
+                if started is not None:
+                    self.procs[uid] = started
+            self._write_map()
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """The container's env as the kubelet resolves it (values and field refs; this project's
+        serving pods reference no Secrets)."""
+        env: dict[str, str] = {}
+        fields = {"status.podIP": pod["status"]["podIP"], "metadata.name": pod["metadata"]["name"],
+                  "metadata.namespace": pod["metadata"]["namespace"], "spec.nodeName": pod["spec"].get("nodeName", "")}
+        for var in container.get("env") or []:
+            if "value" in var:
+                env[var["name"]] = expand(var["value"], env)
+            elif "fieldRef" in (var.get("valueFrom") or {}):
+                env[var["name"]] = fields.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=self.root, start_new_session=True)
+        return proc, log
+
+    def _start_engine(self, pod: dict[str, Any], node_labels: dict[str, str]) -> Proc:
+        meta = pod["metadata"]
+        container = next(c for c in pod["spec"]["containers"] if c.get("command"))
+        env = self._env(pod, container)
+        argv = [expand(a, env) for a in [*container["command"], *(container.get("args") or [])]]
+        port = free_port()
+        sim_env = {
+            "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(self.root),
+            **env,
+            "K3SIM_GPU_PRODUCT": node_labels.get(GPU_LABEL, ""),
+            "K3SIM_ROLE": meta["labels"]["app.kubernetes.io/component"],
+            "K3SIM_TIME_SCALE": str(self.time_scale),
+            "K3SIM_HANDSHAKE_DIR": str(self.handshake),
+            "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
+        }
+        # The rendered listen address is the pod's; appended flags win (argparse keeps the last).
+        proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
+                                [sys.executable, "-m", "kimik3_operator.simulator", *argv,
+                                 "--host", "127.0.0.1", "--port", str(port)], sim_env)
+        return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
+                    pod["status"]["podIP"], port, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""))
+
+    def _start_router(self, pod: dict[str, Any]) -> Proc | None:
+        meta = pod["metadata"]
+        (container,) = pod["spec"]["containers"]
+        args = [expand(a, self._env(pod, container)) for a in [*(container.get("command") or [])[1:],
+                                                                 *(container.get("args") or [])]]
+        rewritten: list[str] = []
+        for arg in args:
+            match = WORKER_URL.match(arg)
+            if match:
+                engine = next((p for p in self.procs.values()
+                               if p.ip == match.group(1) and p.kind != ROUTER and p.alive()), None)
+                if engine is None:
+                    return None  # a worker it names is not played yet: try again on the next round
+                arg = engine.url
+            rewritten.append(arg)
+        port, metrics_port = free_port(), free_port()
+        health = str(self.router_health_seconds)
+        argv = [str(self.router_bin), *rewritten, "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+                # A dead engine must leave the lists within seconds in a test, not the pod's 10 s.
+                "--worker-startup-check-interval", health, "--health-check-interval-secs", health,
+                "--health-failure-threshold", "1"]
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.1,localhost",
+               "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
+        return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, pod["status"]["podIP"], port, proc, log,
+                    metrics_port=metrics_port)
+
+    def _terminate(self, proc: Proc) -> None:
+        if proc.alive():
+            proc.proc.send_signal(signal.SIGTERM)
+            try:
+                proc.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.proc.kill()
+                proc.proc.wait(10)
+
+    def _write_map(self) -> None:
+        body = {f"{p.namespace}/{p.pod}": {"kind": p.kind, "ip": p.ip, "url": p.url, "compat": p.compat,
+                                           "alive": p.alive(), "metrics_port": p.metrics_port, "log": str(p.log)}
+                for p in self.procs.values()}
+        tmp = self.root / "pods.json.tmp"
+        tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+        tmp.replace(self.root / "pods.json")
+
+
+def main() -> None:
+    """`python -m e2e.tests.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    root = Path(sys.argv[1])
+    root.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 2:
+        Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
+    runner = PodRunner(root).start()
+    print(f"serving and router pods run here; their loopback ports: {root / 'pods.json'}", flush=True)
+    while not stop.wait(1):
+        for problem in runner.problems:
+            print(problem, flush=True)
+        runner.problems.clear()
+    runner.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Requests through what the operator builds: the rendered router in front of the rendered engines.
+
+kwok runs no containers, so pod_runner.py plays each leader pod with the Kimi K3 engine simulator
+(the pod's own rendered command) and each router pod with the real vllm-router (its rendered args,
+worker pod IPs mapped to the simulators' loopback ports). Every request goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kimik3_operator.api.reasons import ALL_REPLICAS_READY
+
+from .conftest import REPORT
+from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
+from .pod_runner import PodRunner, Proc
+from .traffic import Answer, metric, metric_line, post, prompt, ready_router, stats
+
+pytestmark = pytest.mark.e2e
+
+PD_EXAMPLE = ROOT / "manifests" / "examples" / "pd-gb300-decode-b200-prefill.yaml"
+AGGREGATED_EXAMPLE = ROOT / "manifests" / "examples" / "gb300-aggregated-tp8.yaml"
+MODEL = "kimi-k3"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def _example(path: Path, namespace: str, name: str) -> dict[str, Any]:
+    body = yaml.safe_load(path.read_text())
+    body["metadata"] = {"name": name, "namespace": namespace}
+    return body
+
+
+def _serve(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", "--from-literal=token=hf_e2e")
+    apply(body)
+    name = body["metadata"]["name"]
+
+    def ready() -> dict[str, Any] | None:
+        cr = get_json("k3", name, "-n", namespace)
+        c = condition(cr, "Ready") or {}
+        return cr if c.get("status") == "True" else None
+    return wait_for(f"{name} Ready", ready, timeout=240)
+
+
+def _engines(runner: PodRunner, namespace: str, role: str) -> list[Proc]:
+    return runner.running(namespace, role)
+
+
+def _paths(engines: list[Proc]) -> dict[str, dict[str, Any]]:
+    """Per request id, what each engine did with it: {request id: {pod: record}}."""
+    joined: dict[str, dict[str, Any]] = {}
+    for engine in engines:
+        for rid, record in stats(engine)["by_request_id"].items():
+            joined.setdefault(rid, {})[engine.pod] = record
+    return joined
+
+
+def test_pd_requests_go_prefill_then_decode_through_the_router(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    cr = _serve(namespace, _example(PD_EXAMPLE, namespace, "k3-pd"))
+    assert cr["status"]["endpoint"] == f"http://k3-pd-router.{namespace}.svc:8000"
+    router = ready_router(pod_runner, namespace, "k3-pd-router")
+    prefill, decode = _engines(pod_runner, namespace, "prefill"), _engines(pod_runner, namespace, "decode")
+    assert len(prefill) == 1 and len(decode) == 2, (prefill, decode)
+    predicted = {r["role"]: r["predicted"] for p in cr["status"]["pools"] for r in p["roles"]}
+
+    # Bounded: 12 requests, each at most 60 s; completions and chat, whole and streamed.
+    input_words = 8192
+    answers: list[Answer] = []
+    for i in range(12):
+        body: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "stream": i % 2 == 1}
+        if i % 3 == 2:
+            body["messages"] = [{"role": "user", "content": prompt(input_words, f"c{i}-")}]
+            answers.append(post(router.url, "/v1/chat/completions", body))
+        else:
+            body["prompt"] = prompt(input_words, f"p{i}-")
+            answers.append(post(router.url, "/v1/completions", body))
+    failed = [a for a in answers if a.status != 200 or not a.done or a.error]
+    assert not failed, failed
+
+    # Each completion went prefill -> decode with the KV hand-off, and no decode prefilled a prompt itself.
+    joined = _paths(prefill + decode)
+    decoded = {rid: r for rid, r in joined.items() if any(p.pod in r for p in decode)}
+    assert len(decoded) == len(answers), sorted(joined)
+    for records in decoded.values():
+        by_role = {("prefill" if pod == prefill[0].pod else "decode"): rec for pod, rec in records.items()}
+        assert by_role["prefill"]["path"] == "prefill_for_remote_decode", records
+        assert by_role["decode"]["path"] == "remote_prefill", records
+        assert by_role["decode"]["prompt_fingerprint"] == by_role["prefill"]["prompt_fingerprint"]
+        assert by_role["decode"]["computed_prompt_tokens"] <= 1, records
+    assert all(stats(d)["requests"]["local_prefill"] == 0 for d in decode)
+    assert {pod for r in decoded.values() for pod in r} == {p.pod for p in prefill + decode}, \
+        "both decode replicas serve"
+    # The router's own metrics agree.
+    routed = metric(f"http://127.0.0.1:{router.metrics_port}/metrics", "vllm_router_pd_decode_requests_total")
+    assert routed >= len(answers)
+
+    # Measured through the router against the perf model's prediction for the same roles.
+    streamed = [a for a in answers if a.gaps]
+    ttft = statistics.median(a.ttft for a in streamed if a.ttft)
+    itl = statistics.median(g for a in streamed for g in a.gaps)
+    want_ttft = predicted["prefill"]["ttftSeconds"]
+    want_itl = predicted["decode"]["decodeStepMsBatch1"] / 1000
+    REPORT.append(f"traffic P/D: {len(answers)} sent, {len(answers) - len(failed)} succeeded; "
+                  f"TTFT p50 {ttft * 1000:.0f} ms (prefill predicts {want_ttft * 1000:.0f} ms + KV transfer); "
+                  f"inter-chunk gap p50 {itl * 1000:.1f} ms (decode step predicts {want_itl * 1000:.1f} ms)")
+    assert want_ttft * 0.8 <= ttft <= want_ttft * 3 + 0.5, (ttft, want_ttft)
+    assert want_itl * 0.5 <= itl <= want_itl * 4 + 0.05, (itl, want_itl)
+
+    # A streaming chat completion with a tool call parses.
+    tool = post(router.url, "/v1/chat/completions", {
+        "model": MODEL, "stream": True, "tools": TOOLS, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}]})
+    assert tool.status == 200 and tool.done and not tool.error, tool
+    assert tool.tool_calls and tool.tool_calls[0]["function"]["name"] == "get_weather", tool
+    assert "city" in tool.tool_calls[0]["function"]["arguments"]
+
+
+def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    _serve(namespace, _example(PD_EXAMPLE, namespace, "k3-kill"))
+    router = ready_router(pod_runner, namespace, "k3-kill-router")
+    decode = _engines(pod_runner, namespace, "decode")
+    box: dict[str, Answer] = {}
+    long = {"model": MODEL, "prompt": prompt(512, "kill-"), "max_tokens": 4000, "stream": True,
+            "ignore_eos": True}
+    client = threading.Thread(target=lambda: box.update(a=post(router.url, "/v1/completions", long, timeout=120)))
+    client.start()
+
+    def serving() -> Proc | None:
+        return next((d for d in decode if metric(f"{d.url}/metrics", "vllm:num_requests_running") > 0), None)
+    victim = wait_for("a decode engine streaming the request", serving, timeout=30, interval=0.1)
+    time.sleep(0.5)  # let some tokens reach the client first: this is the mid-stream case
+    pod_runner.kill(victim)
+    client.join(60)
+    broken = box["a"]
+    assert broken.status in (0, 200) and not broken.done, broken
+    assert broken.text, "tokens were streamed before the engine died"
+
+    # The router drops the dead engine after its health check (1 s in e2e): then requests succeed.
+    health = f"http://127.0.0.1:{router.metrics_port}/metrics"
+    wait_for("the router to mark the dead decode unhealthy",
+             lambda: metric_line(health, "vllm_router_worker_health", worker=victim.url) == 0, timeout=30)
+    after = post(router.url, "/v1/completions", {"model": MODEL, "prompt": prompt(256, "after-"), "max_tokens": 16})
+    assert after.status == 200 and after.done, after
+    REPORT.append(f"traffic: decode SIGKILLed mid-stream: client got {len(broken.text.split())} words and "
+                  f"{'a transport error' if broken.status == 0 else 'a truncated stream (no [DONE])'}; "
+                  f"the next request succeeded")
+
+
+def test_aggregated_example_serves_through_the_router(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    cr = _serve(namespace, _example(AGGREGATED_EXAMPLE, namespace, "k3-agg"))
+    assert condition(cr, "Ready")["reason"] == ALL_REPLICAS_READY
+    router = ready_router(pod_runner, namespace, "k3-agg-router")
+    engines = _engines(pod_runner, namespace, "aggregated")
+    answers = [post(router.url, "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 32, "stream": i % 2 == 0,
+        "messages": [{"role": "user", "content": prompt(1024, f"a{i}-")}]}) for i in range(6)]
+    assert all(a.status == 200 and a.done for a in answers), answers
+    paths = [rec["path"] for e in engines for rec in stats(e)["by_request_id"].values()]
+    assert len(paths) == len(answers) and set(paths) == {"local_prefill"}, paths
+
+
+def test_a_rollout_never_pairs_a_new_prefill_with_an_old_decode(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    body = _example(PD_EXAMPLE, namespace, "k3-roll")
+    cr = _serve(namespace, body)
+    old = cr["status"]["engine"]["compatibilityHash"]
+    ready_router(pod_runner, namespace, "k3-roll-router")
+    new_body = copy.deepcopy(body)
+    new_body["spec"]["engine"]["speculative"]["numSpeculativeTokens"] = 5  # enters the compatibility hash
+    apply(new_body)
+
+    sent, outcomes, hashes_seen = 0, [], set()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and sent < 400:
+        routers = pod_runner.running(namespace, "router")
+        if not routers:
+            time.sleep(0.2)
+            continue
+        answer = post(routers[-1].url, "/v1/completions",
+                      {"model": MODEL, "prompt": prompt(128, f"r{sent}-"), "max_tokens": 4})
+        sent += 1
+        if answer.status == 0 and "Connection" in answer.error:
+            continue  # a router process that just stopped: a Service would not have sent it there
+        outcomes.append(answer)
+        cr = get_json("k3", "k3-roll", "-n", namespace)
+        new = cr["status"]["engine"]["compatibilityHash"]
+        hashes_seen |= {p.compat for p in pod_runner.running(namespace) if p.kind in ("prefill", "decode")}
+        if new != old and (condition(cr, "Ready") or {}).get("status") == "True" and all(
+                p.compat == new for p in pod_runner.running(namespace) if p.kind in ("prefill", "decode")):
+            break
+        time.sleep(0.1)
+    assert new != old and {old, new} <= hashes_seen, (old, new, hashes_seen)
+    # The simulators check the pairing as NIXL's handshake does (K3SIM_HANDSHAKE_DIR): a decode engine
+    # given a prefill engine of another hash fails the request. None did.
+    mixed = [a for a in outcomes if a.status != 200]
+    every = _paths(pod_runner.running(namespace, "prefill") + pod_runner.running(namespace, "decode"))
+    problems = [r for rs in every.values() for r in rs.values() if r.get("problem")]
+    REPORT.append(f"traffic during a P/D rollout: {len(outcomes)} requests, {len(mixed)} failed, "
+                  f"{len(problems)} mismatched hand-offs")
+    assert not mixed, mixed[:3]
+    assert not problems, problems[:3]

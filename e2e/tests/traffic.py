@@ -1,0 +1,163 @@
+"""An OpenAI client for e2e traffic through the router: loopback only, bounded in time, and measuring
+what a user measures (time to first token, inter-token gaps) from the bytes as they arrive."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from .kube import wait_for
+from .pod_runner import PodRunner, Proc
+
+SESSION = requests.Session()
+SESSION.trust_env = False  # loopback only, never through a proxy from the environment
+
+
+@dataclass
+class Answer:
+    status: int
+    request_id: str
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    """The stream ended with `data: [DONE]` (always True for a whole JSON answer that parsed)."""
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    """Seconds between consecutive content chunks of a stream."""
+    error: str = ""
+
+
+def prompt(words: int, seed: str) -> str:
+    """`words` whitespace tokens (the simulator's tokenizer), unique per seed so no prefix is shared."""
+    return " ".join(f"{seed}{i % 997}" for i in range(words))
+
+
+def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60) -> Answer:
+    """One request; a stream is read chunk by chunk and timed. A broken connection is an Answer with
+    `error` set, not an exception: a test asserts what the client saw."""
+    started = time.monotonic()
+    try:
+        with SESSION.post(f"{base}{path}", json=body, stream=bool(body.get("stream")), timeout=timeout) as r:
+            answer = Answer(r.status_code, r.headers.get("x-request-id", ""))
+            if not body.get("stream"):
+                if r.status_code == 200:
+                    data = r.json()
+                    choice = data["choices"][0]
+                    answer.text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+                    answer.tool_calls = (choice.get("message") or {}).get("tool_calls") or []
+                    answer.usage, answer.done = data.get("usage") or {}, True
+                    answer.ttft = time.monotonic() - started
+                else:
+                    answer.error = r.text[:500]
+                return answer
+            last = None
+            calls: dict[int, dict[str, Any]] = {}
+            for line in r.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[len(b"data: "):]
+                if payload == b"[DONE]":
+                    answer.done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    answer.error = json.dumps(chunk["error"])[:500]
+                    continue
+                answer.usage = chunk.get("usage") or answer.usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    piece = choice.get("text") or delta.get("content") or ""
+                    for call in delta.get("tool_calls") or []:
+                        merged = calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
+                        merged["id"] = call.get("id") or merged.get("id")
+                        fn = call.get("function") or {}
+                        merged["function"]["name"] += fn.get("name") or ""
+                        merged["function"]["arguments"] += fn.get("arguments") or ""
+                    if piece or delta.get("tool_calls"):
+                        now = time.monotonic()
+                        if last is None:
+                            answer.ttft = now - started
+                        else:
+                            answer.gaps.append(now - last)
+                        last = now
+                        answer.text += piece
+            answer.tool_calls = [calls[i] for i in sorted(calls)]
+            return answer
+    except (requests.RequestException, ValueError) as exc:
+        return Answer(0, "", error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def stats(engine: Proc) -> dict[str, Any]:
+    return SESSION.get(f"{engine.url}/sim/stats", timeout=5).json()  # type: ignore[no-any-return]
+
+
+def _samples(url: str, name: str, labels: dict[str, str]) -> list[float]:
+    found = []
+    for line in SESSION.get(url, timeout=5).text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            found.append(float(value))
+    return found
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels` (0 when absent)."""
+    return sum(_samples(url, name, labels))
+
+
+def metric_line(url: str, name: str, **labels: str) -> float | None:
+    """The one sample of a metric with these labels, None while it is not exported."""
+    found = _samples(url, name, labels)
+    return found[0] if len(found) == 1 else None
+
+
+def ready_router(runner: PodRunner, namespace: str, name: str, timeout: float = 120) -> Proc:
+    """The router process playing `name`'s pod, once it answers /readiness (one healthy worker per role)."""
+    def probe() -> Proc | None:
+        for proc in runner.running(namespace, "router"):
+            if proc.pod.startswith(f"{name}-") and _ok(f"{proc.url}/readiness"):
+                return proc
+        return None
+    return wait_for(f"router {namespace}/{name} ready", probe, timeout=timeout)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return SESSION.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def main() -> None:
+    """`python -m e2e.tests.traffic PODS_JSON NAMESPACE NAME`: one streamed chat request through the
+    deployment's router (as the pod runner plays it on loopback); prints the answer and its TTFT."""
+    import sys
+    from pathlib import Path
+
+    pods_json, namespace, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+    def router() -> str | None:
+        pods = json.loads(pods_json.read_text()) if pods_json.exists() else {}
+        for key, pod in sorted(pods.items()):
+            if key.startswith(f"{namespace}/{name}-router-") and pod["alive"] and _ok(f"{pod['url']}/readiness"):
+                return str(pod["url"])
+        return None
+
+    url = wait_for(f"the router of {namespace}/{name}", router, timeout=120)
+    question = "In one sentence: what does a prefill/decode split buy a Kimi K3 deployment?"
+    answer = post(url, "/v1/chat/completions", {"model": "kimi-k3", "stream": True, "max_tokens": 48,
+                                                "messages": [{"role": "user", "content": question}]})
+    if answer.status != 200 or not answer.done:
+        raise SystemExit(f"the request failed: HTTP {answer.status} {answer.error}")
+    print(f"Q: {question}\nA: {answer.text.strip()}")
+    print(f"TTFT {answer.ttft * 1000:.0f} ms, {len(answer.gaps) + 1} chunks, "
+          f"usage {answer.usage or 'n/a'} (router {url})")
+
+
+if __name__ == "__main__":
+    main()
