@@ -39,7 +39,7 @@ PROBES: list[dict[str, Any]] = [
      "headers": {"X-data-parallel-rank": "1"}},
 ]
 """Requests the Rust frontend answers by itself (its stand-in engine never generates)."""
-CASES = [dict(probe, name=f"{probe['name']}/{'scale-out' if scale_out else 'rendered'}", scale_out=scale_out)
+CASES = [dict(probe, name=f"{probe['name']}/{'scale-out' if scale_out else 'plain'}", scale_out=scale_out)
          for scale_out in (False, True) for probe in PROBES]
 
 
@@ -53,7 +53,7 @@ def rust_answers() -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def simulator_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    role = role_report(SCENARIO, "aggregated")
+    role = role_report(SCENARIO, "aggregated", scale_out=False)
     env = {"K3SIM_GPU_PRODUCT": role["gpuProduct"], "VLLM_USE_RUST_FRONTEND": role["env"]["VLLM_USE_RUST_FRONTEND"]}
     answers = {}
     for scale_out in (False, True):
@@ -87,6 +87,6 @@ def test_the_simulator_answers_as_the_rust_frontend(case: str, simulator_answers
 
 def test_render_gives_a_router_no_tokens_unless_scale_out_is_on() -> None:
     answers = rust_answers()
-    assert answers["completions-render/rendered"]["status"] == 403
+    assert answers["completions-render/plain"]["status"] == 403
     assert answers["completions-render/scale-out"]["status"] == 501  # vllm-router falls back to /tokenize
-    assert answers["tokenize-prompt/rendered"]["status"] == 200
+    assert answers["tokenize-prompt/plain"]["status"] == 200

@@ -31,10 +31,16 @@ POD_VALUES = {"POD_IP": "10.0.0.1", "LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKE
 START_TIMEOUT = 30.0
 
 
-def role_report(scenario: str, role: str) -> dict[str, Any]:
-    """The plan report of one role of a golden scenario (its leader command, env and predictions)."""
+def role_report(scenario: str, role: str, *, scale_out: bool | None = None) -> dict[str, Any]:
+    """The plan report of one role of a golden scenario (its leader command, env and predictions).
+    `scale_out` False/True: the leader command without/with --enable-scale-out, which the renderer
+    adds only for a prefix-aware router (Plan.router_tokenizes); None: as rendered."""
     report = plan_report(plan_scenario(SCENARIOS[scenario]))
-    return next(r | {"gpuProduct": p["gpuProduct"]} for p in report["pools"] for r in p["roles"] if r["role"] == role)
+    found = next(r | {"gpuProduct": p["gpuProduct"]} for p in report["pools"] for r in p["roles"] if r["role"] == role)
+    if scale_out is not None:
+        plain = [a for a in found["command"] if a != "--enable-scale-out"]
+        found["command"] = [*plain, "--enable-scale-out"] if scale_out else plain
+    return found
 
 
 def expand(argv: list[str]) -> list[str]:

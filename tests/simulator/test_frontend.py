@@ -26,8 +26,8 @@ from kimik3_operator.simulator.vocab import Vocabulary, token_id
 
 from .sims import Sim, role_report, simulator, words
 
-DP2 = role_report("b200-dep16-disaggregated", "prefill")
-AGG = role_report("gb300-tp8-aggregated", "aggregated")
+DP2 = role_report("b200-dep16-disaggregated", "prefill", scale_out=False)
+AGG = role_report("gb300-tp8-aggregated", "aggregated", scale_out=False)
 RENDERS = ("/v1/completions/render", "/v1/chat/completions/render")
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is the capital of France"}]
 

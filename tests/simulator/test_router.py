@@ -6,7 +6,7 @@ What it shows: the router expands each engine into one worker per data-parallel 
 `engine` labels of /metrics) and pins requests with X-data-parallel-rank, which the simulator
 honours; completions go prefill -> decode with the KV hand-off; and prefix-aware routing needs
 token ids, which the router asks `{route}/render` for and, only on a 404/405/501, /tokenize. The
-rendered command (no --enable-scale-out) gets 403 from render, as vLLM 0.33.0's Rust frontend
+command without --enable-scale-out gets 403 from render, as vLLM 0.33.0's Rust frontend
 answers, so every decision is `missing_tokens`; with --enable-scale-out the Rust frontend answers
 501, the router tokenizes, and a repeated prompt is a `prefix_hit` on the rank holding its blocks.
 
@@ -100,10 +100,11 @@ def records(sim: Sim) -> list[dict[str, Any]]:
     return list(sim.stats()["by_request_id"].values())
 
 
-@pytest.mark.parametrize("scale_out", [False, True], ids=["rendered-command", "enable-scale-out"])
+@pytest.mark.parametrize("scale_out", [False, True], ids=["without-scale-out", "enable-scale-out"])
 def test_a_repeated_prompt_routes_by_prefix_only_when_the_engines_give_token_ids(
         router_binary: Path, scale_out: bool, tmp_path: Path) -> None:
-    prefill, decode = role_report(SCENARIO, "prefill"), role_report(SCENARIO, "decode")
+    prefill = role_report(SCENARIO, "prefill", scale_out=False)
+    decode = role_report(SCENARIO, "decode", scale_out=False)
     flag = ["--enable-scale-out"] if scale_out else []
     env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
            "K3SIM_HANDSHAKE_DIR": str(tmp_path / "nixl"),

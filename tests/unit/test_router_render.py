@@ -197,3 +197,35 @@ def test_long_names_stay_valid_service_names_and_distinct() -> None:
     owner = Owner(name="k" * 70, namespace="inference", uid="u")
     names = list(_routers(_plan(MIXED), owner=owner))
     assert len(names) == 2 and len(set(names)) == 2 and all(len(n) <= 63 for n in names)
+
+
+def _leader_and_worker_commands(plan: Plan, pool: str, role: str) -> tuple[list[str], list[str] | None]:
+    (lws,) = [o for o in render_serving(OWNER, plan) if o["kind"] == "LeaderWorkerSet"
+              and o["metadata"]["labels"]["serving.kimik3.dev/pool"] == pool
+              and o["metadata"]["labels"]["serving.kimik3.dev/role"] == role]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    leader = (template.get("leaderTemplate") or template["workerTemplate"])["spec"]["containers"][0]["command"]
+    worker = template["workerTemplate"]["spec"]["containers"][0]["command"] if "leaderTemplate" in template else None
+    return leader, worker
+
+
+@pytest.mark.parametrize(("router", "prefill", "decode"), [
+    ({}, True, True),
+    ({"decodePolicy": "RoundRobin"}, True, False),
+    ({"prefillPolicy": "Random", "decodePolicy": "ConsistentHash"}, False, False),
+    ({"replicas": 0}, False, False),
+])
+def test_engines_serve_token_ids_exactly_where_a_prefix_aware_router_asks_for_them(
+        router: dict[str, Any], prefill: bool, decode: bool) -> None:
+    plan = _plan(PD, **router)
+    for pool, role, wanted in (("b200-prefill", "prefill", prefill), ("gb300-decode", "decode", decode)):
+        leader, worker = _leader_and_worker_commands(plan, pool, role)
+        assert ("--enable-scale-out" in leader) == wanted, (role, router)
+        assert worker is None or "--enable-scale-out" not in worker  # headless workers serve no HTTP
+
+
+def test_an_aggregated_router_that_is_cache_aware_gets_token_ids() -> None:
+    leader, _ = _leader_and_worker_commands(_plan(AGGREGATED), "gb300-rack-a", "aggregated")
+    assert "--enable-scale-out" in leader
+    leader, _ = _leader_and_worker_commands(_plan(AGGREGATED, policy="RoundRobin"), "gb300-rack-a", "aggregated")
+    assert "--enable-scale-out" not in leader

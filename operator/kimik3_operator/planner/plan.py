@@ -166,6 +166,19 @@ class Plan:
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]
 
+    def router_tokenizes(self, pool: str, role: str) -> bool:
+        """A router in front of this role picks its engines prefix-aware (CacheAware), which needs
+        the prompt's token ids from the engines themselves.
+
+        vllm-router 0.1.17's cache_aware policy POSTs `{route}/render` to every candidate engine and
+        falls back to `/tokenize` only on 404/405/501 (src/backend/preprocess.rs:179-316; a 403 is
+        final, :306-311; /work/notes/router.md §3). vLLM 0.33.0 answers the render routes 403 unless
+        `vllm serve --enable-scale-out` (vllm/entrypoints/scale_out/factories.py:87-127, flag at
+        entrypoints/common/cli_args.py:216-221); with it the Python frontend serves /render and the
+        Rust frontend answers 501 and serves /tokenize (tests/contract/test_simulator_rs_frontend.py
+        runs the wheel's vllm-rs). Without the flag every request is routed least-loaded."""
+        return any((pool, role) in r.routes and (role, "CacheAware") in r.policies for r in self.routers)
+
     @property
     def gpus(self) -> int:
         return sum(r.replicas * r.gpus_per_replica for _, r in self.role_plans())

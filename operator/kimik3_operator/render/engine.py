@@ -68,8 +68,9 @@ def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
     return args
 
 
-def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list[str]:
-    """`vllm serve` arguments for the leader (worker=False) or a headless worker."""
+def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_out: bool = False) -> list[str]:
+    """`vllm serve` arguments for the leader (worker=False) or a headless worker; `scale_out`: the
+    leader serves token ids to a prefix-aware router (Plan.router_tokenizes)."""
     args = [
         "vllm", "serve", engine.model_path,
         "--served-model-name", engine.served_name,
@@ -100,6 +101,8 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool) -> list
         args += ["--reasoning-parser", "kimi_k3"]
     if engine.mm_limits:
         args += ["--limit-mm-per-prompt", _json(dict(engine.mm_limits))]
+    if scale_out and not worker:
+        args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
     args += list(engine.extra_args)
     return args

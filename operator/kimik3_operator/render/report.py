@@ -23,7 +23,8 @@ def role_report(plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     multi = role.nodes_per_replica > 1  # otherwise the replica's only pod is its leader
     return {
         **plan_keys(role_fields(role)),
-        "command": engine_args(role, plan.engine, worker=False),
+        "command": engine_args(role, plan.engine, worker=False,
+                               scale_out=plan.router_tokenizes(pool.name, role.role)),
         "env": _env_dict(engine_env(role, plan.engine, worker=False, vendor=pool.vendor)),
         "worker": {
             "command": engine_args(role, plan.engine, worker=True),

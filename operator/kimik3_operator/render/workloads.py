@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
-from ..planner import EngineSettings, Plan, PoolPlan, RolePlan
+from ..planner import Plan, PoolPlan, RolePlan
 from .compute_domain import CLAIM_NAME, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
@@ -57,7 +57,7 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) 
 def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_name: str,
                  *, worker: bool) -> dict[str, Any]:
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
-    vllm = container(plan.engine, pool, role, worker=worker)
+    vllm = container(plan, pool, role, worker=worker)
     vllm["volumeMounts"] += serving_mounts(owner, plan.weights)
     spec: dict[str, Any] = {
         "initContainers": wait_containers(owner, plan.weights, pool.image),
@@ -87,14 +87,15 @@ def uses_rdma(pool: PoolPlan, role: RolePlan) -> bool:
     return pool.rdma_resource is not None and (role.crosses_rdma or role.role in ("prefill", "decode"))
 
 
-def container(engine: EngineSettings, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
+def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
+    engine = plan.engine
     resources = {pool.gpu_resource: str(role.gpus_per_pod)}
     if uses_rdma(pool, role) and pool.rdma_resource:
         resources[pool.rdma_resource] = "1"
     out: dict[str, Any] = {
         "name": "vllm",
         "image": pool.image,
-        "command": engine_args(role, engine, worker=worker),
+        "command": engine_args(role, engine, worker=worker, scale_out=plan.router_tokenizes(pool.name, role.role)),
         "env": engine_env(role, engine, worker=worker, vendor=pool.vendor),
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
