@@ -118,7 +118,7 @@ def stager(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 def pod_runner(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
     """Plays every serving leader pod with the engine simulator and every router pod with the real
     vllm-router, on loopback (kwok runs none): see pod_runner.py."""
-    running = PodRunner(tmp_path_factory.mktemp("pods")).start()
+    running = PodRunner(tmp_path_factory.mktemp("pods"), namespaces=set()).start()
     yield running
     running.stop()
     assert not running.problems, running.problems

@@ -92,6 +92,9 @@ class PodRunner:
     procs: dict[str, Proc] = field(default_factory=dict)
     """By pod uid."""
     problems: list[str] = field(default_factory=list)
+    namespaces: set[str] | None = None
+    """The namespaces whose pods are played (`play`); None: every namespace (the demo). Tests that
+    send no traffic leave their engines unplayed, so the machine's two cores are not spent on them."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -119,6 +122,12 @@ class PodRunner:
         with self._lock:
             return sorted((p for p in self.procs.values() if p.namespace == namespace and p.alive()
                            and (kind is None or p.kind == kind)), key=lambda p: p.pod)
+
+    def play(self, namespace: str) -> None:
+        """Play the pods of `namespace` from now on."""
+        with self._lock:
+            if self.namespaces is not None:
+                self.namespaces.add(namespace)
 
     def by_ip(self, ip: str) -> Proc | None:
         with self._lock:
@@ -151,6 +160,8 @@ class PodRunner:
             labels = meta.get("labels") or {}
             kind = labels.get("app.kubernetes.io/component", "")
             if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
+                continue
+            if self.namespaces is not None and meta["namespace"] not in self.namespaces:
                 continue
             if kind in SERVING_ROLES and labels.get(WORKER_INDEX) == "0" or kind == ROUTER:
                 wanted[meta["uid"]] = pod

@@ -37,13 +37,15 @@ def prompt(words: int, seed: str) -> str:
     return " ".join(f"{seed}{i % 997}" for i in range(words))
 
 
-def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60) -> Answer:
-    """One request; a stream is read chunk by chunk and timed. A broken connection is an Answer with
-    `error` set, not an exception: a test asserts what the client saw."""
+def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, into: Answer | None = None) -> Answer:
+    """One request; a stream is read chunk by chunk as it arrives and timed. A broken connection is
+    an Answer with `error` set, not an exception: a test asserts what the client saw. `into` is
+    filled while the stream runs (another thread can watch it)."""
     started = time.monotonic()
+    answer = into or Answer(0, "")
     try:
         with SESSION.post(f"{base}{path}", json=body, stream=bool(body.get("stream")), timeout=timeout) as r:
-            answer = Answer(r.status_code, r.headers.get("x-request-id", ""))
+            answer.status, answer.request_id = r.status_code, r.headers.get("x-request-id", "")
             if not body.get("stream"):
                 if r.status_code == 200:
                     data = r.json()
@@ -57,7 +59,7 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60) -> 
                 return answer
             last = None
             calls: dict[int, dict[str, Any]] = {}
-            for line in r.iter_lines():
+            for line in r.iter_lines(chunk_size=None):  # what has arrived, not 512-byte blocks
                 if not line.startswith(b"data: "):
                     continue
                 payload = line[len(b"data: "):]
@@ -89,7 +91,8 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60) -> 
             answer.tool_calls = [calls[i] for i in sorted(calls)]
             return answer
     except (requests.RequestException, ValueError) as exc:
-        return Answer(0, "", error=f"{type(exc).__name__}: {exc}"[:500])
+        answer.error = f"{type(exc).__name__}: {exc}"[:500]
+        return answer
 
 
 def stats(engine: Proc) -> dict[str, Any]:
@@ -151,6 +154,7 @@ def main() -> None:
     url = wait_for(f"the router of {namespace}/{name}", router, timeout=120)
     question = "In one sentence: what does a prefill/decode split buy a Kimi K3 deployment?"
     answer = post(url, "/v1/chat/completions", {"model": "kimi-k3", "stream": True, "max_tokens": 48,
+                                                "stream_options": {"include_usage": True},
                                                 "messages": [{"role": "user", "content": question}]})
     if answer.status != 200 or not answer.done:
         raise SystemExit(f"the request failed: HTTP {answer.status} {answer.error}")
