@@ -1,8 +1,9 @@
 """Faults on the local real cluster, each followed by convergence with no orphaned or duplicated
 children (children.check_children): kube-apiserver restarted (gracefully with a deployment in
-place, and crashed while one is being created), children deleted and edited by hand, a fake GPU
-node deleted, nodes relabelled away from a pool. The cluster is left as it was found: deleted
-nodes are created again from e2e/cluster/nodes, labels are removed.
+place, and crashed while one is being created), children deleted and edited by hand, a
+LeaderWorkerSet scaled through /scale, a fake GPU node deleted, nodes relabelled away from a pool.
+The cluster is left as it was found: deleted nodes are created again from e2e/cluster/nodes,
+labels are removed.
 
 The module prints how many faults it injected, how many the operator survived, and how long each
 took to converge again.
@@ -267,6 +268,61 @@ def test_children_edited_by_hand_are_restored(replicas: Replicas, namespace: str
     # Only apply entries of ours remain: a later apply can still remove a field we stop sending.
     managers = {(e["manager"], e["operation"]) for e in svc["metadata"]["managedFields"]}
     assert managers == {("kimik3-operator", "Apply")}, managers
+    assert replicas.alive()
+
+
+def test_scaled_through_the_scale_subresource_is_restored(replicas: Replicas, namespace: str) -> None:
+    """`kubectl scale` sets spec.replicas through /scale, as an HPA does, and for a custom resource
+    the API server records next to nothing of that write in managedFields. The role is not
+    autoscaled: the operator takes the planned count back, and no status it writes after the
+    scale says Ready while the LeaderWorkerSet asks for or runs more than the planned group."""
+    apply(gb300_deployment(namespace, "k3"))
+    cr = wait_converged(namespace, "k3")
+    before = uids(namespace)
+    ready_since = (condition(cr, "Ready") or {})["lastTransitionTime"]
+    time.sleep(1.1)  # condition times have one-second resolution: a later transition must differ
+    lws = "k3-gb300-aggregated"
+    samples: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def ready_again(cr: dict[str, Any]) -> bool:
+        """Ready by a transition after the scale (not the Ready shown before it)."""
+        ready = condition(cr, "Ready") or {}
+        return ready.get("status") == "True" and ready.get("lastTransitionTime") != ready_since
+
+    def sample() -> dict[str, Any] | None:
+        """The deployment, then its LeaderWorkerSet; the deployment once it is Ready again as planned."""
+        cr = get_json("k3", "k3", "-n", namespace)
+        samples.append((cr, get_json("leaderworkerset", lws, "-n", namespace)))
+        return cr if ready_again(cr) and not status_problems(cr) else None
+
+    fault = inject("LeaderWorkerSet scaled through /scale (1 -> 3)")
+    kubectl("-n", namespace, "scale", "leaderworkerset", lws, "--replicas=3")
+    # Ready again only through a transition: the operator reported the role not ready in between.
+    wait_for("the deployment to turn Ready again after the scale", sample, timeout=180, interval=0.2)
+    wait_converged(namespace, "k3")
+    recovered(fault)
+    # Each Ready written after the scale was computed from a LeaderWorkerSet back at the planned
+    # group: read after it, the LeaderWorkerSet neither asks for nor counts more.
+    for cr, live in samples:
+        counts = live.get("status") or {}
+        running = max(counts.get("replicas", 0), counts.get("readyReplicas", 0))
+        if ready_again(cr):
+            assert live["spec"]["replicas"] == 1 and running <= 1, (cr["status"]["readySummary"], live["spec"], counts)
+    assert uids(namespace) == before, "restored by taking spec.replicas back, not by re-creating"
+    live = get_json("leaderworkerset", lws, "-n", namespace, "--show-managed-fields")
+    assert live["spec"]["replicas"] == 1
+    (ours,) = [e for e in live["metadata"]["managedFields"]
+               if (e["manager"], e["operation"]) == ("kimik3-operator", "Apply")]
+    assert "f:replicas" in ours["fieldsV1"]["f:spec"], ours  # the count is the operator's again
+    assert not [e for e in live["metadata"]["managedFields"] if e.get("subresource") == "scale"]
+
+    def leaders() -> list[str]:
+        pods = get_json("pods", "-n", namespace, "-l",
+                        f"leaderworkerset.sigs.k8s.io/name={lws},leaderworkerset.sigs.k8s.io/worker-index=0")["items"]
+        return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    wait_for("the groups beyond the plan to be gone", lambda: len(leaders()) == 1, timeout=60)
+    wait_converged(namespace, "k3")
     assert replicas.alive()
 
 

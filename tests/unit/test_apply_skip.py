@@ -82,6 +82,36 @@ def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
     assert unchanged_since_our_apply(DESIRED, later, writes_digest(applied))
 
 
+SCALABLE = {**DESIRED, "spec": {"replicas": 2}}
+
+
+def _scalable(replicas: int, *entries: dict[str, Any]) -> dict[str, Any]:
+    return {**_object(*entries), "spec": {"replicas": replicas}}
+
+
+def test_a_write_through_scale_is_drift() -> None:
+    """A built-in kind's /scale records its writer under `subresource: scale`, with a time."""
+    applied = _scalable(2, _entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")))
+    scaled = _scalable(3, _entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
+                       _entry("kubectl-scale", "Update", "2026-11-30T00:01:00Z", _fields("replicas"), sub="scale"))
+    assert not unchanged_since_our_apply(SCALABLE, scaled, writes_digest(applied))
+    assert not unchanged_since_our_apply(SCALABLE, scaled)
+    # Were the count somehow ours again, the entry alone still tells (a process that did not apply).
+    assert not unchanged_since_our_apply(SCALABLE, {**scaled, "spec": {"replicas": 2}})
+
+
+def test_a_scaled_custom_resource_is_drift_though_its_managed_fields_hardly_show_it() -> None:
+    """A custom resource's /scale leaves no entry or time of the writer's, only spec.replicas out
+    of ours: a process without the record of its apply sees nothing newer than that apply."""
+    applied = _scalable(2, _entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas", "template")),
+                        _entry("lws", "Update", SECOND, {"f:status": {}}, sub="status"))
+    assert unchanged_since_our_apply(SCALABLE, applied)
+    scaled = _scalable(3, _entry(FIELD_MANAGER, "Apply", SECOND, _fields("template")),
+                       _entry("lws", "Update", "2026-11-30T00:01:00Z", {"f:status": {}}, sub="status"))
+    assert not unchanged_since_our_apply(SCALABLE, scaled)
+    assert not unchanged_since_our_apply(SCALABLE, scaled, writes_digest(applied))
+
+
 def test_without_a_record_a_write_in_our_second_is_taken_as_older() -> None:
     """What a process that never applied the object can tell (it started, or took over): times only."""
     live = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from kimik3_operator.api.reasons import (
     APPLY_REJECTED,
@@ -14,15 +17,19 @@ from kimik3_operator.api.reasons import (
     NO_MATCHING_NODES,
     WEIGHTS_STAGING,
 )
-from kimik3_operator.contract.names import ANNOTATION_HASH
-from kimik3_operator.k8s import ApplyResult
+from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
+from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
+from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.reconcile.reconciler import reconcile
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 
 
 class MemoryCluster:
-    """Implements the Cluster methods reconcile uses; an apply of an identical object is a no-op."""
+    """Implements the Cluster methods reconcile uses. An apply is skipped by the operator's own
+    rule (`unchanged_since_our_apply`, with the digest of its last apply as Cluster keeps it), so
+    the managedFields the API server would show are kept: an apply owns the spec it sends and
+    takes it back from other writers (force), and leaves the status and its writers alone."""
 
     def __init__(self, deployment: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         self.deployment = copy.deepcopy(deployment)
@@ -31,6 +38,15 @@ class MemoryCluster:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
         self.writes: list[str] = []
+        self.applied: dict[str, str] = {}
+        self.seconds = 0
+
+    def _entry(self, manager: str, operation: str, fields: dict[str, Any], subresource: str = "") -> dict[str, Any]:
+        """A managedFields entry of a write made now (every write is a second after the last)."""
+        self.seconds += 1
+        time = (datetime(2026, 11, 30, tzinfo=UTC) + timedelta(seconds=self.seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"manager": manager, "operation": operation, "time": time, "fieldsType": "FieldsV1",
+                "fieldsV1": fields, **({"subresource": subresource} if subresource else {})}
 
     def finish_staging(self, commit: str = "c0ffee" * 6 + "c0ff") -> None:
         """Play the Job controller and kubelet: every staging Job succeeds, its pod reporting `commit`."""
@@ -63,12 +79,43 @@ class MemoryCluster:
 
     def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
         key = (desired["kind"], desired["metadata"]["name"])
-        if live is not None and live["metadata"]["annotations"][ANNOTATION_HASH] == \
-                desired["metadata"]["annotations"][ANNOTATION_HASH]:
+        if live is not None and unchanged_since_our_apply(desired, live, self.applied.get(live["metadata"]["uid"])):
             return ApplyResult(live, written=False)
-        self.objects[key] = {**copy.deepcopy(desired), "status": {"readyReplicas": 0}}
+        old = self.objects.get(key) or {}
+        meta = old.get("metadata") or {}
+        obj = copy.deepcopy(desired)
+        spec_changed = not old or obj.get("spec") != old.get("spec")
+        ours = self._entry(FIELD_MANAGER, "Apply", {"f:spec": {f"f:{k}": {} for k in obj.get("spec") or {}}})
+        obj["metadata"].update(
+            uid=meta.get("uid", f"uid-{key[0]}-{key[1]}"),
+            generation=int(meta.get("generation") or 0) + (1 if spec_changed else 0),
+            managedFields=[ours, *(e for e in meta.get("managedFields") or [] if e.get("subresource") == "status")])
+        obj["status"] = old.get("status") or {"readyReplicas": 0}
+        self.objects[key] = obj
+        self.applied[obj["metadata"]["uid"]] = writes_digest(obj)
         self.writes.append(f"apply {key}")
-        return ApplyResult(self.objects[key], written=True)
+        return ApplyResult(copy.deepcopy(obj), written=True)
+
+    def scale(self, name: str, replicas: int) -> None:
+        """A write through a LeaderWorkerSet's /scale (`kubectl scale`, an HPA) as the API server
+        records it for a custom resource: spec.replicas leaves its owners' entries, and the
+        writer gets no entry (kubernetes/kubernetes#116311)."""
+        lws = self.objects[("LeaderWorkerSet", name)]
+        lws["spec"]["replicas"] = replicas
+        lws["metadata"]["generation"] += 1
+        for entry in lws["metadata"]["managedFields"]:
+            entry["fieldsV1"].get("f:spec", {}).pop("f:replicas", None)
+
+    def report(self, kind: str, name: str, replicas: int, ready: int | None = None, updated: int | None = None) -> None:
+        """The workload controller's status write on the current generation: `replicas` exist, of
+        which `ready` are ready and `updated` updated (all of them unless given)."""
+        obj = self.objects[(kind, name)]
+        obj["status"] = {"replicas": replicas, "readyReplicas": replicas if ready is None else ready,
+                         "updatedReplicas": replicas if updated is None else updated,
+                         "observedGeneration": obj["metadata"]["generation"]}
+        entry = self._entry(f"{kind.lower()}-controller", "Update", {"f:status": {}}, "status")
+        obj["metadata"]["managedFields"] = [e for e in obj["metadata"]["managedFields"]
+                                            if e["manager"] != entry["manager"]] + [entry]
 
     def delete(self, obj: dict[str, Any]) -> None:
         del self.objects[(obj["kind"], obj["metadata"]["name"])]
@@ -355,3 +402,90 @@ def test_no_router_replicas_is_no_router_and_the_endpoint_falls_back() -> None:
     status = cluster.deployment["status"]
     assert status["endpoint"] == "http://k3-gb300-decode-leader.ns.svc:8000" and status["routers"] == []
     assert "do not disaggregate" in status["routing"]
+
+
+# ---- replicas changed through /scale ---------------------------------------------------------------
+
+DECODE, PREFILL, ROUTER = ("LeaderWorkerSet", "k3-gb300-decode"), ("LeaderWorkerSet", "k3-b200-prefill"), \
+    ("Deployment", "k3-router")
+
+
+def _ready_pd() -> MemoryCluster:
+    """The P/D deployment Ready: both roles' groups (2 decode, 1 prefill) and the router's pods
+    reported ready and updated by their controllers; nothing left to write."""
+    cluster, _, _ = _routing_pd()
+    for key, replicas in ((DECODE, 2), (PREFILL, 1), (ROUTER, 2)):
+        cluster.report(*key, replicas)
+    reconcile(cluster, "ns", "k3")
+    assert cluster.deployment["status"]["phase"] == "Ready"
+    cluster.writes.clear()
+    return cluster
+
+
+def _role(cluster: MemoryCluster, role: str) -> dict[str, Any]:
+    return next(r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == role)
+
+
+def _ready_condition(cluster: MemoryCluster) -> dict[str, Any]:
+    return next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-process", "restarted"])
+def test_a_write_through_scale_is_taken_back_and_the_status_counts_what_runs(restarted: bool) -> None:
+    cluster = _ready_pd()
+    if restarted:
+        cluster.applied.clear()  # the operator restarted, or another replica took over: no record
+    cluster.scale("k3-gb300-decode", 3)
+    cluster.report(*DECODE, 3)  # the LWS controller acted first: a third group runs
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.applied == ["LeaderWorkerSet/k3-gb300-decode"]
+    lws = cluster.objects[DECODE]
+    assert lws["spec"]["replicas"] == 2
+    (ours,) = [e for e in lws["metadata"]["managedFields"] if e["manager"] == FIELD_MANAGER]
+    assert "f:replicas" in ours["fieldsV1"]["f:spec"]  # ours again
+    # Until the LWS controller has scaled back down, the status says what runs, and not Ready.
+    status = cluster.deployment["status"]
+    assert (status["phase"], status["readySummary"]) == ("Progressing", "4/3")
+    assert (_role(cluster, "decode")["replicas"], _role(cluster, "decode")["readyReplicas"]) == (2, 3)
+    assert _ready_condition(cluster)["status"] == "False"
+    assert (f"pool gb300 role decode: 3/2 ready, 3 updated, 3 groups running, generation "
+            f"{lws['metadata']['generation']} not observed yet") in _ready_condition(cluster)["message"]
+
+    cluster.report(*DECODE, 2)  # the third group is gone
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.applied == [] and outcome.status_written
+    assert (cluster.deployment["status"]["phase"], cluster.deployment["status"]["readySummary"]) == ("Ready", "3/3")
+    cluster.writes.clear()
+    reconcile(cluster, "ns", "k3")
+    assert cluster.writes == []
+
+
+def test_a_scale_the_lws_controller_has_not_acted_on_is_not_ready_either() -> None:
+    """Taken back before any group moved: the counts are of the generation /scale made, so the
+    status waits for the LWS controller to report on the one the operator restored."""
+    cluster = _ready_pd()
+    cluster.applied.clear()
+    cluster.scale("k3-gb300-decode", 1)
+    assert reconcile(cluster, "ns", "k3").applied == ["LeaderWorkerSet/k3-gb300-decode"]
+    assert cluster.objects[DECODE]["spec"]["replicas"] == 2
+    assert cluster.deployment["status"]["phase"] == "Progressing"
+    generation = cluster.objects[DECODE]["metadata"]["generation"]
+    assert f"role decode: 2/2 ready, 2 updated, generation {generation} not observed yet" \
+        in _ready_condition(cluster)["message"]
+    cluster.report(*DECODE, 2)
+    assert reconcile(cluster, "ns", "k3").applied == []
+    assert cluster.deployment["status"]["phase"] == "Ready"
+
+
+def test_the_lws_controllers_status_writes_are_not_drift() -> None:
+    cluster = _ready_pd()
+    cluster.report(*DECODE, 2, ready=1)  # a pod of one group is not ready any more
+    outcome = reconcile(cluster, "ns", "k3")
+    assert outcome.applied == [] and outcome.status_written
+    assert _role(cluster, "decode")["readyReplicas"] == 1 and cluster.deployment["status"]["phase"] == "Progressing"
+    cluster.report(*DECODE, 2)
+    cluster.report(*DECODE, 2)  # the same counts written again
+    reconcile(cluster, "ns", "k3")
+    cluster.writes.clear()
+    reconcile(cluster, "ns", "k3")
+    assert cluster.writes == [] and cluster.deployment["status"]["phase"] == "Ready"

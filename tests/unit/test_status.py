@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimik3_operator.api import Condition, KimiK3Deployment
+from kimik3_operator.api import Condition, KimiK3Deployment, RoleStatus
 from kimik3_operator.api.reasons import (
     ALL_REPLICAS_READY,
     INSUFFICIENT_CAPACITY,
@@ -87,6 +87,52 @@ def test_rollout_in_progress_is_not_ready() -> None:
                             workloads=workloads, now=T0)
     assert _cond(status, "Ready").reason == PODS_NOT_READY
     assert "gb300-decode role decode: 2/2 ready, 1 updated" in _cond(status, "Ready").message
+
+
+def _decode(spec: int, groups: int, ready: int, updated: int, generation: int = 1,
+            observed: int = 1) -> dict[str, Any]:
+    """The decode role's LeaderWorkerSet (2 planned) as its controller reports it."""
+    return {"metadata": {"generation": generation}, "spec": {"replicas": spec},
+            "status": {"replicas": groups, "readyReplicas": ready, "updatedReplicas": updated,
+                       "observedGeneration": observed}}
+
+
+def _with_decode(decode: dict[str, Any]) -> dict[str, Any]:
+    return {**SERVING, "workloads": {**ALL_READY, "k3-pd-gb300-decode-decode": decode}}
+
+
+def _decode_status(status) -> RoleStatus:
+    return next(r for p in status.pools for r in p.roles if r.role == "decode")
+
+
+def test_counts_are_the_workloads_own_and_only_the_planned_count_everywhere_is_ready() -> None:
+    plan = _plan()
+    exact = compute_status(owner=OWNER, generation=1, previous=None, plan=plan, error=None, now=T0,
+                           **_with_decode(_decode(spec=2, groups=2, ready=2, updated=2, generation=7, observed=7)))
+    assert exact.phase == "Ready" and exact.ready_summary == "3/3"
+    cases = {
+        # scaled through /scale and not taken back yet: three groups run, the plan has two
+        "3/2 ready, 3 updated, spec.replicas 3, planned 2, 3 groups running": _decode(spec=3, groups=3, ready=3,
+                                                                                     updated=3),
+        # taken back, the third group still running
+        "3/2 ready, 3 updated, 3 groups running": _decode(spec=2, groups=3, ready=3, updated=3),
+        # a surge during a rollout: the counts alone would pass
+        "2/2 ready, 2 updated, 3 groups running": _decode(spec=2, groups=3, ready=2, updated=2),
+        # counts of the generation before the operator's last apply
+        "2/2 ready, 2 updated, generation 8 not observed yet": _decode(spec=2, groups=2, ready=2, updated=2,
+                                                                      generation=8, observed=7),
+        # scaled down: fewer run than planned
+        "1/2 ready, 1 updated, spec.replicas 1, planned 2": _decode(spec=1, groups=1, ready=1, updated=1),
+    }
+    for says, decode in cases.items():
+        status = compute_status(owner=OWNER, generation=1, previous=exact, plan=plan, error=None, now=T1,
+                                **_with_decode(decode))
+        assert status.phase == "Progressing" and _cond(status, "Ready").reason == PODS_NOT_READY, says
+        assert f"pool gb300-decode role decode: {says}" in _cond(status, "Ready").message
+        role = _decode_status(status)
+        assert (role.replicas, role.ready_replicas, role.updated_replicas) == (
+            2, decode["status"]["readyReplicas"], decode["status"]["updatedReplicas"])
+        assert status.ready_summary == f"{1 + role.ready_replicas}/3"
 
 
 def test_resolved_facts_and_endpoint_are_visible() -> None:

@@ -555,11 +555,12 @@ class RoleStatus(StatusModel):
 
     role: RoleName
     replicas: int = 0
-    """Desired replicas."""
+    """Planned replicas."""
     ready_replicas: int = 0
-    """Replicas whose every pod is ready."""
+    """Replicas whose every pod is ready, as the LeaderWorkerSet counts them: more than planned
+    while groups beyond the plan still run."""
     updated_replicas: int = 0
-    """Replicas on the current revision."""
+    """Replicas on the current revision, as the LeaderWorkerSet counts them."""
     gpus_per_replica: int | None = None
     nodes_per_replica: int | None = None
     tensor_parallel: int | None = None

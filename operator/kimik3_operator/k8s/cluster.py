@@ -3,7 +3,8 @@
 Writes are server-side apply with one field manager (force, so a hand edit of a field we own
 is taken back) and deletes of objects we own; reads return plain dicts so the pure layers
 never see client types. Steady state costs zero writes: `apply` skips an object whose live copy
-carries the same desired-hash annotation and that nobody else has written since our last apply.
+carries the same desired-hash annotation and that nobody else has written since our last apply
+(a write to its status aside; one through /scale, as `kubectl scale` or an HPA makes, counts).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Cluster:
 
     def __init__(self, api: client.ApiClient) -> None:
         self._dyn = DynamicClient(api)
-        # uid -> the writes to the main resource as our last apply left them (`writes_digest`).
+        # uid -> the writes to the object as our last apply left them (`writes_digest`).
         self._applied: dict[str, str] = {}
 
     def _resource(self, api_version: str, kind: str) -> Any:
@@ -260,20 +261,21 @@ def _time(value: Any) -> datetime | None:
 
 
 def writes_digest(obj: dict[str, Any]) -> str:
-    """A digest of the writes to the main resource (not status) that `obj` shows: its
+    """A digest of the writes to `obj` that may change what we set (`_spec_writes`): its
     managedFields entries, each with manager, operation, time and field set, harmless writers left
     out. A write leaves an entry that was not there before: the writer's new one, or the same one
     with a later time or other fields; one that changes a field we own takes it out of our entry."""
     entries = ((obj.get("metadata") or {}).get("managedFields")) or []
-    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _main_resource_entries(entries)
+    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _spec_writes(entries)
                   if e.get("manager") not in HARMLESS_MANAGERS)
     return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
 def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
                               applied: str | None = None) -> bool:
-    """True when `live` carries the hash of `desired` and nobody wrote its main resource (not
-    status) since our last apply, whose result had the `writes_digest` `applied`.
+    """True when `live` carries the hash of `desired`, still has the replica count we set
+    (`_scaled`), and nobody wrote it (`_spec_writes`: its status aside) since our last apply,
+    whose result had the `writes_digest` `applied`.
 
     Without `applied` (this process never applied the object: it just started, or took over
     from another replica) only the entries' times tell, and they have one-second resolution: a
@@ -282,10 +284,10 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
     that second is repaired too; a controller's same-second reaction then costs one no-op apply."""
     meta = live.get("metadata") or {}
     want = ((desired.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
-    if want is None or (meta.get("annotations") or {}).get(ANNOTATION_HASH) != want:
+    if want is None or (meta.get("annotations") or {}).get(ANNOTATION_HASH) != want or _scaled(desired, live):
         return False
     entries = meta.get("managedFields") or []
-    ours = [t for e in _main_resource_entries(entries)
+    ours = [t for e in _spec_writes(entries)
             if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
             and (t := _time(e.get("time"))) is not None]
     if not ours:
@@ -295,12 +297,28 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
     return all(t <= max(ours) for t in _foreign_writes(entries))
 
 
+def _scaled(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether the replica count we set was changed, as a write through /scale (`kubectl scale`,
+    an HPA) does.
+
+    Only the value tells for sure. For a custom resource such as a LeaderWorkerSet the API
+    server's field manager cannot type the autoscaling/v1 Scale (kubernetes/kubernetes#116311,
+    #131892): the write leaves no entry or time of the writer's, at most spec.replicas taken out
+    of its owners' entries, which a process that did not make our last apply cannot tell from no
+    write at all."""
+    want = (desired.get("spec") or {}).get("replicas")
+    return want is not None and (live.get("spec") or {}).get("replicas") != want
+
+
 def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
-    return [t for e in _main_resource_entries(entries)
+    return [t for e in _spec_writes(entries)
             if not (e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
             and e.get("manager") not in HARMLESS_MANAGERS
             and (t := _time(e.get("time"))) is not None]
 
 
-def _main_resource_entries(entries: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
-    return (e for e in entries if not e.get("subresource"))
+def _spec_writes(entries: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """Every managedFields entry but those of status writers (a controller reporting, as the LWS
+    controller does after each of our applies): those never touch what we set. A write through
+    another subresource does: /scale sets spec.replicas, and its entry says `subresource: scale`."""
+    return (e for e in entries if e.get("subresource") != "status")

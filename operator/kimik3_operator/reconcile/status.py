@@ -58,7 +58,9 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]]) -> list[PoolStatus]:
-    """The plan's facts (the keys `kimik3 plan -o json` shows) with what the workloads report."""
+    """The plan's facts (the keys `kimik3 plan -o json` shows, the planned replicas among them)
+    with the counts the workloads report, as they report them: a LeaderWorkerSet running groups
+    beyond the plan (scaled by hand, a surge) shows more ready than planned."""
     pools = []
     for pool in plan.pools:
         roles = []
@@ -68,13 +70,36 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
             roles.append(RoleStatus(
                 **role_fields(role),
                 block_size=role.block_size,
-                ready_replicas=min(int(live.get("readyReplicas") or 0), role.replicas),
-                updated_replicas=min(int(live.get("updatedReplicas") or 0), role.replicas),
+                ready_replicas=int(live.get("readyReplicas") or 0),
+                updated_replicas=int(live.get("updatedReplicas") or 0),
                 workload=name,
                 endpoint=service_url(owner, pool.name, role.role),
             ))
         pools.append(PoolStatus(**pool_fields(pool), roles=roles))
     return pools
+
+
+def role_lag(pool: str, role: RoleStatus, live: Mapping[str, Any]) -> str | None:
+    """Why a role does not run as planned, or None when it does: its LeaderWorkerSet (`live`)
+    reports, on its current generation, exactly the planned replicas ready and updated, and asks
+    for no other count. Otherwise the role is not Ready, whatever the counts: groups still
+    starting or rolling, groups beyond the plan still running (a surge; a scale-down, as after a
+    write through /scale was taken back), a spec.replicas someone else set that no pass took back
+    yet (a pass re-applies it, except to what serves while a new revision stages), or counts of
+    an older generation, which say nothing about what the current spec runs."""
+    planned, status = role.replicas, live.get("status") or {}
+    generation = int((live.get("metadata") or {}).get("generation") or 0)
+    asked = (live.get("spec") or {}).get("replicas")
+    groups = int(status.get("replicas") or 0)
+    notes = [note for wrong, note in (
+        (asked is not None and int(asked) != planned, f"spec.replicas {asked}, planned {planned}"),
+        (groups > planned, f"{groups} groups running"),
+        (int(status.get("observedGeneration") or 0) < generation, f"generation {generation} not observed yet"),
+    ) if wrong]
+    if not notes and role.ready_replicas == planned and role.updated_replicas == planned:
+        return None
+    return ", ".join([f"pool {pool} role {role.role}: {role.ready_replicas}/{planned} ready, "
+                      f"{role.updated_replicas} updated", *notes])
 
 
 def engine_status(plan: Plan) -> EngineStatus:
@@ -145,7 +170,7 @@ class Seen:
     ready: int
     desired: int
     lagging: list[str]
-    """Roles whose replicas are not all ready and updated, one line each."""
+    """Roles that do not run as planned (`role_lag`), one line each."""
     short: list[str]
     """Capacity shortfalls: why lagging pods find no room."""
     serving: bool
@@ -267,8 +292,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     endpoint = statuses[0].endpoint if statuses else entry_endpoint(pools)
     seen = Seen(
         ready=sum(r.ready_replicas for _, r in roles), desired=sum(r.replicas for _, r in roles),
-        lagging=[f"pool {p} role {r.role}: {r.ready_replicas}/{r.replicas} ready, {r.updated_replicas} updated"
-                 for p, r in roles if r.ready_replicas < r.replicas or r.updated_replicas < r.replicas],
+        lagging=[lag for p, r in roles if (lag := role_lag(p, r, workloads.get(r.workload or "") or {}))],
         short=capacity or [], serving=bool(workloads), weights=weights, routing=routing)
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, describe) in situation.conditions().items():
