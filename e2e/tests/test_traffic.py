@@ -11,6 +11,7 @@ import copy
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,15 @@ MODEL = "kimi-k3"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(autouse=True)
+def _free_the_gpus(namespace: str) -> Iterator[None]:
+    """Delete what the test served and wait for its pods: later tests find the fake GPUs free."""
+    yield
+    kubectl("-n", namespace, "delete", "k3", "--all", "--wait=true", "--timeout=120s", check=False)
+    wait_for("the traffic test's pods to go",
+             lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
 
 
 def _example(path: Path, namespace: str, name: str) -> dict[str, Any]:
