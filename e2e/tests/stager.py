@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ class Stager:
             self._ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
         else:
             self._ca.write_bytes(Path(cluster["certificate-authority"]).read_bytes())
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="staging-pod")
+        self._providing = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="stager", daemon=True)
         self._thread.start()
         return self
@@ -88,6 +91,7 @@ class Stager:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self.hub.stop()
         self.s3.stop()
 
@@ -110,10 +114,15 @@ class Stager:
                         or EXIT_CODE in (meta.get("annotations") or {})):
                     continue
                 self._done.add(key)
-                try:
-                    self._run(pod)
-                except Exception as exc:  # noqa: BLE001 - a broken run must show in the test, not kill the loop
-                    self.runs.append(Run(meta["namespace"], meta["name"], "", -1, repr(exc), ""))
+                # Like a kubelet, pods run side by side (a fuzzed sample stages dozens of checkpoints).
+                self._pool.submit(self._run_safely, pod)
+
+    def _run_safely(self, pod: dict[str, Any]) -> None:
+        try:
+            self._run(pod)
+        except Exception as exc:  # noqa: BLE001 - a broken run must show in the test, not kill the loop
+            meta = pod["metadata"]
+            self.runs.append(Run(meta["namespace"], meta["name"], "", -1, repr(exc), ""))
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
@@ -176,7 +185,8 @@ class Stager:
         workdir.mkdir(parents=True, exist_ok=True)
         volume = self.root / "claims" / ns / claim
         volume.mkdir(parents=True, exist_ok=True)
-        self._provide(container["command"][container["command"].index("--uri") + 1], volume)
+        with self._providing:  # runs share the fake Hub and S3: a checkpoint is added once
+            self._provide(container["command"][container["command"].index("--uri") + 1], volume)
         termination_log = workdir / "termination-log"
         args = []
         for arg in container["command"]:

@@ -37,7 +37,7 @@ from tests.fuzz.strategies import Case, cases
 from tests.fuzz.verdict import Verdict, agree, api_verdict, cluster_verdict
 
 from .children import CHILD_RESOURCES
-from .kube import condition, get_json, kubectl, wait_for
+from .kube import apply, condition, get_json, kubectl, wait_for
 from .replicas import Replicas
 
 pytestmark = pytest.mark.e2e
@@ -179,6 +179,15 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
         return wrong
 
     try:
+        # A pvc:// checkpoint lives on a claim the user made: make the claims the sample names
+        # (the default StorageClass binds them), or their verification pods could never schedule.
+        spec_uris = [[(b["spec"]["model"].get("uri") or ""), ((b["spec"].get("engine") or {}).get("speculative")
+                                                               or {}).get("draftModelUri") or ""] for b, _ in chosen]
+        for claim in sorted({u.removeprefix("pvc://").split("/")[0] for us in spec_uris for u in us
+                             if u.startswith("pvc://")}):
+            apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                   "metadata": {"name": claim, "namespace": namespace},
+                   "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}}})
         for body, _ in chosen:
             body["metadata"]["namespace"] = namespace
             verdict = create(custom_objects, namespace, body, dry_run=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 from kimik3_operator.api.reasons import ALL_REPLICAS_READY
@@ -24,7 +25,7 @@ from .children import planned
 from .conftest import REPORT
 from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, Proc
-from .traffic import Answer, metric, metric_line, post, prompt, ready_router, stats
+from .traffic import SESSION, Answer, metric, metric_line, post, prompt, ready_router, stats
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +66,18 @@ def _serve(runner: PodRunner, namespace: str, body: dict[str, Any]) -> dict[str,
 
 
 def _engines(runner: PodRunner, namespace: str, role: str) -> list[Proc]:
-    return runner.running(namespace, role)
+    """The engines of `role` that are played and answer /health (a process can run before it listens)."""
+    def healthy() -> list[Proc] | None:
+        engines = runner.running(namespace, role)
+        return engines if engines and all(_healthy(e) for e in engines) else None
+    return wait_for(f"{role} engines of {namespace} healthy", healthy, timeout=60)
+
+
+def _healthy(engine: Proc) -> bool:
+    try:
+        return SESSION.get(f"{engine.url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def _paths(engines: list[Proc]) -> dict[str, dict[str, Any]]:
