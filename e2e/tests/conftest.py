@@ -4,7 +4,6 @@ with the real helm, and the operator as a host process acting as the chart's Ser
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 from kubernetes import client, config
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
-from .pod_runner import PodRunner
+from .pod_runner import PodRunner, free_port
 from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
 
@@ -35,10 +34,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cluster_env() -> dict[str, str]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,3 +48,15 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120, int
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
+
+
+def host_daemon() -> tuple[Path, threading.Event]:
+    """For `python -m e2e.tests.X DIR [PIDFILE]` processes the demo leaves running: the folder
+    (made), the pidfile (written), and an event SIGTERM sets."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    root = Path(sys.argv[1])
+    root.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 2:
+        Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
+    return root, stop

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kube import kubectl
+from .kube import host_daemon, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -271,12 +271,7 @@ class PodRunner:
 
 def main() -> None:
     """`python -m e2e.tests.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    root = Path(sys.argv[1])
-    root.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 2:
-        Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
+    root, stop = host_daemon()
     runner = PodRunner(root).start()
     print(f"serving and router pods run here; their loopback ports: {root / 'pods.json'}", flush=True)
     while not stop.wait(1):

@@ -29,7 +29,7 @@ from kimik3_operator.contract.stager import STAGER_MODULE
 from tests.stager.fake_hub import FakeHub
 from tests.stager.fake_s3 import FakeS3
 
-from .kube import kubectl
+from .kube import host_daemon, kubectl
 
 SELECTOR = "app.kubernetes.io/component=weights,app.kubernetes.io/managed-by=kimik3-operator"
 EXIT_CODE = "kwok.kimik3.dev/exit-code"
@@ -208,14 +208,7 @@ class Stager:
 
 def main() -> None:
     """`python -m e2e.tests.stager DIR [PIDFILE]`: keep staging until SIGTERM (scripts/demo.sh)."""
-    import signal
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    root = Path(sys.argv[1])
-    root.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 2:
-        Path(sys.argv[2]).write_text(f"{os.getpid()}\n")
+    root, stop = host_daemon()
     stager = Stager(root).start()
     print(f"staging pods' commands run here; fake Hub {stager.hub.endpoint}, fake S3 {stager.s3.endpoint}", flush=True)
     shown = 0
