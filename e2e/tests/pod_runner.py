@@ -72,6 +72,8 @@ class Proc:
     log: Path
     compat: str = ""
     metrics_port: int | None = None
+    workers: frozenset[str] = frozenset()
+    """A router's worker pod IPs, as its rendered args list them."""
 
     @property
     def url(self) -> str:
@@ -229,9 +231,11 @@ class PodRunner:
         args = [expand(a, self._env(pod, container)) for a in [*(container.get("command") or [])[1:],
                                                                  *(container.get("args") or [])]]
         rewritten: list[str] = []
+        workers: set[str] = set()
         for arg in args:
             match = WORKER_URL.match(arg)
             if match:
+                workers.add(match.group(1))
                 engine = next((p for p in self.procs.values()
                                if p.ip == match.group(1) and p.kind != ROUTER and p.alive()), None)
                 if engine is None:
@@ -249,7 +253,7 @@ class PodRunner:
                "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, pod["status"]["podIP"], port, proc, log,
-                    metrics_port=metrics_port)
+                    metrics_port=metrics_port, workers=frozenset(workers))
 
     def _terminate(self, proc: Proc) -> None:
         if proc.alive():

@@ -65,11 +65,11 @@ def _serve(runner: PodRunner, namespace: str, body: dict[str, Any]) -> dict[str,
     return wait_for(f"{name} Ready", ready, timeout=240)
 
 
-def _engines(runner: PodRunner, namespace: str, role: str) -> list[Proc]:
-    """The engines of `role` that are played and answer /health (a process can run before it listens)."""
+def _engines(runner: PodRunner, namespace: str, role: str, count: int = 1) -> list[Proc]:
+    """The `count` engines of `role`, once played and answering /health (a process can run before it listens)."""
     def healthy() -> list[Proc] | None:
         engines = runner.running(namespace, role)
-        return engines if engines and all(_healthy(e) for e in engines) else None
+        return engines if len(engines) == count and all(_healthy(e) for e in engines) else None
     return wait_for(f"{role} engines of {namespace} healthy", healthy, timeout=60)
 
 
@@ -93,9 +93,8 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
     cr = _serve(pod_runner, namespace, _example(PD_EXAMPLE, namespace, "k3-pd"))
     assert cr["status"]["endpoint"] == f"http://k3-pd-router.{namespace}.svc:8000"
+    prefill, decode = _engines(pod_runner, namespace, "prefill"), _engines(pod_runner, namespace, "decode", 2)
     router = ready_router(pod_runner, namespace, "k3-pd-router")
-    prefill, decode = _engines(pod_runner, namespace, "prefill"), _engines(pod_runner, namespace, "decode")
-    assert len(prefill) == 1 and len(decode) == 2, (prefill, decode)
     predicted = {role.role: role.predicted for _, role in planned(cr).role_plans()}
 
     # Bounded: 12 requests, each at most 60 s; completions and chat, whole and streamed.
@@ -153,8 +152,9 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
 def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
     _serve(pod_runner, namespace, _example(PD_EXAMPLE, namespace, "k3-kill"))
+    _engines(pod_runner, namespace, "prefill")
+    decode = _engines(pod_runner, namespace, "decode", 2)
     router = ready_router(pod_runner, namespace, "k3-kill-router")
-    decode = _engines(pod_runner, namespace, "decode")
     broken = Answer(0, "")
     long = {"model": MODEL, "prompt": prompt(512, "kill-"), "max_tokens": 4000, "stream": True,
             "ignore_eos": True}
@@ -185,8 +185,8 @@ def test_aggregated_example_serves_through_the_router(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
     cr = _serve(pod_runner, namespace, _example(AGGREGATED_EXAMPLE, namespace, "k3-agg"))
     assert condition(cr, "Ready")["reason"] == ALL_REPLICAS_READY
+    engines = _engines(pod_runner, namespace, "aggregated", 2)
     router = ready_router(pod_runner, namespace, "k3-agg-router")
-    engines = _engines(pod_runner, namespace, "aggregated")
     answers = [post(router.url, "/v1/chat/completions", {
         "model": MODEL, "max_tokens": 32, "stream": i % 2 == 0,
         "messages": [{"role": "user", "content": prompt(1024, f"a{i}-")}]}) for i in range(6)]

@@ -120,10 +120,14 @@ def metric_line(url: str, name: str, **labels: str) -> float | None:
 
 
 def ready_router(runner: PodRunner, namespace: str, name: str, timeout: float = 120) -> Proc:
-    """The router process playing `name`'s pod, once it answers /readiness (one healthy worker per role)."""
+    """The router process playing `name`'s pod, once it answers /readiness (one healthy worker per role)
+    and its args list exactly the engines running now. A router whose lists miss an engine that became
+    ready later is about to be replaced by the Deployment's next revision (the operator renders the
+    lists), and a test holding it would lose its connection in mid-test."""
     def probe() -> Proc | None:
+        engines = {p.ip for p in runner.running(namespace) if p.kind != "router"}
         for proc in runner.running(namespace, "router"):
-            if proc.pod.startswith(f"{name}-") and _ok(f"{proc.url}/readiness"):
+            if proc.pod.startswith(f"{name}-") and proc.workers == engines and _ok(f"{proc.url}/readiness"):
                 return proc
         return None
     return wait_for(f"router {namespace}/{name} ready", probe, timeout=timeout)
