@@ -9,6 +9,7 @@ rules instead of restating them.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kimik3_operator.api import KIND, KimiK3Deployment
@@ -19,7 +20,7 @@ from kimik3_operator.reconcile.pairing import leader_endpoints
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY, deployment_label
 
-from .kube import condition, get_json
+from .kube import condition, get_json, kubectl
 
 CHILD_RESOURCES = tuple(k.resource for k in CHILD_KINDS)
 Key = tuple[str, str]
@@ -28,14 +29,25 @@ Key = tuple[str, str]
 def _ours(obj: dict[str, Any]) -> bool:
     meta = obj["metadata"]
     labels = meta.get("labels") or {}
+    refs = meta.get("ownerReferences") or []
+    if any(ref.get("controller") and ref.get("kind") != KIND for ref in refs):
+        return False  # another controller's, with our labels copied (KEDA's HPA of our ScaledObject)
     return (labels.get("app.kubernetes.io/managed-by") == MANAGED_BY or LABEL_DEPLOYMENT in labels
-            or any(ref.get("kind") == KIND for ref in meta.get("ownerReferences") or []))
+            or any(ref.get("kind") == KIND for ref in refs))
 
 
 def live_children(namespace: str) -> list[dict[str, Any]]:
     """Every object of a child kind in `namespace` that carries our labels or an owner reference
-    to a KimiK3Deployment (LWS's own headless Services are LWS's, not ours)."""
-    return [o for r in CHILD_RESOURCES for o in get_json(r, "-n", namespace)["items"] if _ours(o)]
+    to a KimiK3Deployment (LWS's own headless Services are LWS's, not ours). A kind the cluster
+    does not serve (KEDA not installed) has none."""
+    out = []
+    for resource in CHILD_RESOURCES:
+        got = kubectl("get", resource, "-n", namespace, "-o", "json", check=False)
+        if got.returncode and "the server doesn't have a resource type" in got.stderr:
+            continue
+        got.check_returncode()
+        out += [o for o in json.loads(got.stdout)["items"] if _ours(o)]
+    return out
 
 
 def planned(cr: dict[str, Any]) -> Plan:

@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     lease = LeaseConfig(name=args.lease_name, namespace=args.lease_namespace or default_lease_namespace(),
                         identity=IDENTITY) if elect else None
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
-                                     lease=lease)
+                                     lease=lease, prometheus_url=args.prometheus_url)
     return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
 
 
@@ -119,6 +119,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", default=None,
                      help="its namespace (default: $POD_NAMESPACE, else the pod's or the kubeconfig "
                           "context's namespace, else default)")
+    run.add_argument("--prometheus-url", default=None,
+                     help="Prometheus's HTTP API for the SLO scaler and KEDA triggers, e.g. "
+                          "http://prometheus.monitoring:9090 (default: $KIMIK3_PROMETHEUS_URL; a deployment's "
+                          "spec.autoscaling.prometheusUrl wins)")
     run.set_defaults(func=_run)
     return p
 

@@ -26,6 +26,16 @@ LEADER = Gauge(
     "kimik3_operator_leader", "1 while this replica holds the leader Lease and acts, 0 while it stands by",
 )
 
+SCALER_DECISIONS = Counter(
+    "kimik3_operator_slo_scaler_decisions_total",
+    "Decisions of the operator's SLO scaler per role: up, down, hold, or error (metrics unreadable)",
+    ["namespace", "deployment", "pool", "role", "direction"],
+)
+SCALER_REPLICAS = Gauge(
+    "kimik3_operator_slo_scaler_replicas", "The replica count the SLO scaler last decided per role",
+    ["namespace", "deployment", "pool", "role"],
+)
+
 
 DEPLOYMENTS = Gauge(
     "kimik3_operator_deployments", "KimiK3Deployments by the phase their status shows", ["phase"],

@@ -258,7 +258,8 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     rule = draw(st.sampled_from(("owned-flag", "tensor-divides-96", "mode-aggregated", "prefill-with-decode",
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
-                                 "pvc-stays-inside")))
+                                 "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",
+                                 "slo-mode-needs-target")))
     if rule == "interval-needs-tokens":
         _engine_of(body)["prefixCaching"] = {"retention": {"policy": "Interval"}}
     elif rule == "tokens-need-interval":
@@ -276,6 +277,20 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
         spec["model"]["uri"] = draw(st.sampled_from(HUB_IDS_REFUSED))
     elif rule == "pvc-stays-inside":
         spec["model"]["uri"] = draw(st.sampled_from(PVC_PATHS_OUTSIDE))
+    elif rule == "autoscaling-min-max":
+        role = draw(st.sampled_from(_role_dicts(body) or [pool.setdefault("aggregated", {})]))
+        high = draw(st.integers(1, 1023))
+        role["autoscaling"] = {"minReplicas": draw(st.integers(high + 1, 1024)), "maxReplicas": high,
+                               "mode": draw(st.sampled_from(("KEDA", "HPA")))}
+    elif rule == "ratio-min-max":
+        high = draw(st.sampled_from((0.1, 1.0, 2.0)))
+        spec["autoscaling"] = {"prefillDecodeRatio": {"min": high * draw(st.sampled_from((1.5, 2, 10))), "max": high}}
+    elif rule == "slo-mode-needs-target":
+        role = draw(st.sampled_from(_role_dicts(body) or [pool.setdefault("aggregated", {})]))
+        role["autoscaling"] = {"maxReplicas": 4, **({"mode": "SLO"} if maybe(draw, 50) else {})}
+        spec.pop("slo", None)
+        if "mode" not in role["autoscaling"]:
+            spec.pop("autoscaling", None)
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

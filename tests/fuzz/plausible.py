@@ -84,6 +84,38 @@ def _role(draw: Draw) -> dict[str, Any]:
         out["replicas"] = draw(st.sampled_from((1, 1, 2, 2, 3, 4, 0)))
     if maybe(draw, 45):
         out["parallelism"] = _parallelism(draw)
+    if maybe(draw, 15):
+        out["autoscaling"] = _role_autoscaling(draw)
+    return out
+
+
+def _role_autoscaling(draw: Draw) -> dict[str, Any]:
+    low = draw(st.sampled_from((1, 1, 2, 4)))
+    out: dict[str, Any] = {"maxReplicas": low + draw(st.sampled_from((0, 1, 3, 8)))}
+    if maybe(draw, 60):
+        out["minReplicas"] = low
+    if maybe(draw, 60):
+        out["mode"] = draw(st.sampled_from(_enum(v1.AutoscalingMode)))
+    if maybe(draw, 40):
+        out["metric"] = draw(st.sampled_from(_enum(v1.ScalingMetric)))
+    if maybe(draw, 30):
+        out["target"] = draw(st.sampled_from((0.5, 4, 32, 20000.0)))
+    return out
+
+
+def _autoscaling(draw: Draw) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if maybe(draw, 50):
+        out["mode"] = draw(st.sampled_from(_enum(v1.AutoscalingMode)))
+    if maybe(draw, 30):
+        out["prometheusUrl"] = draw(st.sampled_from(("http://prometheus.monitoring:9090", "https://p.example/api")))
+    for key, values in (("intervalSeconds", (1, 15, 600)), ("windowSeconds", (5, 60)), ("breachSeconds", (0, 30)),
+                        ("scaleUpCooldownSeconds", (0, 60)), ("scaleDownCooldownSeconds", (0, 300, 86400))):
+        if maybe(draw, 20):
+            out[key] = draw(st.sampled_from(values))
+    if maybe(draw, 20):
+        low = draw(st.sampled_from((0.25, 0.5, 1.0)))
+        out["prefillDecodeRatio"] = {"min": low, "max": low * draw(st.sampled_from((1, 2, 4)))}
     return out
 
 
@@ -279,8 +311,8 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
     if maybe(draw, 15):
         spec["experimental"] = {"acceptKnownIssues": draw(st.lists(st.sampled_from(("vllm#52627", "vllm#1")),
                                                                   max_size=2, unique=True))}
-    if maybe(draw, 5):
-        spec["autoscaling"] = {}
+    if maybe(draw, 10):
+        spec["autoscaling"] = _autoscaling(draw)
     if maybe(draw, 15):
         spec["router"] = {**spec.get("router", {}), **_router_settings(draw)}
     return {"apiVersion": f"{v1.GROUP}/{v1.VERSION}", "kind": v1.KIND, "metadata": {"name": name}, "spec": spec}

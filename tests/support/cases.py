@@ -100,3 +100,22 @@ INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (th
     lambda d: d["spec"]["model"].update(uri="hf://moonshotai/Kimi--K3"))
 INVALID["a pvc:// path stays inside its claim: no '..' in it"] = _edit(
     lambda d: d["spec"]["model"].update(uri="pvc://weights/../kimi-k3"))
+INVALID["autoscaling: minReplicas must not exceed maxReplicas"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(autoscaling={"minReplicas": 3, "maxReplicas": 2, "mode": "HPA"}))
+INVALID["prefillDecodeRatio: min must not exceed max"] = _edit(
+    lambda d: d["spec"].update(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}))
+
+
+def _slo_mode_without_target(role: str) -> Callable[[dict[str, Any]], None]:
+    def edit(d: dict[str, Any]) -> None:
+        pool = _pool(d)
+        if role != "aggregated":
+            pool.pop("aggregated")
+            pool.update(prefill={"replicas": 1}, decode={"replicas": 2})
+        pool[role]["autoscaling"] = {"maxReplicas": 4}  # mode SLO by default, and no spec.slo
+    return edit
+
+
+for _role, _targets in v1.SLO_TARGETS.items():
+    INVALID[f"autoscaling mode SLO on a {_role} role needs spec.slo." + " or spec.slo.".join(_targets)
+            + " (the latency it scales toward); or choose mode KEDA or HPA"] = _edit(_slo_mode_without_target(_role))

@@ -13,6 +13,7 @@ import pytest
 import urllib3
 
 from kimik3_operator.metrics import PhaseBook
+from kimik3_operator.reconcile.autoscaler import SloScaler
 from kimik3_operator.reconcile.handlers import _drain, on_deployment
 from kimik3_operator.reconcile.queue import WorkQueue
 from kimik3_operator.reconcile.settings import OperatorConfig
@@ -30,6 +31,7 @@ class _State:
         self.cluster = _Cluster()
         self.runs: Counter[str] = Counter()
         self.phases = PhaseBook()
+        self.scaler = SloScaler(None)
 
     def forget_all_but(self, keys: set[tuple[str, str]]) -> None:
         self.phases.keep_only(keys)
@@ -70,7 +72,7 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     from kimik3_operator.reconcile.handlers import State
 
     state = State.__new__(State)  # no API client: only the bookkeeping is under test
-    state._guard, state.phases = threading.Lock(), PhaseBook()
+    state._guard, state.phases, state.scaler = threading.Lock(), PhaseBook(), SloScaler(None)
     busy = threading.Lock()
     busy.acquire()
     state._locks = {("ns", "gone"): threading.Lock(), ("ns", "kept"): threading.Lock(), ("ns", "running"): busy}

@@ -17,7 +17,7 @@ from kimik3_operator.api.reasons import (
     NO_MATCHING_NODES,
     WEIGHTS_STAGING,
 )
-from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
+from kimik3_operator.contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
 from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.reconcile.reconciler import reconcile
@@ -84,17 +84,37 @@ class MemoryCluster:
         old = self.objects.get(key) or {}
         meta = old.get("metadata") or {}
         obj = copy.deepcopy(desired)
+        # A field the apply leaves out stays only while another manager owns it (else the API
+        # server removes it, and a LeaderWorkerSet's replicas default to 1).
+        others = [e for e in meta.get("managedFields") or []
+                  if e["manager"] != FIELD_MANAGER and e.get("subresource") != "status"]
+        if key[0] == "LeaderWorkerSet" and "replicas" not in obj["spec"]:
+            owned = any("f:replicas" in e["fieldsV1"].get("f:spec", {}) for e in others)
+            obj["spec"]["replicas"] = old["spec"]["replicas"] if owned else 1
         spec_changed = not old or obj.get("spec") != old.get("spec")
-        ours = self._entry(FIELD_MANAGER, "Apply", {"f:spec": {f"f:{k}": {} for k in obj.get("spec") or {}}})
+        ours = self._entry(FIELD_MANAGER, "Apply", {"f:spec": {f"f:{k}": {} for k in desired.get("spec") or {}}})
         obj["metadata"].update(
             uid=meta.get("uid", f"uid-{key[0]}-{key[1]}"),
             generation=int(meta.get("generation") or 0) + (1 if spec_changed else 0),
-            managedFields=[ours, *(e for e in meta.get("managedFields") or [] if e.get("subresource") == "status")])
+            managedFields=[ours, *others, *(e for e in meta.get("managedFields") or []
+                                            if e.get("subresource") == "status")])
         obj["status"] = old.get("status") or {"readyReplicas": 0}
         self.objects[key] = obj
         self.applied[obj["metadata"]["uid"]] = writes_digest(obj)
         self.writes.append(f"apply {key}")
         return ApplyResult(copy.deepcopy(obj), written=True)
+
+    def set_replicas(self, workload: dict[str, Any], replicas: int) -> dict[str, Any]:
+        """The autoscaler's manager applies spec.replicas alone (forced: it leaves other entries)."""
+        lws = self.objects[(workload["kind"], workload["metadata"]["name"])]
+        if lws["spec"].get("replicas") != replicas:
+            lws["metadata"]["generation"] += 1
+        lws["spec"]["replicas"] = replicas
+        entries = [e for e in lws["metadata"]["managedFields"] if e["manager"] != AUTOSCALER_FIELD_MANAGER]
+        lws["metadata"]["managedFields"] = entries + [
+            self._entry(AUTOSCALER_FIELD_MANAGER, "Apply", {"f:spec": {"f:replicas": {}}})]
+        self.writes.append(f"replicas {workload['metadata']['name']} {replicas}")
+        return copy.deepcopy(lws)
 
     def scale(self, name: str, replicas: int) -> None:
         """A write through a LeaderWorkerSet's /scale (`kubectl scale`, an HPA) as the API server

@@ -11,9 +11,11 @@ KNOWN_ISSUE = "KnownIssue"
 PD_INCOMPATIBLE = "PDIncompatible"
 NO_MATCHING_NODES = "NoMatchingNodes"
 SLO_UNATTAINABLE = "SLOUnattainable"
+AUTOSCALING_TARGET_UNKNOWN = "AutoscalingTargetUnknown"
+AUTOSCALING_UNCONFIGURED = "AutoscalingUnconfigured"
 
 PLANNING = frozenset({INVALID_SPEC, HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, KNOWN_ISSUE, PD_INCOMPATIBLE,
-                      NO_MATCHING_NODES, SLO_UNATTAINABLE})
+                      NO_MATCHING_NODES, SLO_UNATTAINABLE, AUTOSCALING_TARGET_UNKNOWN, AUTOSCALING_UNCONFIGURED})
 """What planning a deployment may fail with."""
 
 # ---- the cluster refused or lacks what the plan needs -------------------------------------------
@@ -30,3 +32,7 @@ UPDATING = "Updating"
 ALL_REPLICAS_READY = "AllReplicasReady"
 STABLE = "Stable"
 AS_EXPECTED = "AsExpected"
+
+# ---- events of the operator's SLO scaler ---------------------------------------------------------
+SCALED_UP = "ScaledUp"
+SCALED_DOWN = "ScaledDown"

@@ -276,13 +276,54 @@ class Parallelism(SpecModel):
         return self.tensor * self.pipeline * self.data
 
 
+AutoscalingMode = Literal["SLO", "KEDA", "HPA"]
+ScalingMetric = Literal["RequestsInFlight", "RequestsWaiting", "KvCacheUsage", "PromptTokensPerSecond",
+                        "GenerationTokensPerSecond"]
+"""What a role's replica count follows, summed over the role's engines (vLLM's own metrics):
+RequestsInFlight (vllm:num_requests_running + vllm:num_requests_waiting), RequestsWaiting,
+KvCacheUsage (vllm:kv_cache_usage_perc, 0-1 per engine), PromptTokensPerSecond and
+GenerationTokensPerSecond (rates of vllm:prompt_tokens_total and vllm:generation_tokens_total)."""
+
+
+class RoleAutoscaling(SpecModel):
+    """Scale this role from serving metrics, in whole replicas (a replica is a multi-node group).
+    While set, the role's replica count belongs to its scaler: spec replicas is only where it starts."""
+
+    min_replicas: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Fewest replicas (at least 1: a replica loads 1.6 TB of weights, far too slow to start from zero)."""
+    max_replicas: Annotated[int, Field(ge=1, le=1024)]
+    """Most replicas; the pool's free GPUs may allow fewer (then condition InsufficientCapacity)."""
+    mode: AutoscalingMode | None = None
+    """SLO (the operator's scaler) | KEDA (a ScaledObject with a Prometheus trigger) | HPA (an
+    autoscaling/v2 HorizontalPodAutoscaler on a pods metric of the custom metrics API, e.g.
+    prometheus-adapter); spec.autoscaling.mode when omitted."""
+    metric: ScalingMetric | None = None
+    """The load metric: PromptTokensPerSecond for prefill, RequestsInFlight for decode and
+    aggregated when omitted."""
+    target: Annotated[float, Field(gt=0, le=1e9)] | None = None
+    """The metric's value one replica should carry; when omitted, the perf model's capacity of one
+    replica at the workload's shape (status shows it), times the planner's utilisation."""
+
+    rules = (
+        Rule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="autoscaling: minReplicas must not exceed maxReplicas",
+            check=lambda a: a.min_replicas <= a.max_replicas,
+            field_path=".minReplicas",
+        ),
+    )
+
+
 class Role(SpecModel):
     """One serving role in a pool. Omitted values are chosen by the planner."""
 
     replicas: Annotated[int, Field(ge=0, le=1024)] | None = None
-    """Number of replicas (serving instances); planned when omitted."""
+    """Number of replicas (serving instances); planned when omitted. With autoscaling, the count
+    the role starts with (clamped to minReplicas..maxReplicas); its scaler moves it from there."""
     parallelism: Parallelism | None = None
     """Layout of one replica; planned when omitted."""
+    autoscaling: RoleAutoscaling | None = None
+    """Scale this role from metrics (see spec.autoscaling for the deployment-wide settings)."""
 
 
 class Gpu(SpecModel):
@@ -502,8 +543,45 @@ class Slo(SpecModel):
     """Inter-token latency during decode."""
 
 
+class PrefillDecodeRatio(SpecModel):
+    """Bounds on prefill replicas per decode replica, across the deployment."""
+
+    min: Annotated[float, Field(gt=0, le=64)] = 0.0625
+    """Fewest prefill replicas per decode replica."""
+    max: Annotated[float, Field(gt=0, le=64)] = 16.0
+    """Most prefill replicas per decode replica."""
+
+    rules = (
+        Rule(cel="self.min <= self.max", message="prefillDecodeRatio: min must not exceed max",
+             check=lambda r: r.min <= r.max),
+    )
+
+
 class Autoscaling(SpecModel):
-    """Autoscaling from serving metrics (settings arrive with the autoscaling release)."""
+    """Deployment-wide autoscaling settings; which roles scale, and between which counts, is each
+    role's own autoscaling."""
+
+    mode: AutoscalingMode = "SLO"
+    """The mode of roles that do not name one: SLO (the operator's own scaler: reads Prometheus,
+    follows spec.slo and the load against the perf model's capacity, never beyond the pool's free
+    GPUs) | KEDA | HPA."""
+    prometheus_url: EndpointUrl | None = None
+    """Prometheus's HTTP API for the SLO scaler and KEDA's triggers; the operator's
+    --prometheus-url (chart value autoscaling.prometheusUrl) when omitted."""
+    interval_seconds: Annotated[int, Field(ge=1, le=600)] = 15
+    """How often the SLO scaler decides (and KEDA's pollingInterval)."""
+    window_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    """The range of the rates and latency quantiles the scalers read."""
+    breach_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
+    """How long a latency target must be missed before the SLO scaler adds a replica for it."""
+    scale_up_cooldown_seconds: Annotated[int, Field(ge=0, le=3600)] = 60
+    """Least time between a scaling of a role and its next scale-up (a new replica takes minutes to
+    load; its effect shows only once Ready)."""
+    scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """Least time between a scaling of a role and its next scale-down; also KEDA's cooldownPeriod
+    and the HPA's scale-down stabilization window."""
+    prefill_decode_ratio: PrefillDecodeRatio | None = None
+    """SLO mode: keep prefill replicas per decode replica within these bounds."""
 
 
 class Experimental(SpecModel):
@@ -512,6 +590,39 @@ class Experimental(SpecModel):
     accept_known_issues: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=8)] = []
     """Upstream issues (e.g. "vllm#52627") whose trap the planner should let through, for engines
     patched against them."""
+
+
+SLO_TARGETS: dict[str, tuple[str, ...]] = {
+    "prefill": ("ttftMilliseconds",), "decode": ("itlMilliseconds",),
+    "aggregated": ("ttftMilliseconds", "itlMilliseconds")}
+"""The spec.slo targets a role's SLO scaler follows: a prefill replica shortens time to first
+token, a decode replica inter-token latency; an aggregated replica does both (either will do)."""
+
+
+def _slo_mode_rules() -> tuple[Rule, ...]:
+    """One rule per role kind: an SLO-mode role needs the latency target it scales toward."""
+    def rule(role: str, targets: tuple[str, ...]) -> Rule:
+        mode = (f"(has(p.{role}.autoscaling.mode) ? p.{role}.autoscaling.mode : "
+                "(has(self.autoscaling) && has(self.autoscaling.mode) ? self.autoscaling.mode : 'SLO'))")
+        has_target = " || ".join(f"has(self.slo.{t})" for t in targets)
+        snake = {"ttftMilliseconds": "ttft_milliseconds", "itlMilliseconds": "itl_milliseconds"}
+
+        def check(spec: Any) -> bool:
+            default = spec.autoscaling.mode if spec.autoscaling else "SLO"
+            slo_roles = [r for p in spec.pools if (r := getattr(p, role)) is not None and r.autoscaling
+                         and (r.autoscaling.mode or default) == "SLO"]
+            return not slo_roles or (spec.slo is not None
+                                     and any(getattr(spec.slo, snake[t]) is not None for t in targets))
+        return Rule(
+            cel=(f"!self.pools.exists(p, has(p.{role}) && has(p.{role}.autoscaling) && {mode} == 'SLO') "
+                 f"|| (has(self.slo) && ({has_target}))"),
+            message=(f"autoscaling mode SLO on a {role} role needs spec.slo."
+                     + " or spec.slo.".join(targets) + " (the latency it scales toward); "
+                     "or choose mode KEDA or HPA"),
+            check=check,
+            field_path=".slo",
+        )
+    return tuple(rule(role, targets) for role, targets in SLO_TARGETS.items())
 
 
 class KimiK3DeploymentSpec(SpecModel):
@@ -537,6 +648,7 @@ class KimiK3DeploymentSpec(SpecModel):
     """Autoscaling settings."""
 
     rules = (
+        *_slo_mode_rules(),
         Rule(
             cel="self.pools.exists(p, has(p.prefill)) == self.pools.exists(p, has(p.decode))",
             message="prefill and decode come together: a prefill role needs a decode role in the "
@@ -548,6 +660,29 @@ class KimiK3DeploymentSpec(SpecModel):
 
 
 # ---- status ---------------------------------------------------------------------------------
+
+
+class RoleAutoscalingStatus(StatusModel):
+    """How an autoscaled role scales, and what its scaler last did."""
+
+    mode: str
+    min_replicas: int
+    max_replicas: int
+    metric: str
+    target: float
+    """The metric's value per replica the scaler aims for."""
+    target_source: str
+    """spec | perf model | default."""
+    scaler: str
+    """Who moves the replicas: the HorizontalPodAutoscaler or ScaledObject of that name, or the operator."""
+    last_scale_time: str | None = None
+    """SLO mode: when the operator's scaler last changed the replica count."""
+    last_scale: str | None = None
+    """SLO mode: that change and its reason, e.g. "up 2 -> 3: itl p90 52 ms > 40 ms for 31 s"."""
+    breach_since: str | None = None
+    """SLO mode: since when a latency target is missed (cleared once met)."""
+    capacity_limited: str | None = None
+    """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
 
 
 class RoleStatus(StatusModel):
@@ -580,6 +715,8 @@ class RoleStatus(StatusModel):
     """Name of the LeaderWorkerSet serving this role."""
     endpoint: str | None = None
     """In-cluster URL of the role's leader Service."""
+    autoscaling: RoleAutoscalingStatus | None = None
+    """Set when the role is autoscaled: replicas is then its scaler's current count."""
 
 
 class PoolStatus(StatusModel):

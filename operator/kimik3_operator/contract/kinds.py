@@ -77,16 +77,23 @@ COMPUTE_DOMAIN = ChildKind(
     missing_hint="multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)")
 LEADER_WORKER_SET = ChildKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", SERVING,
                               watched=True, missing_hint="install LeaderWorkerSet (sigs.k8s.io/lws)")
+HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers",
+                                      SERVING)
+"""A role in autoscaling mode HPA: the cluster's HPA controller scales its LeaderWorkerSet's /scale."""
+SCALED_OBJECT = ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", SERVING,
+                          missing_hint="autoscaling mode KEDA needs KEDA installed (keda.sh/v1alpha1 ScaledObject)")
+"""A role in autoscaling mode KEDA: KEDA makes and drives the HPA from a Prometheus trigger."""
 DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", SERVING, watched=True)
 """The router. Watched: its readiness is part of the deployment's, and a router deleted or edited
 by hand must be repaired at once, since every request goes through it."""
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
     PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, JOB, SERVICE, COMPUTE_DOMAIN, LEADER_WORKER_SET,
-    DEPLOYMENT,
+    HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT,
 )
 """In apply order: an identity before the Job that runs as it, what a workload needs (its
-Service, its ComputeDomain) before the workload, and the engines before the router in front."""
+Service, its ComputeDomain) before the workload, a workload before the scaler that targets it,
+and the engines before the router in front."""
 
 BY_KIND: dict[str, ChildKind] = {k.kind: k for k in CHILD_KINDS}
 APPLY_ORDER: dict[str, int] = {k.kind: i for i, k in enumerate(CHILD_KINDS)}

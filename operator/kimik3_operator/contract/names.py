@@ -11,5 +11,17 @@ FIELD_MANAGER = "kimik3-operator"
 """The server-side-apply field manager of the operator's writes: fields under another manager
 are someone else's edit."""
 
+AUTOSCALER_FIELD_MANAGER = "kimik3-autoscaler"
+"""The field manager of an autoscaled LeaderWorkerSet's spec.replicas when the operator sets it:
+the SLO scaler's decisions, and the hand-over of the count when a role becomes autoscaled (so the
+main apply can leave the field out without the API server resetting it)."""
+
 ANNOTATION_HASH = f"{GROUP}/desired-hash"
 """Carries the hash of the object as rendered: an apply is skipped while it matches."""
+
+
+SERIES_LABELS = {f"{GROUP}/deployment": "kimik3_deployment", f"{GROUP}/pool": "kimik3_pool",
+                 f"{GROUP}/role": "kimik3_role"}
+"""The serving pods' labels as a scrape copies them onto their series (beside `namespace` and
+`pod`): the chart's PodMonitor relabels them so, the e2e pod runner's discovery writes them so,
+and the scalers' queries select a role's engines by them."""

@@ -25,11 +25,13 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..contract.kinds import CHILD_KINDS
-from ..contract.names import ANNOTATION_HASH, FIELD_MANAGER
+from ..contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..contract.stager import PROGRESS_FIELD_MANAGER
 from .identity import IDENTITY, user_agent
 
-HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER})
+HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER, AUTOSCALER_FIELD_MANAGER})
+"""Writers that never touch what the main apply sets: the stager's progress annotation, and the
+replica count of an autoscaled role (which the main apply leaves out)."""
 """Writers that only touch fields we never set (a staging pod's progress annotation on its Job):
 their writes are not drift and cost no re-apply."""
 
@@ -196,6 +198,21 @@ class Cluster:
                 {"op": "test", "path": "/metadata/resourceVersion", "value": result["metadata"]["resourceVersion"]},
                 {"op": "replace", "path": "/metadata/managedFields", "value": kept}], **where).to_dict()
         return result
+
+    def set_replicas(self, workload: dict[str, Any], replicas: int) -> dict[str, Any]:
+        """Server-side apply spec.replicas alone under the autoscaler's field manager (see
+        AUTOSCALER_FIELD_MANAGER); forced, as the scaler's count wins over a stale owner's."""
+        meta = workload["metadata"]
+        body = {"apiVersion": workload["apiVersion"], "kind": workload["kind"],
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": {"replicas": replicas}}
+        try:
+            res = self._resource(workload["apiVersion"], workload["kind"])
+            out: dict[str, Any] = self._dyn.server_side_apply(
+                res, body=body, field_manager=AUTOSCALER_FIELD_MANAGER, force_conflicts=True).to_dict()
+        except (ApiException, DynamicApiError) as exc:
+            raise _translate(exc) from exc
+        log.info("Set %s %s/%s replicas to %d", workload["kind"], meta["namespace"], meta["name"], replicas)
+        return out
 
     def delete(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]

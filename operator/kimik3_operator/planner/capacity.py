@@ -77,3 +77,30 @@ def _message(pool: str, role: str, placed: int, replicas: int, count: int, gpus:
                           for clique, members in sorted(_groups(nodes, by_clique).items()))
     return (f"pool {pool} role {role}: {replicas - placed} of {replicas} replicas do not fit now; each needs "
             f"{count} node(s) with {gpus} free GPUs {where}; nodes left with {gpus} free GPUs ({available})")
+
+
+def replicas_that_fit(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int], pool_name: str,
+                      role_name: str, most: int) -> int:
+    """How many replicas of one role the nodes hold now (at most `most`), once every other role's
+    planned replicas are placed: what an autoscaler may ask for without leaving pods Pending. A
+    pool planned ahead of its nodes holds none."""
+    free = {n.name: n.gpus - used.get(n.name, 0) for pool in facts.values() for n in pool.nodes}
+    target = None
+    for pool in plan.pools:
+        nodes = facts.get(pool.name, PoolFacts()).nodes
+        for role in pool.roles:
+            if (pool.name, role.role) == (pool_name, role_name):
+                target = (nodes, role)
+                continue
+            for _ in range(role.replicas):
+                if not nodes or not _place(nodes, free, role.nodes_per_replica, role.gpus_per_pod,
+                                           bool(role.group_topology_key)):
+                    break
+    if target is None or not target[0]:
+        return 0
+    nodes, role = target
+    placed = 0
+    by_clique = bool(role.group_topology_key)
+    while placed < most and _place(nodes, free, role.nodes_per_replica, role.gpus_per_pod, by_clique):
+        placed += 1
+    return placed

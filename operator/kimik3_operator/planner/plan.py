@@ -13,6 +13,7 @@ from typing import Any
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .router import RouterPlan
+from .scaling import RoleScaling, ScalingSettings
 from .weights import WeightsPlan
 
 
@@ -127,6 +128,8 @@ class RolePlan:
     replicas_source: str = "spec"
     """Where `replicas` came from: spec | workload (rate matching) | default."""
     predicted: Mapping[str, float] = field(default_factory=dict)
+    autoscaling: RoleScaling | None = None
+    """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
 
     @property
     def gpus_per_replica(self) -> int:
@@ -162,6 +165,8 @@ class Plan:
     """The rolling update of every role (spec.rollout), in replicas."""
     routers: tuple[RouterPlan, ...] = ()
     """The routers in front of the roles; none when spec.router.replicas is 0."""
+    scaling: ScalingSettings | None = None
+    """Deployment-wide autoscaling settings; None when no role is autoscaled."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

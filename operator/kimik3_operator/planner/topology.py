@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
 from ..api.reasons import HARDWARE_UNSUPPORTED, NO_MATCHING_NODES, PD_INCOMPATIBLE
+from .autoscale import settings as scaling_settings
+from .autoscale import with_autoscaling
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
@@ -31,19 +33,20 @@ from .weights import weights_plan, with_commits
 
 
 def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
-                    staged: Mapping[str, str] | None = None) -> Plan:
+                    staged: Mapping[str, str] | None = None, prometheus_url: str | None = None) -> Plan:
     """Plan every pool; raise PlanningError naming the first pool that cannot be planned.
-    `staged` maps "model"/"draft" to the commit its staging Job reported."""
+    `staged` maps "model"/"draft" to the commit its staging Job reported; `prometheus_url` is the
+    operator's default for the scalers (spec.autoscaling.prometheusUrl wins)."""
     engine = engine_settings(spec)
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
-    pools = assign_replicas(spec, engine, pools, omitted)
+    pools = with_autoscaling(spec, assign_replicas(spec, engine, pools, omitted))
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
-                            routers=router_plans(spec)),
+                            routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url)),
                        staged or {})
 
 

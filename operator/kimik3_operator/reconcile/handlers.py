@@ -22,6 +22,7 @@ from ..contract.kinds import CHILD_KINDS
 from ..k8s import UNREACHABLE, Cluster, TransientApiError, api_client
 from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
 from ..render.names import MANAGED_BY
+from .autoscaler import SloScaler
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
 from .settings import OperatorConfig
@@ -40,6 +41,7 @@ class State:
         self.cluster = Cluster(api_client())
         self.queue = WorkQueue()
         self.phases = PhaseBook()
+        self.scaler = SloScaler(config.prometheus_url)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self.worker: asyncio.Task[None] | None = None
@@ -49,6 +51,7 @@ class State:
         with self._guard:
             self._locks = {k: v for k, v in self._locks.items() if k in keys or v.locked()}
         self.phases.keep_only(keys)
+        self.scaler.forget_all_but(keys)
 
     def run(self, namespace: str, name: str) -> Outcome:
         """Reconcile one deployment; passes for the same deployment never overlap."""
@@ -57,7 +60,8 @@ class State:
         with lock:
             started, result = time.monotonic(), "error"
             try:
-                outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image)
+                outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
+                                    scaler=self.scaler)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
@@ -135,7 +139,9 @@ async def _drain(state: State) -> None:
     loop = asyncio.get_running_loop()
     due = loop.time() + state.config.resync_seconds
     while True:
-        keys = await state.queue.take(timeout=max(0.0, due - loop.time())) or set()
+        scaler_wait, _ = state.scaler.next_due()
+        keys = await state.queue.take(timeout=max(0.0, min(due - loop.time(), scaler_wait))) or set()
+        keys |= state.scaler.next_due()[1]  # SLO-scaled deployments whose decision is due
         resync = loop.time() >= due
         if resync:
             due = loop.time() + state.config.resync_seconds

@@ -9,7 +9,7 @@ only the status says why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +26,7 @@ from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
+from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .pairing import leader_endpoints, serving_hash
 from .status import compute_status, transitions
 from .weights_status import weights_state
@@ -62,7 +63,7 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
-              tools_image: str = OPERATOR_IMAGE) -> Outcome:
+              tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None) -> Outcome:
     outcome = Outcome()
     body = cluster.get_deployment(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -94,13 +95,12 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
 
     try:
         _check_not_stranded(cr, facts, [p for p in pods or [] if own(p)])
-        plan = plan_deployment(cr.spec, facts)
+        plan = plan_deployment(cr.spec, facts, prometheus_url=scaler.prometheus_url if scaler else None)
     except PlanningError as exc:
         return fail(exc)
 
     active_pods = cluster.list_active_pods() if pods is None else pods
     used = gpus_used(active_pods, own)
-    short = shortfalls(plan, facts, used)
     own_pods = [p for p in active_pods if own(p)]
 
     live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
@@ -118,6 +118,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         endpoints = leader_endpoints(plan, own_pods, paired)
         if weights.all_staged:
             serving = render_serving(owner, plan, paired, endpoints)
+            hand_over(cluster, owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind},
+                      serving)
             _apply_all(cluster, serving, live, current, outcome)
             wanted |= {_key(o) for o in serving}
         else:
@@ -137,12 +139,20 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             outcome.deleted.append("/".join(key))
 
     kept = {k: o for k, o in {**live, **current}.items() if k in wanted}
+    workloads: dict[str, Mapping[str, Any]] = {n: o for (k, n), o in kept.items() if k == LEADER_WORKER_SET.kind}
+    plan = with_live_counts(owner, plan, workloads)
+    scaling = previous_autoscaling(previous)
+    if scaler is not None and scaler.due((namespace, name), plan):
+        scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference())
+        workloads = {**workloads, **rescaled}
+        plan = with_live_counts(owner, plan, workloads)
+    scaling = autoscaling_statuses(owner, plan, scaling)
     _write_status(cluster, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads={n: o for (k, n), o in kept.items() if k == LEADER_WORKER_SET.kind}, now=now(),
-        capacity=short, weights=weights, endpoints=endpoints,
-        routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}))
+        workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
+        routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling))
     return outcome
+
 
 
 def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:

@@ -27,10 +27,12 @@ class OperatorConfig:
     passes the image it deployed)."""
     lease: LeaseConfig | None = None
     """Act only while holding this Lease (leader election among replicas); always when None."""
+    prometheus_url: str | None = None
+    """Prometheus's HTTP API for the SLO scaler and KEDA triggers (spec.autoscaling.prometheusUrl wins)."""
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
-                 lease: LeaseConfig | None = None) -> OperatorConfig:
+                 lease: LeaseConfig | None = None, prometheus_url: str | None = None) -> OperatorConfig:
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
@@ -38,6 +40,7 @@ class OperatorConfig:
             namespaces=namespaces,
             metrics_port=metrics_port,
             lease=lease,
+            prometheus_url=prometheus_url or os.environ.get("KIMIK3_PROMETHEUS_URL") or None,
         )
 
     def apply(self, settings: kopf.OperatorSettings) -> None:

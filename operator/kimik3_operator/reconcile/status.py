@@ -24,7 +24,7 @@ from ..api.reasons import (
     WEIGHTS_FAILED,
     WEIGHTS_STAGING,
 )
-from ..api.v1alpha1 import EngineStatus, RouterStatus
+from ..api.v1alpha1 import EngineStatus, RoleAutoscalingStatus, RouterStatus
 from ..planner import Plan, PlanningError
 from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
@@ -57,7 +57,8 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int,
                      last_transition_time=now, observed_generation=generation)
 
 
-def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]]) -> list[PoolStatus]:
+def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]],
+                  autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None) -> list[PoolStatus]:
     """The plan's facts (the keys `kimik3 plan -o json` shows, the planned replicas among them)
     with the counts the workloads report, as they report them: a LeaderWorkerSet running groups
     beyond the plan (scaled by hand, a surge) shows more ready than planned."""
@@ -74,6 +75,7 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
                 updated_replicas=int(live.get("updatedReplicas") or 0),
                 workload=name,
                 endpoint=service_url(owner, pool.name, role.role),
+                autoscaling=(autoscaling or {}).get((pool.name, role.role)),
             ))
         pools.append(PoolStatus(**pool_fields(pool), roles=roles))
     return pools
@@ -178,6 +180,8 @@ class Seen:
     weights: WeightsState | None
     routing: list[str] = field(default_factory=list)
     """Routers that do not serve as rendered yet, one line each."""
+    held_back: list[str] = field(default_factory=list)
+    """Autoscaled roles whose scaler wants more replicas than the pool's free GPUs hold."""
 
     @property
     def weights_failed(self) -> bool:
@@ -202,6 +206,10 @@ def _counts_and_weights(s: Seen) -> str:
 
 def _short(s: Seen) -> str:
     return "; ".join(s.short)
+
+
+def _held_back(s: Seen) -> str:
+    return f"{_counts(s)}; " + "; ".join(s.held_back)
 
 
 def _lagging(s: Seen) -> str:
@@ -254,6 +262,10 @@ SITUATIONS: tuple[Situation, ...] = (
               (False, INSUFFICIENT_CAPACITY, _short), (True, UPDATING, _short), (True, INSUFFICIENT_CAPACITY, _short)),
     Situation(lambda s: bool(s.lagging), "Progressing",
               (False, PODS_NOT_READY, _lagging), (True, UPDATING, _lagging), (False, AS_EXPECTED, _lagging)),
+    # Everything asked for serves, but a scaler wants more than the nodes hold: serving, short of its targets.
+    Situation(lambda s: bool(s.held_back), "Degraded",
+              (True, ALL_REPLICAS_READY, _held_back), (False, INSUFFICIENT_CAPACITY, _held_back),
+              (True, INSUFFICIENT_CAPACITY, _held_back)),
     Situation(lambda s: True, "Ready",
               (True, ALL_REPLICAS_READY, _counts), (False, STABLE, _counts), (False, AS_EXPECTED, _counts)),
 )
@@ -266,7 +278,9 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                    workloads: Mapping[str, Mapping[str, Any]], now: str,
                    capacity: list[str] | None = None, weights: WeightsState | None = None,
                    endpoints: Sequence[RoleEndpoints] = (),
-                   routers: Mapping[str, Mapping[str, Any]] | None = None) -> KimiK3DeploymentStatus:
+                   routers: Mapping[str, Mapping[str, Any]] | None = None,
+                   autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
+                   ) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
     checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
@@ -286,14 +300,16 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         # The last known plan facts stay visible: what runs is still what was last planned.
         return (previous or KimiK3DeploymentStatus()).model_copy(update={
             "observed_generation": generation, "phase": "Failed", "conditions": conditions})
-    pools = role_statuses(owner, plan, workloads)
+    pools = role_statuses(owner, plan, workloads, autoscaling)
     roles = [(p.name, r) for p in pools for r in p.roles]
     statuses, routing = router_statuses(owner, plan, endpoints, routers or {})
     endpoint = statuses[0].endpoint if statuses else entry_endpoint(pools)
     seen = Seen(
         ready=sum(r.ready_replicas for _, r in roles), desired=sum(r.replicas for _, r in roles),
         lagging=[lag for p, r in roles if (lag := role_lag(p, r, workloads.get(r.workload or "") or {}))],
-        short=capacity or [], serving=bool(workloads), weights=weights, routing=routing)
+        short=capacity or [], serving=bool(workloads), weights=weights, routing=routing,
+        held_back=[f"pool {pool} role {role}: {a.capacity_limited}"
+                   for (pool, role), a in sorted((autoscaling or {}).items()) if a.capacity_limited])
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, describe) in situation.conditions().items():
         put(type_, ok, reason, describe(seen))

@@ -8,6 +8,7 @@ from typing import Any
 from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
+from .autoscalers import scalers
 from .compute_domain import compute_domain
 from .names import Owner, stamp_hash
 from .router import RoleEndpoints, router_children
@@ -32,7 +33,7 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
         if role.compute_domain:
             children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role))
-    return _in_apply_order(children + router_children(owner, plan, endpoints))
+    return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, endpoints))
 
 
 def render_routers(owner: Owner, plan: Plan, endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:

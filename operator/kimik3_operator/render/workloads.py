@@ -43,7 +43,9 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) 
         **LEADER_WORKER_SET.type_meta(),
         "metadata": object_meta(owner, name, pool.name, role.role),
         "spec": {
-            "replicas": role.replicas,
+            # An autoscaled role's count is its scaler's: left out of our apply so we never fight it
+            # (reconcile/scaling_handover.py seeds it under the scaler's field manager).
+            **({} if role.autoscaling else {"replicas": role.replicas}),
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",

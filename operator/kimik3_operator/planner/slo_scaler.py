@@ -1,0 +1,136 @@
+"""The SLO scaler's decision for one role (pure; reconcile/autoscaler.py runs it every interval).
+
+A replica is a whole multi-node group that loads 1.6 TB before it serves, so the scaler is slow
+to move and quick to explain itself: it adds replicas when the load per replica passes the target
+or a latency target stays missed for `breach_seconds`; it removes one at a time, only when the
+remaining replicas would still run under the scale-down threshold and latency is comfortably
+under target; it waits for the replicas it asked for to become Ready before it asks again; and it
+never asks for more than the pool's free GPUs hold (capacity.py), saying so instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .scaling import RoleScaling, ScalingSettings
+
+SCALE_DOWN_HEADROOM = 0.8
+"""A replica is removed only if the rest would carry at most this share of their target: the gap
+to the scale-up threshold is the hysteresis that keeps a steady load from flapping."""
+LATENCY_COMFORT = 0.8
+"""Latency must be under this share of its target before a replica may go."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What Prometheus said about one role over the window (None: no data, e.g. no engine yet)."""
+
+    load: float | None
+    latency: Mapping[str, float | None]
+    """Per latency target name (ttft | itl): the window's p90 in seconds."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the scaler remembers of a role between decisions (kept in status, so a restart or a
+    new leader carries on): when it last scaled, and since when each latency target is missed."""
+
+    last_scale: float | None = None
+    breach_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str
+    memory: Memory
+    capacity_limited: str | None = None
+    """Set when the pool's free GPUs held fewer replicas than wanted: the numbers, for the condition."""
+
+    @property
+    def direction(self) -> str:
+        return self.reason.split(":", 1)[0]
+
+
+def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, current: int, ready: int,
+           observed: Observation, memory: Memory, fits: int) -> Decision:
+    """The next replica count of one role, and why. `fits` is how many replicas of the role the pool
+    could hold now (its current ones included)."""
+    def hold(reason: str, mem: Memory = memory) -> Decision:
+        return Decision(current, f"hold: {reason}", mem)
+
+    missed = [(name, seen, want) for name, want in scaling.latency_targets
+              if (seen := observed.latency.get(name)) is not None and seen > want]
+    breach_since = (memory.breach_since if memory.breach_since is not None else now) if missed else None
+    mem = Memory(memory.last_scale, breach_since)
+    since_scale = math.inf if memory.last_scale is None else now - memory.last_scale
+
+    by_load = None if observed.load is None else math.ceil(observed.load / scaling.target - 1e-9)
+    want = current
+    why = ""
+    if by_load is not None and by_load > current:
+        want = by_load
+        why = f"{scaling.metric} {observed.load:.3g} needs {by_load} replicas at {scaling.target:.3g} each"
+    breached_for = 0.0 if breach_since is None else now - breach_since
+    if missed and breached_for >= settings.breach_seconds and want <= current:
+        name, seen, target = missed[0]
+        want = current + 1
+        why = f"{name} p90 {_seconds(seen)} > {_seconds(target)} for {breached_for:.0f} s"
+    if current < scaling.min_replicas:
+        want, why = scaling.min_replicas, f"below minReplicas {scaling.min_replicas}"
+    if current > scaling.max_replicas:
+        return Decision(scaling.max_replicas, f"down: above maxReplicas {scaling.max_replicas}",
+                        Memory(now, breach_since))
+    if want > current:
+        want = min(want, scaling.max_replicas)
+        if want == current:
+            return hold(f"at maxReplicas {scaling.max_replicas} ({why})", mem)
+        # What the nodes hold is said whether or not this decision may act, so the condition
+        # does not come and go with the cooldown.
+        limited = None
+        if want > fits:
+            limited = f"wants {want} replicas ({why}), the pool's free GPUs hold {fits}"
+            want = max(current, fits)
+        if want == current:
+            return Decision(current, f"hold: {limited}", mem, capacity_limited=limited)
+        if ready < current:
+            return Decision(current, f"hold: {current - ready} replica(s) asked for are not Ready yet", mem,
+                            capacity_limited=limited)
+        if since_scale < settings.scale_up_cooldown_seconds and current >= scaling.min_replicas:
+            return Decision(current, f"hold: scale-up cooldown ({since_scale:.0f} of "
+                                     f"{settings.scale_up_cooldown_seconds} s)", mem, capacity_limited=limited)
+        return Decision(want, f"up: {why}", Memory(now, breach_since), capacity_limited=limited)
+
+    # Scale down: one replica at a time, only if the rest stay under the threshold and latency is comfortable.
+    if by_load is None or current <= scaling.min_replicas:
+        return hold("no load data" if by_load is None else f"at minReplicas {scaling.min_replicas}", mem)
+    fewer = current - 1
+    if observed.load is not None and observed.load > fewer * scaling.target * SCALE_DOWN_HEADROOM:
+        return hold(f"{scaling.metric} {observed.load:.3g} within capacity of {current} replicas", mem)
+    warm = [(name, seen, want_s) for name, want_s in scaling.latency_targets
+            if (seen := observed.latency.get(name)) is not None and seen > want_s * LATENCY_COMFORT]
+    if warm:
+        name, seen, target = warm[0]
+        return hold(f"{name} p90 {_seconds(seen)} is not under {LATENCY_COMFORT:.0%} of {_seconds(target)}", mem)
+    if since_scale < settings.scale_down_cooldown_seconds:
+        return hold(f"scale-down cooldown ({since_scale:.0f} of {settings.scale_down_cooldown_seconds} s)", mem)
+    return Decision(fewer, f"down: {scaling.metric} {observed.load:.3g} fits {fewer} replicas "
+                           f"under {SCALE_DOWN_HEADROOM:.0%} of {scaling.target:.3g} each", Memory(now, None))
+
+
+def within_ratio(prefill: int, decode: int, ratio: tuple[float, float] | None) -> tuple[int, str]:
+    """Prefill replicas moved into the P:D band, and why (empty: already inside)."""
+    if ratio is None or decode <= 0:
+        return prefill, ""
+    low, high = math.ceil(ratio[0] * decode - 1e-9), math.floor(ratio[1] * decode + 1e-9)
+    if prefill < low:
+        return low, f"prefill:decode {prefill}:{decode} below the ratio band's {ratio[0]:g}"
+    if prefill > max(high, 1):
+        return max(high, 1), f"prefill:decode {prefill}:{decode} above the ratio band's {ratio[1]:g}"
+    return prefill, ""
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.0f} ms" if value < 10 else f"{value:.1f} s"
