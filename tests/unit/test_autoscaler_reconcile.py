@@ -156,3 +156,25 @@ def test_without_metrics_the_slo_scaler_holds() -> None:
     clock.now += 15
     reconcile(cluster, "ns", "k3", scaler=scaler)
     assert cluster.objects[DECODE]["spec"] == before
+
+
+def test_the_slo_scaler_never_scales_into_the_one_prefill_one_decode_trap() -> None:
+    clock, prometheus = Clock(), FakePrometheus()
+    scaler = _scaler(prometheus, clock)
+    body = _autoscaled({"minReplicas": 1, "maxReplicas": 4, "target": 10},
+                       autoscaling={"scaleDownCooldownSeconds": 0})
+    cluster = _staged(MemoryCluster(body, NODES))
+    reconcile(cluster, "ns", "k3", scaler=scaler)
+    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    prometheus.values = {"num_requests": 0.0, "inter_token_latency": 0.010}
+    clock.now += 15
+    reconcile(cluster, "ns", "k3", scaler=scaler)
+    assert cluster.objects[DECODE]["spec"]["replicas"] == 2  # 1 decode beside 1 prefill: vllm#52627
+    accepted = _autoscaled({"minReplicas": 1, "maxReplicas": 4, "target": 10},
+                           autoscaling={"scaleDownCooldownSeconds": 0},
+                           experimental={"acceptKnownIssues": ["vllm#52627"]})
+    cluster.deployment = {**accepted, "status": cluster.deployment["status"]}
+    cluster.deployment["metadata"].update(uid="uid-1", generation=2)
+    clock.now += 15
+    reconcile(cluster, "ns", "k3", scaler=scaler)
+    assert cluster.objects[DECODE]["spec"]["replicas"] == 1

@@ -49,7 +49,8 @@ def settings(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...],
                             "(chart value autoscaling.prometheusUrl)")
     ratio = a.prefill_decode_ratio
     return ScalingSettings(a.interval_seconds, a.window_seconds, a.breach_seconds, a.scale_up_cooldown_seconds,
-                           a.scale_down_cooldown_seconds, url, (ratio.min, ratio.max) if ratio else None)
+                           a.scale_down_cooldown_seconds, url, (ratio.min, ratio.max) if ratio else None,
+                           frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
 
 
 def role_scaling(spec: KimiK3DeploymentSpec, where: str, kind: RoleName, role: Role,

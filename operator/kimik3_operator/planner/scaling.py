@@ -35,3 +35,5 @@ class ScalingSettings:
     prometheus_url: str | None
     ratio: tuple[float, float] | None
     """(min, max) prefill replicas per decode replica."""
+    accepted_issues: frozenset[str] = frozenset()
+    """spec.experimental.acceptKnownIssues: the traps (traps.py) a scaler may still step into."""

@@ -24,11 +24,12 @@ from ..contract.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
 from ..contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..k8s import Cluster
 from ..metrics import SCALER_DECISIONS, SCALER_REPLICAS
-from ..planner import Plan
+from ..planner import Plan, PlanningError, PoolPlan
 from ..planner.capacity import replicas_that_fit
 from ..planner.facts import PoolFacts
 from ..planner.scaling import RoleScaling
 from ..planner.slo_scaler import Decision, Memory, Observation, decide, within_ratio
+from ..planner.traps import check_traps
 from ..prometheus import Prometheus, PrometheusError
 from ..render.names import Owner, workload_name
 from ..render.promql import latency_query, load_query, selector
@@ -210,6 +211,23 @@ class SloScaler:
             memory_out[(pool_name, role_name)] = status.model_copy(update=update)
         return memory_out, rescaled
 
+    @staticmethod
+    def _avoid_traps(plan: Plan, decisions: dict[Key, tuple[Decision, int, Mapping[str, Any]]]) -> None:
+        accepted = plan.scaling.accepted_issues if plan.scaling else frozenset()
+
+        def counted(pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
+            return tuple(dataclasses.replace(p, roles=tuple(
+                dataclasses.replace(r, replicas=decisions[(p.name, r.role)][0].replicas)
+                if (p.name, r.role) in decisions else r for r in p.roles)) for p in pools)
+        try:
+            check_traps(counted(plan.pools), accepted)
+        except PlanningError as exc:
+            for key, (decision, current, workload) in list(decisions.items()):
+                if decision.replicas < current:
+                    decisions[key] = (Decision(current, f"hold: {decision.reason.split(': ', 1)[1]}, but "
+                                                        f"{exc.message.split(' (accept')[0]}", decision.memory,
+                                               decision.capacity_limited), current, workload)
+
     def _observe(self, url: str | None, owner: Owner, pool: str, role: str, scaling: RoleScaling,
                  window: int) -> Observation:
         if url is None:
@@ -224,7 +242,9 @@ class SloScaler:
     @staticmethod
     def _balance(plan: Plan, decisions: dict[Key, tuple[Decision, int, Mapping[str, Any]]], now: float) -> None:
         """Keep total prefill replicas per decode replica inside spec.autoscaling.prefillDecodeRatio,
-        by moving the first SLO-scaled prefill role (within its min/max)."""
+        by moving the first SLO-scaled prefill role (within its min/max); and never scale into a
+        known trap the spec did not accept (1P1D, traps.py): such a scale-down holds instead."""
+        SloScaler._avoid_traps(plan, decisions)
         ratio = plan.scaling.ratio if plan.scaling else None
         if ratio is None:
             return
