@@ -161,12 +161,73 @@ build_helm() {
   "$out/helm" version >&2
 }
 
+module_hash() { # module_hash MODULE@VERSION: the commit the proxy says the version is (or "unknown")
+  (cd "$(mktemp -d)" && go mod download -json "$1") |
+    python3 -c 'import json,sys; print((json.load(sys.stdin).get("Origin") or {}).get("Hash") or "unknown")'
+}
+
+# Debian bookworm's Prometheus, unpacked, not installed: `apt-get download` fetches the .deb of
+# exactly the pinned version (apt fails when the archive no longer has it) and `dpkg-deb -x` unpacks
+# it, so no maintainer script runs, no user or service is created and nothing outside the cache
+# changes. The binary needs only libc; its web UI's JavaScript (other packages) is not needed.
+build_prometheus() {
+  local out="$BIN/prometheus-v$PROMETHEUS_DEB_VERSION"
+  [[ -x "$out/prometheus" ]] && return 0
+  local w; w="$(mktemp -d)"
+  (
+    cd "$w"
+    # The sandbox user cannot write into our private temp folder; root downloading is expected here.
+    apt-get download -q -o APT::Sandbox::User=root "prometheus=$PROMETHEUS_DEB_VERSION" >&2
+    dpkg-deb -x prometheus_*.deb root
+  )
+  mkdir -p "$out" && mv "$w/root/usr/bin/prometheus" "$w/root/usr/bin/promtool" "$out/" && rm -rf "$w"
+  first_line "$out/prometheus" --version >&2
+}
+
+# KEDA's go.mod has a replace directive, which `go install pkg@version` refuses and a wrapper module
+# would ignore (replaces only apply in the main module), so build in the module's own tree with its
+# own go.mod and go.sum: the dependency graph KEDA's release was tested with. The operator and the
+# metrics API server only; the admission webhooks are not used here.
+build_keda() {
+  local out="$BIN/keda-v$KEDA_VERSION"
+  [[ -x "$out/keda" && -x "$out/keda-adapter" ]] && return 0
+  local mod="github.com/kedacore/keda/v2@v$KEDA_VERSION" commit w
+  commit="$(module_hash "$mod")"
+  w="$(mktemp -d)"
+  # A copy of the module (12 MB), not the module cache's read-only tree: the metrics API server
+  # binds its own /metrics to all interfaces (":<--port>" in cmd/adapter/main.go, no flag for the
+  # host), and here everything listens on loopback, so that one line is changed to 127.0.0.1.
+  # (`go build -overlay` would do it without a copy, but refuses files under GOMODCACHE.)
+  cp -r "$(module_dir "$mod")" "$w/src"
+  chmod -R u+w "$w/src"
+  local main="$w/src/cmd/adapter/main.go"
+  sed -i 's|fmt.Sprintf(":%v", metricsAPIServerPort)|fmt.Sprintf("127.0.0.1:%v", metricsAPIServerPort)|' "$main"
+  grep -q '"127.0.0.1:%v", metricsAPIServerPort' "$main" ||
+    { log "KEDA's cmd/adapter/main.go no longer has the line build_keda rewrites; check its metrics address"; exit 1; }
+  # Stamped as KEDA's Makefile does (GO_LDFLAGS), so its start-up log names the version.
+  (cd "$w/src" && go build -p 2 -ldflags "-s -w -X=github.com/kedacore/keda/v2/version.GitCommit=$commit \
+    -X=github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" -o "$w/" ./cmd/operator ./cmd/adapter)
+  mkdir -p "$out" && mv "$w/operator" "$out/keda" && mv "$w/adapter" "$out/keda-adapter" && rm -rf "$w"
+}
+
+# Built in its module directory like KEDA: `go install ...@v0.12.0` also reads the version list,
+# which the proxy serves empty for this module.
+build_prometheus_adapter() {
+  local out="$BIN/prometheus-adapter-v$PROMETHEUS_ADAPTER_VERSION"
+  [[ -x "$out/prometheus-adapter" ]] && return 0
+  local src w
+  src="$(module_dir "sigs.k8s.io/prometheus-adapter@v$PROMETHEUS_ADAPTER_VERSION")"
+  w="$(mktemp -d)"
+  (cd "$src" && go build -p 2 -ldflags "-s -w" -o "$w/prometheus-adapter" ./cmd/adapter)
+  mkdir -p "$out" && mv "$w/prometheus-adapter" "$out/" && rm -rf "$w"
+}
+
 main() {
   # One builder at a time: a second caller waits for the first and then finds everything cached.
   exec 9>"$CACHE/.build.lock"
   flock 9
   local c t0=$SECONDS
-  (($#)) || set -- etcd kwok lws helm k8s
+  (($#)) || set -- etcd kwok lws helm k8s prometheus prometheus_adapter keda
   for c in "$@"; do timed "$c" "build_$c"; done
   log "all components ready in $((SECONDS - t0))s under $BIN"
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The local real cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake
-# GPU nodes and pod lifecycle), the LeaderWorkerSet manager and a stand-in for the ComputeDomain
-# controller of NVIDIA's DRA driver (compute_domain_controller.py), all as host processes on 127.0.0.1.
+# GPU nodes and pod lifecycle), the LeaderWorkerSet manager, a stand-in for the ComputeDomain
+# controller of NVIDIA's DRA driver (compute_domain_controller.py) and the autoscaling metrics stack
+# (Prometheus, the KEDA operator and metrics API server, prometheus-adapter), all as host processes
+# on 127.0.0.1.
 #
 #   cluster.sh up       build (cached), start what is not running, create the fake node pools;
 #                       prints the kubeconfig path as the last line of stdout, all else to stderr
@@ -9,16 +11,20 @@
 #   cluster.sh status   which components run (exit 1 unless all are healthy)
 #   cluster.sh restart [--kill] COMPONENT...   stop running components (TERM, or KILL: a crash)
 #                       and start them again as `up` does; waits until they are healthy (fault tests)
-#   cluster.sh env      `export KUBECONFIG=...` and `export PATH=...` lines: eval "$(cluster.sh env)"
+#   cluster.sh env      `export KUBECONFIG=...`, `export PATH=...` and the Prometheus lines (below):
+#                       eval "$(cluster.sh env)"
 #
 # Environment:
 #   KIMIK3_CACHE       binaries and Go caches (default ~/.cache/kimik3-e2e; shared with build.sh)
 #   KIMIK3_STATE       pki, kubeconfigs, etcd data, logs, pidfiles (default $KIMIK3_CACHE/state)
-#   KIMIK3_PORT_BASE   if set, ports are BASE+0..6 in the order of the list below; otherwise the
+#   KIMIK3_PORT_BASE   if set, ports are BASE+0..12 in the order of the list below; otherwise the
 #                      usual defaults. One port can also be set alone:
 #                      KIMIK3_ETCD_PORT (2379) KIMIK3_ETCD_PEER_PORT (2380) KIMIK3_APISERVER_PORT (6443)
 #                      KIMIK3_KCM_PORT (10257) KIMIK3_SCHEDULER_PORT (10259)
 #                      KIMIK3_LWS_WEBHOOK_PORT (9443) KIMIK3_LWS_HEALTH_PORT (8081)
+#                      KIMIK3_PROMETHEUS_PORT (9090) KIMIK3_KEDA_GRPC_PORT (9666)
+#                      KIMIK3_KEDA_HEALTH_PORT (8082) KIMIK3_KEDA_METRICS_API_PORT (6444)
+#                      KIMIK3_KEDA_METRICS_API_METRICS_PORT (8083) KIMIK3_PROMETHEUS_ADAPTER_PORT (6445)
 #                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
 #                      later calls need no variables.
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
@@ -30,6 +36,14 @@
 # ComputeDomains work as with NVIDIA's DRA driver: compute-domain/ holds its CRD, the channel
 # DeviceClass and one channel ResourceSlice per NVL72 tray; compute_domain_controller.py creates each
 # domain's ResourceClaimTemplate; KCM and kube-scheduler allocate the pods' claims (one per tray).
+#
+# Metrics for autoscaling (README-aggregated-apis.md tells how the API server reaches them):
+# Prometheus scrapes every 1 s the targets listed in $KIMIK3_STATE/prometheus/targets/*.json
+# (file_sd; e2e/tests/pod_runner.py writes one file per runner) and keeps its data in
+# $KIMIK3_STATE/prometheus/data (removed by `down`); its URL is in $KIMIK3_STATE/prometheus/url and
+# `env` prints KIMIK3_PROMETHEUS_URL and KIMIK3_PROMETHEUS_TARGETS. KEDA serves
+# external.metrics.k8s.io (ScaledObjects); prometheus-adapter serves custom.metrics.k8s.io with the
+# vLLM pod metrics of prometheus-adapter/rules.yaml; the HPA controller syncs every 5 s.
 #
 # `up` is idempotent: a component that runs with the wanted command line and configuration is left
 # alone, one whose flags or config changed is restarted, bootstrap objects are only created when
@@ -49,9 +63,13 @@ BIN_ETCD="$CACHE/bin/etcd-v$ETCD_VERSION"
 BIN_KWOK="$CACHE/bin/kwok-v$KWOK_VERSION"
 BIN_LWS="$CACHE/bin/lws-v$LWS_VERSION"
 BIN_HELM="$CACHE/bin/helm-v$HELM_VERSION"
-# build.sh puts the module cache here; its copies of kwok and LWS carry the stage and CRD YAMLs.
+BIN_PROMETHEUS="$CACHE/bin/prometheus-v$PROMETHEUS_DEB_VERSION"
+BIN_KEDA="$CACHE/bin/keda-v$KEDA_VERSION"
+BIN_PROMETHEUS_ADAPTER="$CACHE/bin/prometheus-adapter-v$PROMETHEUS_ADAPTER_VERSION"
+# build.sh puts the module cache here; its copies of kwok, LWS and KEDA carry the stage and CRD YAMLs.
 KWOK_SRC="$CACHE/go/mod/sigs.k8s.io/kwok@v$KWOK_VERSION"
 LWS_SRC="$CACHE/go/mod/sigs.k8s.io/lws@v$LWS_VERSION"
+KEDA_SRC="$CACHE/go/mod/github.com/kedacore/keda/v2@v$KEDA_VERSION"
 
 PKI="$STATE/pki"
 CONF="$STATE/config"
@@ -61,9 +79,20 @@ KUBECONFIG_FILE="$STATE/kubeconfig"
 PORTS_FILE="$STATE/ports.env"
 AUDIT_LOG="$STATE/audit.log"
 KUBECTL="$BIN_K8S/kubectl"
+# Prometheus: its data (wiped by `down`), the file_sd folder others write targets into, and its URL
+# for tests (a file, like the kubeconfig, and a line of `env`).
+PROM_DIR="$STATE/prometheus"
+PROM_TARGETS="$PROM_DIR/targets"
+PROM_URL_FILE="$PROM_DIR/url"
+ADAPTER_RULES="$HERE/prometheus-adapter/rules.yaml"
+# Where KEDA runs in a real cluster; its processes read it from the environment (POD_NAMESPACE,
+# KEDA_CLUSTER_OBJECT_NAMESPACE) and the aggregator names its Service there.
+KEDA_NAMESPACE=keda
+ADAPTER_NAMESPACE=monitoring # prometheus-adapter's own manifests (deploy/manifests) use this one
 
 # Start order; `down` stops in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller
+  prometheus keda-operator keda-metrics-apiserver prometheus-adapter)
 # What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
 # Python runs (pid_of checks argv[0] or argv[1] against it).
 declare -A BINARY=(
@@ -74,6 +103,10 @@ declare -A BINARY=(
   [kwok]="$BIN_KWOK/kwok"
   [lws-manager]="$BIN_LWS/lws-manager"
   [compute-domain-controller]="$HERE/compute_domain_controller.py"
+  [prometheus]="$BIN_PROMETHEUS/prometheus"
+  [keda-operator]="$BIN_KEDA/keda"
+  [keda-metrics-apiserver]="$BIN_KEDA/keda-adapter"
+  [prometheus-adapter]="$BIN_PROMETHEUS_ADAPTER/prometheus-adapter"
 )
 # The venv Python that runs compute_domain_controller.py, as scripts/venv.sh printed it (see
 # resolve_python); recorded so that later `up`s and `status` need not run venv.sh.
@@ -85,8 +118,17 @@ CD_STAMP="$STATE/compute-domain.applied"
 CD_DRIVER="compute-domain.nvidia.com"
 # Components to restart because a file they read at start changed (filled by write_file).
 declare -A STALE=()
+# What a component reads from its environment rather than from flags: KEDA, where it runs
+# (POD_NAMESPACE; KEDA_CLUSTER_OBJECT_NAMESPACE for the Secrets of cluster-wide trigger
+# authentications) and which namespaces it watches (WATCH_NAMESPACE empty: all). start() sets it;
+# write_configs records it, so that a change restarts the component.
+KEDA_ENV="WATCH_NAMESPACE= POD_NAMESPACE=$KEDA_NAMESPACE KEDA_CLUSTER_OBJECT_NAMESPACE=$KEDA_NAMESPACE"
+declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV)
 
 FAKE_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
+# The aggregator's client certificate (front-proxy CA): the only name the API server and the
+# aggregated API servers accept user headers from (--requestheader-allowed-names).
+FRONT_PROXY_CLIENT="kimik3-e2e:front-proxy-client"
 FIELD_MANAGER="kimik3-e2e"
 HASH_ANNOTATION="e2e.kimik3.dev/config-hash"
 
@@ -98,10 +140,17 @@ now_ms() { date +%s%3N; }
 # Ports
 
 declare -A PORT=()
-PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT)
+# New keys go at the end: a key's offset from KIMIK3_PORT_BASE is its place in this list.
+PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT
+  PROMETHEUS_PORT KEDA_GRPC_PORT KEDA_HEALTH_PORT KEDA_METRICS_API_PORT KEDA_METRICS_API_METRICS_PORT
+  PROMETHEUS_ADAPTER_PORT)
+# Upstream's defaults where they do not clash with another component's (KEDA's health 8081 is
+# LWS's, its metrics API server's 6443 the API server's, its /metrics 8080 a common one).
 declare -A PORT_DEFAULT=(
   [ETCD_PORT]=2379 [ETCD_PEER_PORT]=2380 [APISERVER_PORT]=6443 [KCM_PORT]=10257
   [SCHEDULER_PORT]=10259 [LWS_WEBHOOK_PORT]=9443 [LWS_HEALTH_PORT]=8081
+  [PROMETHEUS_PORT]=9090 [KEDA_GRPC_PORT]=9666 [KEDA_HEALTH_PORT]=8082 [KEDA_METRICS_API_PORT]=6444
+  [KEDA_METRICS_API_METRICS_PORT]=8083 [PROMETHEUS_ADAPTER_PORT]=6445
 )
 
 # Precedence per port: KIMIK3_<KEY> > KIMIK3_PORT_BASE + offset > ports.env of the running cluster
@@ -145,6 +194,10 @@ component_ports() { # the ports a component listens on, for port-clash checks an
     kwok) echo "" ;; # no server: --server-address/--node-port stay unset
     lws-manager) echo "${PORT[LWS_WEBHOOK_PORT]} ${PORT[LWS_HEALTH_PORT]}" ;;
     compute-domain-controller) echo "" ;; # a client only; its health is a ready file
+    prometheus) echo "${PORT[PROMETHEUS_PORT]}" ;;
+    keda-operator) echo "${PORT[KEDA_GRPC_PORT]} ${PORT[KEDA_HEALTH_PORT]}" ;;
+    keda-metrics-apiserver) echo "${PORT[KEDA_METRICS_API_PORT]} ${PORT[KEDA_METRICS_API_METRICS_PORT]}" ;;
+    prometheus-adapter) echo "${PORT[PROMETHEUS_ADAPTER_PORT]}" ;;
   esac
 }
 
@@ -176,19 +229,20 @@ write_file() {
 # serving certificate of everything that serves TLS and the admin's client certificate; one client
 # certificate per component so the audit log attributes every write to who made it; the service
 # account signing key. Existing files are kept: regenerating would invalidate running processes.
+# The aggregated API servers (KEDA's metrics API server, prometheus-adapter) and KEDA's gRPC metrics
+# service serve with their own certificate, also their client certificate: the aggregator checks
+# the name <service>.<namespace>.svc (README-aggregated-apis.md), KEDA's gRPC peers check 127.0.0.1
+# and each other's certificate (mutual TLS), and the API server sees who writes.
+# The aggregator proves itself to those servers with a client certificate of a second CA, the
+# front-proxy CA, as kubeadm sets it up: a certificate of the cluster CA must never be able to
+# assert another user in the request headers the aggregator sets.
 ensure_pki() {
   mkdir -p "$PKI"
   chmod 700 "$PKI"
-  if [[ ! -s $PKI/ca.crt || ! -s $PKI/ca.key ]]; then
-    log "creating CA in $PKI"
-    rm -f "$PKI"/*.crt # leaves of an old CA are void
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kimik3-e2e-ca" \
-      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-      -keyout "$PKI/ca.key.tmp" -out "$PKI/ca.crt.tmp" 2>/dev/null
-    mv -f "$PKI/ca.key.tmp" "$PKI/ca.key"
-    mv -f "$PKI/ca.crt.tmp" "$PKI/ca.crt"
-  fi
-  issue admin "/O=system:masters/CN=kimik3-e2e-admin" serving
+  ensure_ca ca kimik3-e2e-ca
+  ensure_ca front-proxy-ca kimik3-e2e-front-proxy-ca
+  issue admin "/O=system:masters/CN=kimik3-e2e-admin" serving \
+    kubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.cluster.local
   issue kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager"
   issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
   issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
@@ -196,6 +250,12 @@ ensure_pki() {
   issue compute-domain-controller "/O=system:masters/CN=kimik3-e2e:compute-domain-controller"
   # For the operator under test, so its writes are told apart from the test driver's kubectl.
   issue operator "/O=system:masters/CN=kimik3-e2e:operator"
+  issue keda-operator "/O=system:masters/CN=kimik3-e2e:keda-operator" serving "keda-operator.$KEDA_NAMESPACE.svc"
+  issue keda-metrics-apiserver "/O=system:masters/CN=kimik3-e2e:keda-metrics-apiserver" serving \
+    "keda-metrics-apiserver.$KEDA_NAMESPACE.svc"
+  issue prometheus-adapter "/O=system:masters/CN=kimik3-e2e:prometheus-adapter" serving \
+    "prometheus-adapter.$ADAPTER_NAMESPACE.svc"
+  ISSUER=front-proxy-ca issue front-proxy-client "/CN=$FRONT_PROXY_CLIENT"
   if [[ ! -s $PKI/sa.key || ! -s $PKI/sa.pub ]]; then
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key.tmp" 2>/dev/null
     openssl pkey -in "$PKI/sa.key.tmp" -pubout -out "$PKI/sa.pub"
@@ -204,25 +264,45 @@ ensure_pki() {
   chmod 600 "$PKI"/*.key
 }
 
-issue() { # issue NAME SUBJECT [serving]: a CA-signed client (and optionally serving) certificate
-  local name=$1 subject=$2 kind=${3:-client}
-  # The certificate is moved into place last, so its presence means the pair is complete.
+ensure_ca() { # ensure_ca NAME CN: a self-signed CA, made once
+  local name=$1 cn=$2
   [[ -s $PKI/$name.crt && -s $PKI/$name.key ]] && return 0
+  log "creating CA $name in $PKI"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$cn" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -keyout "$PKI/$name.key.tmp" -out "$PKI/$name.crt.tmp" 2>/dev/null
+  mv -f "$PKI/$name.key.tmp" "$PKI/$name.key"
+  mv -f "$PKI/$name.crt.tmp" "$PKI/$name.crt"
+}
+
+# issue NAME SUBJECT [serving [DNS_NAME...]]: a client (and optionally serving, for localhost,
+# 127.0.0.1 and the DNS names) certificate signed by the CA $ISSUER (default: the cluster CA).
+issue() {
+  local name=$1 subject=$2 kind=${3:-client} ca=${ISSUER:-ca} dns san
+  shift $(($# < 3 ? $# : 3))
+  # Kept while its CA verifies it (a new CA voids the old leaves). The certificate is moved into
+  # place last, so its presence means the pair is complete.
+  if [[ -s $PKI/$name.crt && -s $PKI/$name.key ]] &&
+    openssl verify -CAfile "$PKI/$ca.crt" "$PKI/$name.crt" >/dev/null 2>&1; then
+    return 0
+  fi
   local ext="$PKI/$name.ext"
   {
     echo "basicConstraints=CA:FALSE"
     echo "keyUsage=critical,digitalSignature,keyEncipherment"
     if [[ $kind == serving ]]; then
       echo "extendedKeyUsage=serverAuth,clientAuth"
-      echo "subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+      san="DNS:localhost,IP:127.0.0.1"
+      for dns in "$@"; do san+=",DNS:$dns"; done
+      echo "subjectAltName=$san"
     else
       echo "extendedKeyUsage=clientAuth"
     fi
   } >"$ext"
   openssl req -new -newkey rsa:2048 -nodes -subj "$subject" \
     -keyout "$PKI/$name.key" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
-    -CAcreateserial -CAserial "$PKI/ca.srl" -days 825 -extfile "$ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
+    -CAcreateserial -CAserial "$PKI/$ca.srl" -days 825 -extfile "$ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
   mv -f "$PKI/$name.crt.tmp" "$PKI/$name.crt"
   rm -f "$PKI/$name.csr" "$ext"
 }
@@ -278,7 +358,8 @@ write_configs() {
   mkdir -p "$CONF" "$STATE/kubeconfigs" "$RUN" "$LOGS" "$STATE/kwok" "$STATE/apiserver"
   write_file "$KUBECONFIG_FILE" 600 < <(kubeconfig admin)
   local c
-  for c in kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller; do
+  for c in kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller \
+    keda-operator keda-metrics-apiserver prometheus-adapter; do
     write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
   done
   write_file "$STATE/kubeconfigs/operator.kubeconfig" 600 < <(kubeconfig operator)
@@ -322,6 +403,37 @@ EOF
   # Its command line does not change when the script does; this hash does, and restarts it.
   write_file "$RUN/compute-domain-controller.sha256" 644 compute-domain-controller \
     < <(sha256sum <"${BINARY[compute-domain-controller]}")
+
+  # Every second, as tests need an autoscaler to react within seconds; the targets are whatever
+  # files others drop into $PROM_TARGETS (file_sd also watches the folder, so a new file counts at once).
+  mkdir -p "$PROM_TARGETS"
+  write_file "$CONF/prometheus.yml" 644 prometheus <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+scrape_configs:
+- job_name: pods
+  file_sd_configs:
+  - files: ["$PROM_TARGETS/*.json"]
+    refresh_interval: 1s
+EOF
+  write_file "$PROM_URL_FILE" 644 <<<"http://127.0.0.1:${PORT[PROMETHEUS_PORT]}"
+  # The rules file lives in the repository; a copy in $CONF restarts the adapter when it changes.
+  write_file "$CONF/prometheus-adapter-rules.yaml" 644 prometheus-adapter <"$ADAPTER_RULES"
+
+  # KEDA reads ca.crt, tls.crt and tls.key from one folder (--cert-dir) for its gRPC metrics
+  # service, both ends; the metrics API server also serves the aggregator with that pair.
+  # --ca-dir holds the CAs its scalers trust: ours, so a trigger may call a loopback server we signed.
+  for c in keda-operator keda-metrics-apiserver; do
+    mkdir -p "$PKI/$c-certs"
+    write_file "$PKI/$c-certs/ca.crt" 644 "$c" <"$PKI/ca.crt"
+    write_file "$PKI/$c-certs/tls.crt" 644 "$c" <"$PKI/$c.crt"
+    write_file "$PKI/$c-certs/tls.key" 600 "$c" <"$PKI/$c.key"
+    write_file "$RUN/$c.env" 644 "$c" <<<"${ENVIRONMENT[$c]}"
+  done
+  mkdir -p "$PKI/keda-ca"
+  write_file "$PKI/keda-ca/ca.crt" 644 keda-operator <"$PKI/ca.crt"
 }
 
 # The project venv's Python for compute_domain_controller.py. scripts/venv.sh takes ~2 s even when
@@ -363,6 +475,11 @@ command_of() {
       # --shutdown-watch-termination-grace-period: on TERM, end open watches after 2 s; without it
       # the server holds them until the 60 s request timeout before it exits (restart, down).
       # Service and pod CIDRs are labels only: nothing routes them, never connect to them.
+      # The aggregation layer (README-aggregated-apis.md): the aggregator calls the metrics API
+      # servers with the front-proxy client certificate and the user in X-Remote-* headers, which the
+      # API server publishes in kube-system/extension-apiserver-authentication for them to trust;
+      # --enable-aggregator-routing=false (the default, stated because the loopback trick needs it)
+      # resolves an APIService's ExternalName Service to https://localhost:<APIService port>.
       CMD=("${BINARY[kube-apiserver]}" --etcd-servers="http://127.0.0.1:${PORT[ETCD_PORT]}"
         --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${PORT[APISERVER_PORT]}"
         --cert-dir="$STATE/apiserver"
@@ -374,14 +491,23 @@ command_of() {
         --endpoint-reconciler-type=none --profiling=false
         --audit-policy-file="$CONF/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
         --audit-log-format=json --audit-log-mode=blocking
-        --audit-log-maxsize=200 --audit-log-maxbackup=5 --shutdown-watch-termination-grace-period=2s)
+        --audit-log-maxsize=200 --audit-log-maxbackup=5 --shutdown-watch-termination-grace-period=2s
+        --requestheader-client-ca-file="$PKI/front-proxy-ca.crt"
+        --requestheader-allowed-names="$FRONT_PROXY_CLIENT"
+        --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group
+        --requestheader-extra-headers-prefix=X-Remote-Extra-
+        --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key"
+        --enable-aggregator-routing=false)
       ;;
     kube-controller-manager)
       # Leader election off: a restarted process would otherwise wait for its old lease.
+      # The HPA controller (on by default) syncs every 5 s, not 15 s, and scales down after 15 s of
+      # lower recommendations, not 5 min, so autoscaling tests take seconds.
       CMD=("${BINARY[kube-controller-manager]}" --kubeconfig="$kc" "${secure[@]}"
         --secure-port="${PORT[KCM_PORT]}" --leader-elect=false --cluster-name=kimik3-e2e
         --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key"
-        --use-service-account-credentials=false)
+        --use-service-account-credentials=false
+        --horizontal-pod-autoscaler-sync-period=5s --horizontal-pod-autoscaler-downscale-stabilization=15s)
       ;;
     kube-scheduler)
       CMD=("${BINARY[kube-scheduler]}" --kubeconfig="$kc" "${secure[@]}"
@@ -401,6 +527,47 @@ command_of() {
     compute-domain-controller)
       [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
       CMD=("${PY:-python3}" "${BINARY[compute-domain-controller]}" "$kc" "$RUN/compute-domain-controller.ready")
+      ;;
+    prometheus)
+      # The web UI's assets are not unpacked (other Debian packages); the HTTP API is all we use.
+      CMD=("${BINARY[prometheus]}" --config.file="$CONF/prometheus.yml" --storage.tsdb.path="$PROM_DIR/data"
+        --storage.tsdb.retention.time=1d --web.listen-address="127.0.0.1:${PORT[PROMETHEUS_PORT]}"
+        --log.level=warn)
+      ;;
+    keda-operator)
+      # As KEDA's config/manager, minus leader election, certificate rotation (our CA signs its
+      # pair) and the APIService/webhook patching that goes with it. Its controller-runtime metrics
+      # are off ("0"); health and the gRPC metrics service the metrics API server calls on loopback.
+      CMD=("${BINARY[keda-operator]}" --kubeconfig="$kc" --leader-elect=false --zap-log-level=info
+        --zap-encoder=console --zap-time-encoding=rfc3339 --metrics-bind-address=0
+        --health-probe-bind-address="127.0.0.1:${PORT[KEDA_HEALTH_PORT]}"
+        --metrics-service-bind-address="127.0.0.1:${PORT[KEDA_GRPC_PORT]}"
+        --cert-dir="$PKI/keda-operator-certs" --ca-dir="$PKI/keda-ca" --enable-cert-rotation=false
+        --enable-webhook-patching=false --enable-apiservice-patching=false)
+      ;;
+    keda-metrics-apiserver)
+      # As KEDA's config/metrics-server, on loopback: the aggregator reaches it through the
+      # ExternalName Service keda/keda-metrics-apiserver (ensure_metrics_apiservices). Callers are
+      # authenticated and authorized by the API server (the delegating kubeconfigs); --port is its
+      # own /metrics, which build.sh binds to 127.0.0.1 (KEDA binds it to all interfaces).
+      local certs="$PKI/keda-metrics-apiserver-certs"
+      CMD=("${BINARY[keda-metrics-apiserver]}" --kubeconfig="$kc" --lister-kubeconfig="$kc"
+        --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
+        --bind-address=127.0.0.1 --secure-port="${PORT[KEDA_METRICS_API_PORT]}"
+        --cert-dir="$certs" --tls-cert-file="$certs/tls.crt" --tls-private-key-file="$certs/tls.key"
+        --metrics-service-address="127.0.0.1:${PORT[KEDA_GRPC_PORT]}"
+        --port="${PORT[KEDA_METRICS_API_METRICS_PORT]}" --zap-log-level=info)
+      ;;
+    prometheus-adapter)
+      # Custom metrics only (the rules file has no resource or external rules: KEDA owns
+      # external.metrics.k8s.io). It relists Prometheus' series every 5 s (default 10 min) so a
+      # new pod's metrics are served within seconds; max age covers a relist plus a few scrapes.
+      CMD=("${BINARY[prometheus-adapter]}" --lister-kubeconfig="$kc"
+        --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
+        --bind-address=127.0.0.1 --secure-port="${PORT[PROMETHEUS_ADAPTER_PORT]}"
+        --tls-cert-file="$PKI/prometheus-adapter.crt" --tls-private-key-file="$PKI/prometheus-adapter.key"
+        --prometheus-url="http://127.0.0.1:${PORT[PROMETHEUS_PORT]}/"
+        --config="$CONF/prometheus-adapter-rules.yaml" --metrics-relist-interval=5s --metrics-max-age=10s)
       ;;
   esac
 }
@@ -437,8 +604,10 @@ start() { # start NAME: detached (own session), so it outlives the calling shell
   # fd 3, pipes of whoever called us: a daemon holding them would make `$(cluster.sh up)` or the
   # next `up` hang), writes its own pid (right even if setsid forks), then becomes the binary.
   # KWOK_WORKDIR keeps kwok from reading a user's ~/.kwok/kwok.yaml.
+  local environment=()
+  read -ra environment <<<"${ENVIRONMENT[$name]:-}"
   # shellcheck disable=SC2016 # expanded by the child shell
-  KWOK_WORKDIR="$STATE/kwok" setsid bash -c '
+  env KWOK_WORKDIR="$STATE/kwok" "${environment[@]}" setsid bash -c '
     for fd in /proc/$$/fd/*; do fd=${fd##*/}; ((fd > 2)) && eval "exec $fd>&-"; done
     echo $$ >"$0"; exec "$@"' "$RUN/$name.pid" "${CMD[@]}" </dev/null >"$LOGS/$name.log" 2>&1 &
   # Wait until the pid is the binary (after exec), so a later pid_of failure means it died.
@@ -517,6 +686,15 @@ healthy() { # healthy NAME: the component answers its health endpoint
       [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
     # It creates this file after each successful list of ComputeDomains and removes it on errors.
     compute-domain-controller) pid_of compute-domain-controller >/dev/null && [[ -e $RUN/compute-domain-controller.ready ]] ;;
+    prometheus) "${CURL[@]}" -f "http://127.0.0.1:${PORT[PROMETHEUS_PORT]}/-/ready" >/dev/null 2>&1 ;;
+    # readyz is a plain ping; the gRPC metrics service starts with the manager, a moment later.
+    keda-operator)
+      "${CURL[@]}" -f "http://127.0.0.1:${PORT[KEDA_HEALTH_PORT]}/readyz" >/dev/null 2>&1 &&
+        port_in_use "${PORT[KEDA_GRPC_PORT]}" ;;
+    keda-metrics-apiserver)
+      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[KEDA_METRICS_API_PORT]}/readyz" >/dev/null 2>&1 ;;
+    prometheus-adapter)
+      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[PROMETHEUS_ADAPTER_PORT]}/readyz" >/dev/null 2>&1 ;;
   esac
 }
 
@@ -578,20 +756,37 @@ kc() { "$KUBECTL" --kubeconfig="$KUBECONFIG_FILE" --cache-dir="$STATE/kubectl-ca
 
 CHANGED=()
 
-# All LWS CRD bases (the DisaggregatedSet controller starts unconditionally and fails without its
-# kind), server-side because the LWS CRD is too big for the last-applied annotation. Not the
-# kustomized CRDs: their conversion webhook points at an in-cluster Service.
-ensure_lws_crds() {
-  local f names=()
-  for f in "$LWS_SRC"/config/crd/bases/*.yaml; do
+# ensure_crds WHAT DIR: every CRD base in a module's DIR, server-side because the LWS and KEDA CRDs
+# are too big for the last-applied annotation. All LWS bases (the DisaggregatedSet controller starts
+# unconditionally and fails without its kind); all of KEDA's, as its release's keda-crds.yaml. Not
+# LWS's kustomized CRDs: their conversion webhook points at an in-cluster Service.
+ensure_crds() {
+  local what=$1 dir=$2 f names=()
+  for f in "$dir"/*.yaml; do
     names+=("crd/$(awk '/^  name:/ {print $2; exit}' "$f")")
   done
-  ((${#names[@]})) || die "no LWS CRDs under $LWS_SRC/config/crd/bases (did build.sh run?)"
+  ((${#names[@]})) || die "no $what CRDs under $dir (did build.sh run?)"
   if ! kc get "${names[@]}" >/dev/null 2>&1; then
-    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$LWS_SRC/config/crd/bases" >&2
-    CHANGED+=(lws-crds)
+    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$dir" >&2
+    CHANGED+=("$what-crds")
   fi
   kc wait --for=condition=Established --timeout=60s "${names[@]}" >/dev/null
+}
+
+# apply_hashed WHAT < YAML: server-side apply YAML, whose objects each carry the annotation
+# $HASH_ANNOTATION: "@HASH@", unless every one of them exists with the hash of this content, so a
+# warm `up` only reads.
+apply_hashed() {
+  local what=$1 yaml hash objects have
+  yaml="$(cat)"
+  hash="$(printf '%s' "$yaml" | sha256sum | cut -c1-16)"
+  yaml="${yaml//@HASH@/$hash}"
+  objects="$(grep -c '^kind:' <<<"$yaml")"
+  # `get -f` fails if one is missing; the others' hashes still print, too few to match.
+  have="$(kc get -f - -o jsonpath="{..metadata.annotations.${HASH_ANNOTATION//./\\.}}" <<<"$yaml" 2>/dev/null)" || true
+  [[ $(grep -o -- "$hash" <<<"$have" | wc -l) == "$objects" ]] && return 0
+  kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - <<<"$yaml" >&2
+  CHANGED+=("$what")
 }
 
 # The LWS webhooks as upstream's config/webhook (with its mutating/validating patches), but with
@@ -645,17 +840,73 @@ webhooks:
 EOF
 }
 
-ensure_lws_webhooks() {
-  local yaml hash have
-  yaml="$(lws_webhooks_yaml)"
-  hash="$(printf '%s' "$yaml" | sha256sum | cut -c1-16)"
-  have="$(kc get mutatingwebhookconfiguration/lws-mutating-webhook-configuration \
-    validatingwebhookconfiguration/lws-validating-webhook-configuration \
-    -o jsonpath="{range .items[*]}{.metadata.annotations.${HASH_ANNOTATION//./\\.}}{' '}{end}" 2>/dev/null)" || true
-  [[ $have == "$hash $hash " ]] && return 0
-  printf '%s\n' "${yaml//@HASH@/$hash}" |
-    kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f - >&2
-  CHANGED+=(lws-webhooks)
+ensure_lws_webhooks() { apply_hashed lws-webhooks < <(lws_webhooks_yaml); }
+
+# The namespaces of the metrics API servers and the Services their APIServices name. No pod network
+# here: an ExternalName Service `localhost` makes the aggregator call https://localhost:<port of the
+# APIService> (README-aggregated-apis.md), and their certificates carry <service>.<namespace>.svc.
+metrics_services_yaml() {
+  local ns svc
+  for ns in "$KEDA_NAMESPACE/keda-metrics-apiserver" "$ADAPTER_NAMESPACE/prometheus-adapter"; do
+    svc=${ns#*/} ns=${ns%/*}
+    cat <<EOF
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $ns
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: $svc
+  namespace: $ns
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+spec:
+  type: ExternalName
+  externalName: localhost
+---
+EOF
+  done
+}
+
+# KEDA serves external.metrics.k8s.io (one APIService: a group has one owner), prometheus-adapter
+# custom.metrics.k8s.io in both versions it serves (the HPA controller prefers v1beta2). The caBundle
+# is our CA, which signed their serving certificates; never insecureSkipTLSVerify.
+metrics_apiservices_yaml() {
+  local ca entry group version svc ns port priority
+  ca="$(base64 -w0 <"$PKI/ca.crt")"
+  for entry in \
+    "external.metrics.k8s.io v1beta1 keda-metrics-apiserver $KEDA_NAMESPACE ${PORT[KEDA_METRICS_API_PORT]} 100" \
+    "custom.metrics.k8s.io v1beta1 prometheus-adapter $ADAPTER_NAMESPACE ${PORT[PROMETHEUS_ADAPTER_PORT]} 100" \
+    "custom.metrics.k8s.io v1beta2 prometheus-adapter $ADAPTER_NAMESPACE ${PORT[PROMETHEUS_ADAPTER_PORT]} 200"; do
+    read -r group version svc ns port priority <<<"$entry"
+    cat <<EOF
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: $version.$group
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+spec:
+  group: $group
+  version: $version
+  groupPriorityMinimum: 100
+  versionPriority: $priority
+  service: {name: $svc, namespace: $ns, port: $port}
+  caBundle: $ca
+---
+EOF
+  done
+}
+
+METRICS_APISERVICES=(apiservice/v1beta1.external.metrics.k8s.io apiservice/v1beta1.custom.metrics.k8s.io
+  apiservice/v1beta2.custom.metrics.k8s.io)
+
+# Only once their servers answer: an unavailable aggregated API fails discovery, which stalls
+# namespace deletion and the garbage collector cluster-wide.
+ensure_metrics_apiservices() {
+  apply_hashed metrics-apiservices < <(metrics_apiservices_yaml)
+  kc wait --for=condition=Available --timeout=60s "${METRICS_APISERVICES[@]}" >/dev/null
 }
 
 # What NVIDIA's DRA driver installs and its kubelet plugins publish, for ComputeDomains: the CRD, the
@@ -760,14 +1011,16 @@ cmd_up() {
   ensure_running kube-apiserver
   wait_healthy kube-apiserver 120
   # The CRDs before KCM: its garbage collector discovers resource types when it starts and then
-  # only every 30 s, so objects owned by a LeaderWorkerSet or ComputeDomain whose CRD came later
-  # would outlive their owner by up to 30 s.
-  ensure_lws_crds
+  # only every 30 s, so objects owned by a LeaderWorkerSet, ComputeDomain or ScaledObject (KEDA's
+  # HPAs) whose CRD came later would outlive their owner by up to 30 s.
+  ensure_crds lws "$LWS_SRC/config/crd/bases"
+  ensure_crds keda "$KEDA_SRC/config/crd/bases"
   ensure_compute_domain_fixtures
   # These three only need the API server; start them together and wait for them later.
   ensure_running kube-controller-manager
   ensure_running kube-scheduler
   ensure_running kwok
+  ensure_running prometheus
 
   ensure_running lws-manager # after its CRDs: it fails on unknown kinds
   resolve_python
@@ -776,6 +1029,16 @@ cmd_up() {
   ensure_nodes
   wait_healthy lws-manager 60
   ensure_lws_webhooks # only now: the manager serves them
+
+  apply_hashed metrics-services < <(metrics_services_yaml)
+  ensure_running keda-operator # after its CRDs
+  ensure_running keda-metrics-apiserver
+  wait_healthy prometheus 60
+  ensure_running prometheus-adapter # once Prometheus answers: it lists the series at start
+  wait_healthy keda-operator 60
+  wait_healthy keda-metrics-apiserver 60
+  wait_healthy prometheus-adapter 60
+  ensure_metrics_apiservices # only now: their servers answer
 
   wait_healthy kube-controller-manager 60
   wait_healthy kube-scheduler 60
@@ -792,6 +1055,7 @@ cmd_up() {
     log "up in $((dt / 1000)).$(printf '%03d' $((dt % 1000)))s (started: ${STARTED[*]:-none}; created: ${CHANGED[*]:-none})"
   fi
   log "kubeconfig: $KUBECONFIG_FILE   (eval \"\$($HERE/cluster.sh env)\" for kubectl/helm on PATH)"
+  log "prometheus: $(<"$PROM_URL_FILE")   (scrape targets: $PROM_TARGETS/*.json)"
   printf '%s\n' "$KUBECONFIG_FILE" >&3
 }
 
@@ -800,14 +1064,17 @@ cmd_down() {
   exec 8>"$STATE/.lock"
   flock 8
   log "stopping"
-  stop compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
+  stop prometheus-adapter keda-metrics-apiserver keda-operator prometheus \
+    compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
   stop etcd
-  # The next `up` starts from an empty cluster; the audit log belongs to this cluster's life.
-  # PKI, kubeconfigs and component logs stay (reused, and useful after a failed run).
-  rm -rf "$STATE/etcd" "$STATE/kubectl-cache" "$PORTS_FILE" "$CD_STAMP" "$VENV_PYTHON_FILE"
+  # The next `up` starts from an empty cluster; the audit log and the metrics belong to this
+  # cluster's life. PKI, kubeconfigs and component logs stay (reused, and useful after a failed
+  # run), and so do the scrape targets: their writers (pod runners) remove their own files.
+  rm -rf "$STATE/etcd" "$STATE/kubectl-cache" "$PORTS_FILE" "$CD_STAMP" "$VENV_PYTHON_FILE" \
+    "$PROM_DIR/data" "$PROM_URL_FILE"
   rm -f "$AUDIT_LOG" "$STATE"/audit-*.log
-  log "down; etcd data and audit log removed"
+  log "down; etcd data, metrics and audit log removed"
 }
 
 # Stop and start components of a running cluster with the command line `up` uses, so a later `up`
@@ -871,14 +1138,20 @@ cmd_status() {
     printf 'fake nodes: %s/%s Ready\n' "$ready" "$total"
   fi
   printf 'kubeconfig: %s\n' "$KUBECONFIG_FILE"
+  printf 'prometheus: http://127.0.0.1:%s (targets: %s/*.json)\n' "${PORT[PROMETHEUS_PORT]}" "$PROM_TARGETS"
   return "$all"
 }
 
 cmd_env() {
+  resolve_ports
   # Plain `export NAME="value"` lines, easy to eval and to parse (e2e/tests reads them too).
   printf 'export KUBECONFIG="%s"\n' "$KUBECONFIG_FILE"
   # shellcheck disable=SC2016 # $PATH expands where the output is eval'ed
-  printf 'export PATH="%s:%s:%s:%s:%s:$PATH"\n' "$BIN_K8S" "$BIN_ETCD" "$BIN_KWOK" "$BIN_LWS" "$BIN_HELM"
+  printf 'export PATH="%s:%s:%s:%s:%s:%s:$PATH"\n' "$BIN_K8S" "$BIN_ETCD" "$BIN_KWOK" "$BIN_LWS" "$BIN_HELM" \
+    "$BIN_PROMETHEUS"
+  # Where to query Prometheus, and where to drop file_sd target files (*.json) for it to scrape.
+  printf 'export KIMIK3_PROMETHEUS_URL="http://127.0.0.1:%s"\n' "${PORT[PROMETHEUS_PORT]}"
+  printf 'export KIMIK3_PROMETHEUS_TARGETS="%s"\n' "$PROM_TARGETS"
 }
 
 main() {

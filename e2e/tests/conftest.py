@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client, config
 
 from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
-from .pod_runner import PodRunner, free_port
+from .pod_runner import PodRunner, free_port, prometheus_targets
 from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
 
@@ -112,8 +112,9 @@ def stager(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="session")
 def pod_runner(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
     """Plays every serving leader pod with the engine simulator and every router pod with the real
-    vllm-router, on loopback (kwok runs none): see pod_runner.py."""
-    running = PodRunner(tmp_path_factory.mktemp("pods"), namespaces=set()).start()
+    vllm-router, on loopback (kwok runs none), and lists the engines for the cluster's Prometheus:
+    see pod_runner.py."""
+    running = PodRunner(tmp_path_factory.mktemp("pods"), namespaces=set(), targets=prometheus_targets()).start()
     yield running
     running.stop()
     assert not running.problems, running.problems

@@ -12,6 +12,12 @@ that pod, and its listen addresses to loopback; nothing else of the rendered com
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
 is gone (or replaced: another uid) is stopped. `pods.json` in the runner's folder maps each pod to
 its loopback port, for tests and for the demo.
+
+Given the cluster's Prometheus file_sd folder (`cluster.sh env` prints it as
+KIMIK3_PROMETHEUS_TARGETS), the runner also keeps one target file there, `pod-runner-<pid>.json`,
+that lists every live engine process as Prometheus' Kubernetes discovery with a PodMonitor would
+see its pod: target `127.0.0.1:<port>` (never the pod IP), labels `namespace`, `pod` and each pod
+label (podTargetLabels), so the vLLM metrics reach prometheus-adapter and KEDA per pod.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
 ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 WORKER_URL = re.compile(r"^http://([0-9.]+):(\d+)$")
+NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Router flags whose value is a list of worker URLs (P/D: one URL, optionally a bootstrap port).
 URL_FLAGS = ("--prefill", "--decode", "--worker-urls")
 
@@ -52,6 +60,20 @@ def free_port() -> int:
 def expand(value: str, env: dict[str, str]) -> str:
     """The kubelet's `$(VAR)` expansion: a known variable is replaced, an unknown one kept; `$$` is `$`."""
     return ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value).replace("$$", "$")
+
+
+def target_label(key: str) -> str:
+    """A pod label's key as a Prometheus label name, as Prometheus' Kubernetes discovery and
+    prometheus-operator's podTargetLabels make it: `serving.kimik3.dev/role` -> `serving_kimik3_dev_role`."""
+    return NOT_IN_LABEL_NAME.sub("_", key)
+
+
+def scrape_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[str, str]:
+    """The labels of a pod's scrape target. A key that cannot be a label name (leading digit) or
+    would be one of Prometheus' reserved `__` labels is left out: one bad name fails the whole file."""
+    labels = {name: value for name, value in ((target_label(k), v) for k, v in sorted(pod_labels.items()))
+              if LABEL_NAME.fullmatch(name) and not name.startswith("__")}
+    return {**labels, "namespace": namespace, "pod": pod}
 
 
 def router_venv() -> Path:
@@ -74,6 +96,8 @@ class Proc:
     metrics_port: int | None = None
     workers: frozenset[str] = frozenset()
     """A router's worker pod IPs, as its rendered args list them."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The pod's labels."""
 
     @property
     def url(self) -> str:
@@ -97,6 +121,10 @@ class PodRunner:
     namespaces: set[str] | None = None
     """The namespaces whose pods are played (`play`); None: every namespace (the demo). Tests that
     send no traffic leave their engines unplayed, so the machine's two cores are not spent on them."""
+    targets: Path | None = None
+    """The cluster's Prometheus file_sd folder, where this runner lists its live engines; None, or a
+    folder that does not exist (no cluster), lists none."""
+    _targets_written: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -117,6 +145,8 @@ class PodRunner:
                 self._terminate(proc)
             self.procs.clear()
             self._write_map()
+            if self.targets is not None:
+                self._targets_file.unlink(missing_ok=True)
 
     # -- what tests use -------------------------------------------------------------------------
 
@@ -223,7 +253,8 @@ class PodRunner:
                                 [sys.executable, "-m", "kimik3_operator.simulator", *argv,
                                  "--host", "127.0.0.1", "--port", str(port)], sim_env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
-                    pod["status"]["podIP"], port, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""))
+                    pod["status"]["podIP"], port, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
+                    labels=dict(meta["labels"]))
 
     def _start_router(self, pod: dict[str, Any]) -> Proc | None:
         meta = pod["metadata"]
@@ -271,12 +302,40 @@ class PodRunner:
         tmp = self.root / "pods.json.tmp"
         tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
         tmp.replace(self.root / "pods.json")
+        self._write_targets()
+
+    @property
+    def _targets_file(self) -> Path:
+        assert self.targets is not None
+        return self.targets / f"pod-runner-{os.getpid()}.json"
+
+    def _write_targets(self) -> None:
+        """Rewritten only when the list changes (Prometheus rereads a file on every write), through a
+        temporary name outside its `*.json` pattern and a rename, so it never reads half a file."""
+        if self.targets is None or not self.targets.is_dir():
+            return
+        groups = [{"targets": [f"127.0.0.1:{p.port}"], "labels": scrape_labels(p.namespace, p.pod, p.labels)}
+                  for p in sorted(self.procs.values(), key=lambda p: (p.namespace, p.pod))
+                  if p.kind != ROUTER and p.alive()]
+        text = json.dumps(groups, indent=1, sort_keys=True)
+        if text == self._targets_written and self._targets_file.exists():
+            return
+        tmp = self.targets / f".{self._targets_file.name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self._targets_file)
+        self._targets_written = text
+
+
+def prometheus_targets() -> Path | None:
+    """The cluster's file_sd folder, from `cluster.sh env` (KIMIK3_PROMETHEUS_TARGETS), if any."""
+    folder = os.environ.get("KIMIK3_PROMETHEUS_TARGETS")
+    return Path(folder) if folder else None
 
 
 def main() -> None:
     """`python -m e2e.tests.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
     root, stop = host_daemon()
-    runner = PodRunner(root).start()
+    runner = PodRunner(root, targets=prometheus_targets()).start()
     print(f"serving and router pods run here; their loopback ports: {root / 'pods.json'}", flush=True)
     while not stop.wait(1):
         for problem in runner.problems:
