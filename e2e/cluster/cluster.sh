@@ -1032,10 +1032,10 @@ cmd_up() {
 
   apply_hashed metrics-services < <(metrics_services_yaml)
   ensure_running keda-operator # after its CRDs
-  ensure_running keda-metrics-apiserver
   wait_healthy prometheus 60
   ensure_running prometheus-adapter # once Prometheus answers: it lists the series at start
   wait_healthy keda-operator 60
+  ensure_running keda-metrics-apiserver # once the operator's gRPC metrics service answers
   wait_healthy keda-metrics-apiserver 60
   wait_healthy prometheus-adapter 60
   ensure_metrics_apiservices # only now: their servers answer
