@@ -92,7 +92,7 @@ ADAPTER_NAMESPACE=monitoring # prometheus-adapter's own manifests (deploy/manife
 
 # Start order; `down` stops in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller
-  prometheus keda-operator keda-metrics-apiserver prometheus-adapter)
+  prometheus keda-operator prometheus-adapter keda-metrics-apiserver)
 # What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
 # Python runs (pid_of checks argv[0] or argv[1] against it).
 declare -A BINARY=(
@@ -1020,7 +1020,7 @@ cmd_up() {
   ensure_running kube-controller-manager
   ensure_running kube-scheduler
   ensure_running kwok
-  ensure_running prometheus
+  ensure_running prometheus # needs nothing but its config; waited for before the adapter starts
 
   ensure_running lws-manager # after its CRDs: it fails on unknown kinds
   resolve_python

@@ -16,8 +16,10 @@ its loopback port, for tests and for the demo.
 Given the cluster's Prometheus file_sd folder (`cluster.sh env` prints it as
 KIMIK3_PROMETHEUS_TARGETS), the runner also keeps one target file there, `pod-runner-<pid>.json`,
 that lists every live engine process as Prometheus' Kubernetes discovery with a PodMonitor would
-see its pod: target `127.0.0.1:<port>` (never the pod IP), labels `namespace`, `pod` and each pod
-label (podTargetLabels), so the vLLM metrics reach prometheus-adapter and KEDA per pod.
+see its pod: target `127.0.0.1:<port>` (never the pod IP), labels `namespace`, `pod`, the role's
+labels as the chart's PodMonitor relabels them (contract.names.SERIES_LABELS: `kimik3_role`, ...),
+which the scalers' queries select by, and every pod label as podTargetLabels would copy it, so the
+vLLM metrics reach the SLO scaler, prometheus-adapter and KEDA per pod.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kimik3_operator.contract.names import SERIES_LABELS
 
 from .kube import host_daemon, kubectl
 
@@ -69,11 +73,13 @@ def target_label(key: str) -> str:
 
 
 def scrape_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[str, str]:
-    """The labels of a pod's scrape target. A key that cannot be a label name (leading digit) or
-    would be one of Prometheus' reserved `__` labels is left out: one bad name fails the whole file."""
+    """The labels of a pod's scrape target: every pod label (a key that cannot be a label name, with
+    a leading digit, or that would be one of Prometheus' reserved `__` labels is left out: one bad
+    name fails the whole file), the chart PodMonitor's relabelled ones, `namespace` and `pod`."""
     labels = {name: value for name, value in ((target_label(k), v) for k, v in sorted(pod_labels.items()))
               if LABEL_NAME.fullmatch(name) and not name.startswith("__")}
-    return {**labels, "namespace": namespace, "pod": pod}
+    relabelled = {series: pod_labels[key] for key, series in SERIES_LABELS.items() if key in pod_labels}
+    return {**labels, **relabelled, "namespace": namespace, "pod": pod}
 
 
 def router_venv() -> Path:
