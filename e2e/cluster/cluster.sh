@@ -43,7 +43,7 @@
 # $KIMIK3_STATE/prometheus/data (removed by `down`); its URL is in $KIMIK3_STATE/prometheus/url and
 # `env` prints KIMIK3_PROMETHEUS_URL and KIMIK3_PROMETHEUS_TARGETS. KEDA serves
 # external.metrics.k8s.io (ScaledObjects); prometheus-adapter serves custom.metrics.k8s.io with the
-# vLLM pod metrics of prometheus-adapter/rules.yaml; the HPA controller syncs every 5 s.
+# vLLM pod metrics of the chart's files/prometheus-adapter-rules.yaml; the HPA controller syncs every 5 s.
 #
 # `up` is idempotent: a component that runs with the wanted command line and configuration is left
 # alone, one whose flags or config changed is restarted, bootstrap objects are only created when
@@ -84,7 +84,7 @@ KUBECTL="$BIN_K8S/kubectl"
 PROM_DIR="$STATE/prometheus"
 PROM_TARGETS="$PROM_DIR/targets"
 PROM_URL_FILE="$PROM_DIR/url"
-ADAPTER_RULES="$HERE/prometheus-adapter/rules.yaml"
+ADAPTER_RULES="$ROOT/charts/kimik3-operator/files/prometheus-adapter-rules.yaml"
 # Where KEDA runs in a real cluster; its processes read it from the environment (POD_NAMESPACE,
 # KEDA_CLUSTER_OBJECT_NAMESPACE) and the aggregator names its Service there.
 KEDA_NAMESPACE=keda

@@ -132,3 +132,20 @@ def test_a_target_the_perf_model_cannot_give_must_be_set() -> None:
     assert caught.value.reason == "AutoscalingTargetUnknown"
     given = decode.model_copy(update={"autoscaling": decode.autoscaling.model_copy(update={"target": 12.0})})
     assert role_scaling(spec, "pool x role decode", "decode", given, predicted={}, input_tokens=8192).target == 12
+
+
+def test_the_charts_adapter_rules_serve_every_pod_metric_an_hpa_role_names() -> None:
+    """prometheus-adapter's naming: each series a rule's seriesQuery selects, renamed by its
+    name.matches/as, becomes a pod metric."""
+    import re
+
+    import yaml
+    rules = yaml.safe_load((ROOT / "charts/kimik3-operator/files/prometheus-adapter-rules.yaml").read_text())["rules"]
+    served = set()
+    for rule in rules:
+        names = re.search(r'__name__=~?"([^"]+)"', rule["seriesQuery"]).group(1).split("|")
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        for series in names:
+            if re.search(rule["name"]["matches"], series):
+                served.add(re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), series))
+    assert set(ADAPTER_METRICS.values()) <= served, set(ADAPTER_METRICS.values()) - served
