@@ -15,6 +15,7 @@ from .pod_runner import PodRunner, Proc
 
 SESSION = requests.Session()
 SESSION.trust_env = False  # loopback only, never through a proxy from the environment
+SESSION.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))  # the load's clients share it
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.contract.names import SERIES_LABELS
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts
+from kimik3_operator.planner.admission import admission_verdict
 from kimik3_operator.planner.autoscale import KV_CACHE_TARGET, role_scaling
 from kimik3_operator.planner.perf import DECODE_UTILISATION, PREFILL_UTILISATION
 from kimik3_operator.render import Owner, render_serving
@@ -149,3 +150,16 @@ def test_the_charts_adapter_rules_serve_every_pod_metric_an_hpa_role_names() -> 
             if re.search(rule["name"]["matches"], series):
                 served.add(re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), series))
     assert set(ADAPTER_METRICS.values()) <= served, set(ADAPTER_METRICS.values()) - served
+
+
+def test_keda_without_prometheus_is_a_condition_of_the_operators_settings_not_a_refusal() -> None:
+    body = _body(decode={"maxReplicas": 3, "mode": "KEDA"})
+    with pytest.raises(PlanningError) as caught:
+        _plan(body)
+    assert caught.value.reason == "AutoscalingUnconfigured" and caught.value.depends_on_nodes
+    assert "--prometheus-url" in caught.value.message
+    assert admission_verdict(body) is None
+    spec = KimiK3Deployment.model_validate(body).spec
+    plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools},
+                           prometheus_url="http://prometheus.monitoring:9090")
+    assert plan.scaling.prometheus_url == "http://prometheus.monitoring:9090"

@@ -43,10 +43,12 @@ def settings(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...],
     keda = [f"pool {p.name} role {r.role}" for p in pools for r in p.roles
             if r.autoscaling and r.autoscaling.mode == "KEDA"]
     if url is None and keda:
+        # The operator's settings decide, not the spec alone: a condition (retried by the resync),
+        # never an admission refusal.
         raise PlanningError(AUTOSCALING_UNCONFIGURED,
                             f"{', '.join(keda)}: autoscaling mode KEDA needs Prometheus's URL: set "
                             "spec.autoscaling.prometheusUrl or the operator's --prometheus-url "
-                            "(chart value autoscaling.prometheusUrl)")
+                            "(chart value autoscaling.prometheusUrl)", depends_on_nodes=True)
     ratio = a.prefill_decode_ratio
     return ScalingSettings(a.interval_seconds, a.window_seconds, a.breach_seconds, a.scale_up_cooldown_seconds,
                            a.scale_down_cooldown_seconds, url, (ratio.min, ratio.max) if ratio else None,

@@ -28,7 +28,8 @@ class PlanningError(Exception):
         self.reason = reason
         self.message = message
         self.depends_on_nodes = depends_on_nodes
-        """True when the same spec may plan once nodes change (a condition, not a rejection)."""
+        """True when the same spec may plan once nodes (or the operator's settings) change: a
+        condition, not a rejection."""
 
 
 @dataclass(frozen=True)
