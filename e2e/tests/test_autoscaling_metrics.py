@@ -50,10 +50,12 @@ class Timeline:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._sample()
+            self.sample()
             self._stop.wait(1)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        """One sample now (the thread takes one every second; a test adds one where a count may
+        last under a second)."""
         items = get_json("leaderworkersets", "-n", self.namespace)["items"]
         self.samples.append((time.monotonic() - self.started, {
             o["metadata"]["name"]: (o["spec"].get("replicas", 0), (o.get("status") or {}).get("readyReplicas", 0))
@@ -62,7 +64,7 @@ class Timeline:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-        self._sample()
+        self.sample()
 
     def of(self, lws: str) -> list[tuple[float, int, int]]:
         return [(t, *s[lws]) for t, s in self.samples if lws in s]
@@ -176,6 +178,7 @@ def _scaled_once(mode: str, operator: Any, pod_runner: PodRunner, namespace: str
                 input_words=256, output_tokens=256).start()
     try:
         wait_for(f"{mode} scaling {lws} to 3", lambda: _asked(namespace, lws) == 3, timeout=110)
+        timeline.sample()
     finally:
         load.stop()
     apply(body)  # autoscaling off: the spec's count is the operator's again, the scaler goes
@@ -198,3 +201,50 @@ def test_hpa_scales_a_role_once_from_a_pods_metric_of_prometheus_adapter(
         operator: Any, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
     line = _scaled_once("HPA", operator, pod_runner, namespace, "k3-hpa")
     REPORT.append(f"autoscaling HPA mode (pods metric vllm_requests_in_flight via prometheus-adapter): {line}")
+
+
+def test_slo_scaler_adds_a_decode_replica_when_itl_p90_stays_over_target(
+        operator: Any, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """Latency, not load: the load target is out of reach (1000 in flight per replica), the ITL
+    target (20 ms) is not met by the simulated engines under load (their gaps fall in vLLM's
+    10-25 ms bucket, whose p90 Prometheus interpolates to 23.5 ms): after breachSeconds the scaler
+    adds a replica, and says why."""
+    body = _example(PD_EXAMPLE, namespace, "k3-itl")
+    pools = {p["name"]: p for p in body["spec"]["pools"]}
+    pools["gb300-decode"]["decode"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 3, "target": 1000}
+    body["spec"]["slo"] = {"itlMilliseconds": 20}
+    body["spec"]["autoscaling"] = {**FAST, "breachSeconds": 4}
+    _serve(pod_runner, namespace, body)
+    decode = "k3-itl-gb300-decode-decode"
+    timeline = Timeline(namespace)
+    load = Load(lambda: _router_url(pod_runner, namespace), concurrency=6, max_requests=1000, max_seconds=100,
+                input_words=256, output_tokens=256).start()
+
+    def role() -> dict[str, Any]:
+        cr = get_json("k3", "k3-itl", "-n", namespace)
+        return next(r for p in cr["status"]["pools"] for r in p["roles"] if r["role"] == "decode")
+    try:
+        breach = wait_for("the ITL breach seen", lambda: role()["autoscaling"].get("breachSince"), timeout=90)
+        wait_for("a decode replica added for it", lambda: _asked(namespace, decode) == 3, timeout=60)
+        scaled = role()["autoscaling"]
+        wait_for("the new decode replica Ready", lambda: (get_json("leaderworkerset", decode, "-n", namespace)
+                                                          .get("status") or {}).get("readyReplicas", 0) == 3,
+                 timeout=120)
+        ready_after = time.time()
+        time.sleep(6)  # at maxReplicas: the breach goes on, the count stays
+        assert _asked(namespace, decode) == 3
+    finally:
+        load.stop()
+    timeline.stop()
+    assert scaled["lastScale"].startswith("up 2 -> 3: itl p90 "), scaled
+    assert "> 20 ms for" in scaled["lastScale"]
+    since = _epoch(breach)
+    REPORT.append(f"autoscaling SLO mode, latency: load {load.summary()}; ITL p90 over 20 ms from {breach}; "
+                  f"decided {_epoch(scaled['lastScaleTime']) - since:.0f} s later ({scaled['lastScale']}); "
+                  f"the new replica Ready {ready_after - since:.0f} s after the breach began; "
+                  f"decode {timeline.changes(decode)}")
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections import Counter
 from functools import lru_cache
@@ -57,7 +58,9 @@ def live_nodes() -> tuple[dict[str, Any], ...]:
 
 def plan_live(cr: KimiK3Deployment) -> Plan | PlanningError:
     try:
-        return plan_deployment(cr.spec, facts_for(cr.spec, live_nodes()))
+        # as the operator plans: with the Prometheus the e2e cluster gives it (KEDA roles need one)
+        return plan_deployment(cr.spec, facts_for(cr.spec, live_nodes()),
+                               prometheus_url=os.environ.get("KIMIK3_PROMETHEUS_URL"))
     except PlanningError as exc:
         return exc
 
@@ -188,6 +191,9 @@ def test_live_operator_on_a_sample(custom_objects: client.CustomObjectsApi, name
             apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                    "metadata": {"name": claim, "namespace": namespace},
                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}}})
+        # Likewise the Secrets their staging Jobs read the Hub token from.
+        for secret in sorted({ref["name"] for b, _ in chosen if (ref := b["spec"]["model"].get("authSecretRef"))}):
+            kubectl("-n", namespace, "create", "secret", "generic", secret, "--from-literal=token=hf_e2e")
         for body, _ in chosen:
             body["metadata"]["namespace"] = namespace
             verdict = create(custom_objects, namespace, body, dry_run=False)

@@ -35,12 +35,18 @@ def selector(owner: Owner, pool: str, role: str) -> str:
 
 
 def load_query(metric: ScalingMetric, matchers: str, window_seconds: int) -> str:
-    """The role's total of `metric` (a sum over its engines: the target is per replica)."""
+    """The role's total of `metric` over the window (a sum over its engines: the target is per
+    replica). Gauges are averaged over the window, not read at one instant: the requests in flight
+    dip for the seconds a router is replaced (its engine lists change with every replica), and a
+    scaler reading that dip would remove the replica it just added."""
     window = f"[{window_seconds}s]"
     return {
-        "RequestsInFlight": f'sum({{__name__=~"vllm:num_requests_running|vllm:num_requests_waiting",{matchers}}})',
-        "RequestsWaiting": f"sum(vllm:num_requests_waiting{{{matchers}}})",
-        "KvCacheUsage": f"sum(vllm:kv_cache_usage_perc{{{matchers}}})",
+        # Two sums, not one selector over both names: avg_over_time drops the names, and the two
+        # series of one engine would collide ("vector cannot contain metrics with the same labelset").
+        "RequestsInFlight": (f"sum(avg_over_time(vllm:num_requests_running{{{matchers}}}{window}))"
+                             f" + sum(avg_over_time(vllm:num_requests_waiting{{{matchers}}}{window}))"),
+        "RequestsWaiting": f"sum(avg_over_time(vllm:num_requests_waiting{{{matchers}}}{window}))",
+        "KvCacheUsage": f"sum(avg_over_time(vllm:kv_cache_usage_perc{{{matchers}}}{window}))",
         "PromptTokensPerSecond": f"sum(rate(vllm:prompt_tokens_total{{{matchers}}}{window}))",
         "GenerationTokensPerSecond": f"sum(rate(vllm:generation_tokens_total{{{matchers}}}{window}))",
     }[metric]
