@@ -137,6 +137,7 @@ _LENGTH = re.compile(r"[0-9]{1,12}")
 
 class _Handler(BaseHTTPRequestHandler):
     server: WebhookServer
+    default_request_version = "HTTP/1.0"  # so even an answer to a garbled request line has a status
 
     def log_message(self, format: str, *args: Any) -> None:  # the API server calls often: keep quiet
         log.debug(format, *args)
