@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ def webhook(certificate: tuple[Path, Path]) -> Iterator[Callable[..., WebhookSer
     """Start a server: webhook(**limits) -> the running server (stopped after the test)."""
     started: list[WebhookServer] = []
 
-    def start(**limits: float) -> WebhookServer:
-        server = serve_webhook(HOST, 0, str(certificate[0]), str(certificate[1]), Limits(**limits))  # type: ignore[arg-type]
+    def start(**limits: Any) -> WebhookServer:
+        server = serve_webhook(HOST, 0, str(certificate[0]), str(certificate[1]), Limits(**limits))
         started.append(server)
         return server
 

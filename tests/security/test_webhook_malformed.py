@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import ssl
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimik3_operator.webhook import API_VERSION, WebhookServer
+from kimik3_operator.webhook import API_VERSION, WebhookServer, serve_webhook
 
-from .harness import post, raw_answer, raw_tls, review_body
+from .harness import HOST, post, raw_answer, raw_tls, review_body
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -65,11 +67,8 @@ MALFORMED: dict[str, st.SearchStrategy[bytes]] = {
 
 
 @pytest.fixture(scope="module")
-def server(certificate: Any) -> Any:
-    from kimik3_operator.webhook import serve_webhook
-
-    from .harness import HOST
-
+def server(certificate: tuple[Path, Path]) -> Iterator[WebhookServer]:
+    """One server for every example: each is a connection of its own."""
     running = serve_webhook(HOST, 0, str(certificate[0]), str(certificate[1]))
     yield running
     running.shutdown()
