@@ -72,13 +72,14 @@ def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
+    healthy = None
     if args.webhook_port is not None:
         from .webhook import serve_webhook
 
         if not (args.webhook_cert and args.webhook_key):
             print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
             return 2
-        serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key)
+        healthy = serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key).alive
     # In a pod, another replica may always exist (scaling, a stuck old pod): elect unless told
     # not to. On a workstation `kimik3 run` is one developer's process: act at once, no Lease RBAC.
     elect = args.leader_elect if args.leader_elect is not None else "KUBERNETES_SERVICE_HOST" in os.environ
@@ -86,7 +87,8 @@ def _run(args: argparse.Namespace) -> int:
                         identity=IDENTITY) if elect else None
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
                                      lease=lease, prometheus_url=args.prometheus_url)
-    return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"))
+    return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"),
+                        healthy=healthy)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from .cluster import (
     api_client,
     unchanged_since_our_apply,
 )
+from .lease import NotLeaderError, WriteGuard
 
-__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "RejectedApiError", "TransientApiError",
-           "api_client", "unchanged_since_our_apply"]
+__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "NotLeaderError", "RejectedApiError",
+           "TransientApiError", "WriteGuard", "api_client", "unchanged_since_our_apply"]

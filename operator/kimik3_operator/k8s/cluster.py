@@ -5,6 +5,8 @@ is taken back) and deletes of objects we own; reads return plain dicts so the pu
 never see client types. Steady state costs zero writes: `apply` skips an object whose live copy
 carries the same desired-hash annotation and that nobody else has written since our last apply
 (a write to its status aside; one through /scale, as `kubectl scale` or an HPA makes, counts).
+With leader election every request but a read asks the elector's WriteGuard first, in the one
+place all of them pass (`_GuardedClient.request`), so no write path can forget to.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..contract.kinds import CHILD_KINDS
 from ..contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..contract.stager import PROGRESS_FIELD_MANAGER
 from .identity import IDENTITY, user_agent
+from .lease import WriteGuard
 
 HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER, AUTOSCALER_FIELD_MANAGER})
 """Writers that never touch what the main apply sets: the stager's progress annotation, and the
@@ -91,11 +94,26 @@ def _translate(exc: ApiException | DynamicApiError) -> Exception:
     return exc
 
 
-class Cluster:
-    """Typed-dict access to the few resources the operator reads and writes."""
+class _GuardedClient(DynamicClient):  # type: ignore[misc]  # the client is untyped (Any)
+    """The dynamic client, whose every request that is not a read raises NotLeaderError, unsent,
+    when the guard says this replica may no longer write."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self._dyn = DynamicClient(api)
+    def __init__(self, api: client.ApiClient, guard: WriteGuard | None) -> None:
+        self._guard = guard
+        super().__init__(api)
+
+    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        if self._guard is not None and method.upper() != "GET":
+            self._guard.check()
+        return super().request(method, path, body=body, **params)
+
+
+class Cluster:
+    """Typed-dict access to the few resources the operator reads and writes. With a `guard`
+    (leader election), writes are sent only while it allows them."""
+
+    def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None) -> None:
+        self._dyn = _GuardedClient(api, guard)
         # uid -> the writes to the object as our last apply left them (`writes_digest`).
         self._applied: dict[str, str] = {}
 

@@ -17,6 +17,11 @@ The rules (client-go's, with its default timings: lease 15 s, renew deadline 10 
   old leader has stopped for at least `lease_seconds - renew_deadline` (5 s) before the new one acts.
 - On a graceful stop the leader releases the Lease (no holder, 1 s duration) so the standby takes
   over on its next retry instead of waiting out the lease.
+- Every write this replica sends first asks the elector's `WriteGuard` (k8s/cluster.py does, for
+  every request but a read): it says no from `renew_deadline` after the last renewal began, and
+  for good once the holder revokes it (leadership lost, or renewals about to stop on shutdown). A
+  write is thus never sent when a standby could hold the Lease, however long a reconcile pass runs
+  and whatever the pod's grace period.
 
 The decisions are small pure functions (unit-tested); `LeaseLock` is the only I/O, and
 `LeaderElector` runs it on a thread of its own, so reconcile passes that fill the default thread
@@ -30,6 +35,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -117,6 +123,44 @@ def renew_overdue(last_renew: float, now: float, renew_deadline: float) -> bool:
     return now - last_renew >= renew_deadline
 
 
+class NotLeaderError(Exception):
+    """A write refused before it was sent: this replica may no longer act. The pass stops here;
+    the next leader's passes redo whatever this one left undone."""
+
+
+class WriteGuard:
+    """Whether this replica may still write.
+
+    Yes until `until` (on the monotonic clock: the renew deadline after the last renewal began),
+    and never again once revoked. It is read from the clock at every write, not set by the loop
+    that notices a lost Lease, so a write is refused on time even when that loop is busy. A standby
+    may take the Lease no earlier than `lease_seconds` after our last renewal, which leaves a write
+    sent just before the deadline `lease_seconds - renew_deadline` (5 s) to arrive.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until = float("-inf")
+        self._revoked: str | None = None
+        self._lock = threading.Lock()
+
+    def extend(self, until: float) -> None:
+        with self._lock:
+            self._until = max(self._until, until)
+
+    def revoke(self, reason: str) -> None:
+        with self._lock:
+            self._revoked = self._revoked or reason
+
+    def check(self) -> None:
+        """Raise NotLeaderError unless a write may be sent now."""
+        with self._lock:
+            if self._revoked:
+                raise NotLeaderError(f"not writing: {self._revoked}")
+            if self._clock() >= self._until:
+                raise NotLeaderError("not writing: the lease was not renewed within its renew deadline")
+
+
 # ---- I/O ----------------------------------------------------------------------------------------
 
 class LeaseLock:
@@ -179,6 +223,8 @@ class LeaderElector:
         self._ours: dict[str, Any] | None = None  # the Lease as our last successful write left it
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
         self.renewed_at = float("-inf")  # when our last successful round began (our clock)
+        self.guard = WriteGuard(clock)
+        """What every write of this replica asks first (see the module's docstring)."""
 
     @property
     def identity(self) -> str:
@@ -215,6 +261,7 @@ class LeaderElector:
         self._seen = observe(self._seen, lease, now)
         # From when the round began, not when it returned: a standby may have seen it that early.
         self.renewed_at = now
+        self.guard.extend(now + self._cfg.renew_deadline)
         return True
 
     def release(self) -> bool:

@@ -19,7 +19,7 @@ import kopf
 
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..contract.kinds import CHILD_KINDS
-from ..k8s import UNREACHABLE, Cluster, TransientApiError, api_client
+from ..k8s import UNREACHABLE, Cluster, NotLeaderError, TransientApiError, WriteGuard, api_client
 from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
 from ..render.names import MANAGED_BY
 from .autoscaler import SloScaler
@@ -31,14 +31,16 @@ log = logging.getLogger(__name__)
 
 RETRYABLE: tuple[type[Exception], ...] = (TransientApiError, *UNREACHABLE)
 """A pass cut short by the API server (throttled, restarting, unreachable): retried soon."""
+RETRY_SOON: tuple[type[Exception], ...] = (*RETRYABLE, NotLeaderError)
+"""Those, and a pass stopped because this replica may not write (it exits or renews within seconds)."""
 
 
 class State:
     """What the handlers share, kept in kopf's memo rather than module globals."""
 
-    def __init__(self, config: OperatorConfig) -> None:
+    def __init__(self, config: OperatorConfig, guard: WriteGuard | None = None) -> None:
         self.config = config
-        self.cluster = Cluster(api_client())
+        self.cluster = Cluster(api_client(), guard)
         self.queue = WorkQueue()
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
@@ -85,7 +87,8 @@ def _state(memo: kopf.Memo) -> State:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = memo.get("config") or OperatorConfig.from_env()
     config.apply(settings)
-    state = await asyncio.to_thread(State, config)  # API discovery blocks: keep it off the loop
+    # API discovery blocks: keep it off the loop. The guard is the leader election's, if any.
+    state = await asyncio.to_thread(State, config, memo.get("guard"))
     memo["state"] = state
     state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")
 
@@ -103,7 +106,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     try:
         outcome = _state(memo).run(namespace, name)
-    except RETRYABLE as exc:
+    except RETRY_SOON as exc:
         # kopf's own delay for other exceptions is 60 s: a pass cut by an API server restart
         # would hold back the next spec change that long.
         raise kopf.TemporaryError(str(exc), delay=5) from exc
@@ -155,6 +158,9 @@ async def _drain(state: State) -> None:
         for namespace, name in sorted(keys):
             try:
                 await asyncio.to_thread(state.run, namespace, name)
+            except NotLeaderError as exc:
+                log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
+                state.queue.put_later((namespace, name), state.config.retry_seconds)
             except Exception:
                 log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name,
                               state.config.retry_seconds)

@@ -5,30 +5,35 @@ endpoint and metrics (`kimik3_operator_leader` 0) and tries for the Lease every 
 it holds the Lease it starts kopf in the same event loop and keeps renewing. The ends:
 
 - SIGTERM/SIGINT: kopf stops gracefully, the reconcile passes already running finish (bounded by
-  `DRAIN_SECONDS`, still renewing meanwhile), the Lease is released so the standby takes over on
-  its next retry, exit 0. A standby that is told to stop simply exits 0.
+  `DRAIN_SECONDS`, still renewing meanwhile), then the elector's WriteGuard is revoked and
+  renewals stop; the Lease is released when every pass finished (the standby takes over on its
+  next retry), else left to expire. Exit 0. A standby that is told to stop simply exits 0.
 - Leadership lost (no renewal for the renew deadline, or someone else holds the Lease): the
-  process exits 1 at once, like client-go's OnStoppedLeading. A graceful kopf stop could outlast
-  the 5 s between our renew deadline and the earliest moment a standby may act, and a reconcile
-  pass on a worker thread cannot be cancelled; exiting now is the only way to be sure two
-  replicas never write at once. The pod restarts and stands by.
+  process exits 1 at once, like client-go's OnStoppedLeading. The pod restarts and stands by.
+
+Either way a pass that outlives the end (a reconcile pass on a worker thread cannot be cancelled)
+sends no further write: the guard refuses it (NotLeaderError) from the renew deadline on, or from
+the revocation, whichever comes first, however long the pod's grace period. The chart's
+terminationGracePeriodSeconds (`GRACE_SECONDS`) leaves room for the drain and the release.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import kopf
 
 from ..k8s import api_client
 from ..k8s.identity import IDENTITY
-from ..k8s.lease import LeaderElector, LeaseLock
+from ..k8s.lease import LeaderElector, LeaseLock, WriteGuard
 from ..metrics import LEADER, serve_metrics
 from . import (
     handlers,  # noqa: F401 - registers the handlers with kopf's default registry
@@ -41,23 +46,31 @@ log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 20.0
 """How long a stopping leader waits for running reconcile passes before it releases the Lease."""
+GRACE_SECONDS = 30
+"""The pod's terminationGracePeriodSeconds in the chart: the drain, then the release (bounded by
+the Lease's request timeout), with a few seconds to spare. A shorter grace is no danger (the
+guard, not the kill, stops the writes) but leaves the Lease to expire instead of handing it over."""
 
 
 def run_operator(config: OperatorConfig, *, liveness: str | None, log_level: str = "INFO",
-                 standalone: bool = True) -> int:
-    """Run until told to stop; the process exit code."""
+                 standalone: bool = True, healthy: Callable[[], bool] | None = None) -> int:
+    """Run until told to stop; the process exit code. `healthy` (the webhook's) joins the liveness
+    answer."""
     kopf.configure(verbose=log_level == "DEBUG")
     logging.getLogger().setLevel(log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes every few seconds
-    return asyncio.run(_Replica(config, liveness, standalone).run())
+    return asyncio.run(_Replica(config, liveness, standalone, healthy).run())
 
 
 class _Replica:
-    def __init__(self, config: OperatorConfig, liveness: str | None, standalone: bool) -> None:
+    def __init__(self, config: OperatorConfig, liveness: str | None, standalone: bool,
+                 healthy: Callable[[], bool] | None = None) -> None:
         self.config, self.standalone = config, standalone
         self.stop = asyncio.Event()
         self.leading = False
-        self.health = HealthServer(liveness, self._status) if liveness else None
+        self.guard: WriteGuard | None = None
+        self.healthy = healthy or (lambda: True)
+        self.health = HealthServer(liveness, self._status, self.healthy) if liveness else None
         # Our own default pool (set as the loop's in `run`), so a stopping leader can wait for
         # the reconcile passes running on it; kopf's sync handlers run on kopf's own pool.
         self.pool = ThreadPoolExecutor(max_workers=min(32, (os.cpu_count() or 1) + 4),
@@ -65,7 +78,8 @@ class _Replica:
         self.kopf_pool: Executor | None = None
 
     def _status(self) -> dict[str, str]:
-        return {"role": "leader" if self.leading else "standby", "identity": IDENTITY}
+        return {"role": "leader" if self.leading else "standby", "identity": IDENTITY,
+                "health": "ok" if self.healthy() else "webhook stalled"}
 
     def _on_signal(self, signum: int) -> None:
         log.info("%s received: stopping", signal.Signals(signum).name)
@@ -104,14 +118,18 @@ class _Replica:
         if not await elector.acquire(self.stop):
             return 0  # stopped while standing by: nothing to hand over
         self.leading = True
+        self.guard = elector.guard
         LEADER.set(1)
         holding = asyncio.create_task(elector.hold(), name="kimik3-lease")
-        holding.add_done_callback(_exit_when_lost)
+        exit_when_lost = functools.partial(_exit_when_lost, elector.guard)
+        holding.add_done_callback(exit_when_lost)
         try:
             await self._kopf()
         finally:
             idle = await _wait_idle([e for e in (self.kopf_pool, self.pool) if e], DRAIN_SECONDS)
-            holding.remove_done_callback(_exit_when_lost)
+            # Renewals stop next: from here on no write is sent, even by a pass still running.
+            elector.guard.revoke("the operator is shutting down")
+            holding.remove_done_callback(exit_when_lost)
             holding.cancel()
             self.leading = False
             LEADER.set(0)
@@ -131,15 +149,16 @@ class _Replica:
         tasks = await kopf.spawn_tasks(
             settings=settings, standalone=self.standalone, clusterwide=not self.config.namespaces,
             namespaces=self.config.namespaces, liveness_endpoint=None, stop_flag=self.stop,
-            memo=kopf.Memo(config=self.config))
+            memo=kopf.Memo(config=self.config, guard=self.guard))
         self._trap_signals()
         await kopf.run_tasks(tasks, ignored=existing)
 
 
-def _exit_when_lost(task: asyncio.Task[str]) -> None:
+def _exit_when_lost(guard: WriteGuard, task: asyncio.Task[str]) -> None:
     if task.cancelled():
         return
     reason = task.exception() or task.result()
+    guard.revoke(f"leadership lost ({reason})")
     log.critical("Leadership lost (%s): exiting now so that only one replica acts", reason)
     LEADER.set(0)
     logging.shutdown()
