@@ -17,8 +17,8 @@ Knobs: ``slow`` (serve a file's first bytes at full speed, then trickle, bounded
 of what is served), ``ignore_range`` (answer 200 to a Range request), ``page_size``; and for the security
 tests, what a hostile or misconfigured Hub does: ``oversize`` (per path: append this many bytes to what a
 GET sends), ``listed_size`` (per path: the size the tree lists, any JSON value), ``foreign`` (which of
-``pages``, ``model_info``, ``tree``, ``resolve`` send the client to the second listener, another origin,
-by a ``Link`` or a 302; that listener serves the same API).
+``pages``, ``model_info``, ``tree``, ``resolve`` send the client to another origin by a ``Link`` or a 302:
+``foreign_base``, by default the second listener, which serves the same API).
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ class FakeHub:
     oversize: dict[str, int] = field(default_factory=dict)
     listed_size: dict[str, Any] = field(default_factory=dict)
     foreign: set[str] = field(default_factory=set)
+    foreign_base: str = ""
     log: list[Logged] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -248,7 +249,7 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
                         return self._error(entry, 404, "EntryNotFound")
                     return self._serve_bytes(entry, found[0], found[1], {"ETag": f'"{m.group(1)}"'})
                 if host == "hub" and (hop := self._foreign_hop(path)):
-                    return self._send(entry, 302, b"", {"Location": f"{hub.cdn_base}{self.path}",
+                    return self._send(entry, 302, b"", {"Location": f"{hub.foreign_base or hub.cdn_base}{self.path}",
                                                         "X-Foreign-Hop": hop})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
                     return self._model_info(entry, m.group(1), m.group(2))
@@ -316,7 +317,7 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
             page = entries[cursor:cursor + hub.page_size]
             headers = {}
             if cursor + hub.page_size < len(entries):
-                base = hub.cdn_base if "pages" in hub.foreign else hub.endpoint
+                base = (hub.foreign_base or hub.cdn_base) if "pages" in hub.foreign else hub.endpoint
                 nxt = (f"{base}/api/models/{repo_id}/tree/{quote(rev, safe='')}"
                        f"{'/' + quote(sub, safe='') if sub else ''}?recursive={str(recursive)}"
                        f"&expand=False&cursor={cursor + hub.page_size}")

@@ -10,7 +10,8 @@ answered 400) and container credentials (``GET /creds``).
 Knobs: ``slow`` (per key: serve the first bytes fast, then trickle, bounded), ``corrupt`` (per key: flip a
 byte), ``page_size`` (keys per listing page); and for the security tests, what a hostile server does:
 ``oversize`` (per key: append this many bytes to what GetObject sends), ``listed_size`` (per key: the
-``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``).
+``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``), ``redirect_to`` (answer every
+object request with a 307 to this base URL).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class FakeS3:
     oversize: dict[str, int] = field(default_factory=dict)
     listed_size: dict[str, str] = field(default_factory=dict)
     part1_size: dict[str, int] = field(default_factory=dict)
+    redirect_to: str = ""
     bodies: list[bytes] = field(default_factory=list)  # request bodies received (POST)
     log: list[Logged] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -199,6 +201,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                     return self._err(entry, 404, "NoSuchBucket")
                 if not key and self.command == "GET" and query.get("list-type") == "2":
                     return self._list(entry, bucket, objs, query)
+                if key and s3.redirect_to:
+                    return self._send(entry, 307, b"", {"Location": s3.redirect_to + self.path})
                 obj = objs.get(key)
                 if obj is None:
                     return self._err(entry, 404, "NoSuchKey")
