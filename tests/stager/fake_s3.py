@@ -10,8 +10,8 @@ answered 400) and container credentials (``GET /creds``).
 Knobs: ``slow`` (per key: serve the first bytes fast, then trickle, bounded), ``corrupt`` (per key: flip a
 byte), ``page_size`` (keys per listing page); and for the security tests, what a hostile server does:
 ``oversize`` (per key: append this many bytes to what GetObject sends), ``listed_size`` (per key: the
-``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``), ``redirect_to`` (answer every
-object request with a 307 to this base URL).
+``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``),
+``redirect_to`` (answer every object request with a 307 to this base URL).
 """
 
 from __future__ import annotations
