@@ -10,6 +10,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +21,8 @@ from tests.fuzz.test_model_uri import cel_holds, pydantic_accepts
 from tests.support.cases import base_deployment
 
 from .stager_world import replay
+
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
 
 SCHEMA = openapi_schema()
 MODEL_SCHEMA = SCHEMA["properties"]["spec"]["properties"]["model"]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,6 +34,8 @@ from .stager_world import (  # noqa: F401
     replay,
     run_stage,
 )
+
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
 
 MODEL = b"\x07" * 50_000
 BAD_SIZES = st.one_of(st.integers(-(10**12), -1), st.sampled_from(["abc", "12kb", "", "1e3", "0x10", "-0"]),

@@ -37,6 +37,8 @@ from tests.support.nodes import all_pools
 
 from .stager_world import FakeS3, cli, cli_env, fake_s3, loopback_only, replay, run_stage  # noqa: F401
 
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
+
 ROLE = "arn:aws:iam::000000000000:role/k3"
 JWTS = st.text(string.ascii_letters + string.digits + "-_.+/=", min_size=13, max_size=120).map(lambda s: "eyJ" + s)
 """A JWT is base64url with dots; '+', '/' and '=' are in the mix so a URL-encoded spelling differs."""

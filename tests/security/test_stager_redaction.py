@@ -28,6 +28,8 @@ from kimik3_operator.stager.redact import MIN_SECRET, RedactingStream, Redactor,
 
 from .stager_world import replay
 
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
+
 SECRETS = st.text(string.ascii_uppercase + string.digits + "+/=_-.", min_size=8, max_size=64)
 """Secrets drawn from characters the filler never uses, so any trace of one is the secret's own."""
 FILLER = string.ascii_lowercase + " "

@@ -18,6 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +30,8 @@ from kimik3_operator.stager.source import RemoteFile
 from tests.stager.fake_hub import git_blob_sha1
 
 from .stager_world import TOKEN, FakeHub, hub, loopback_only, replay, run_stage, tree_state  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
 
 FILES = {"config.json": b'{"model_type": "kimi_k3"}', "weights/model-00001.safetensors": b"\x01" * 40_000,
          "weights/model-00002.safetensors": b"\x02" * 30_000}

@@ -25,6 +25,8 @@ from tests.stager.fake_hub import Logged
 
 from .stager_world import TOKEN, FakeHub, FakeS3, fake_s3, hub, loopback_only, replay, run_stage  # noqa: F401
 
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
+
 HOPS = ("pages", "model_info", "tree", "resolve")
 FILES = {"config.json": b'{"model_type": "kimi_k3"}', "tokenizer.json": b"{}" * 300,
          "weights/model-00001.safetensors": b"\x01" * 70_000, "weights/model-00002.safetensors": b"\x02" * 50_000,

@@ -16,10 +16,13 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from .stager_world import TOKEN, FakeHub, FakeS3, fake_s3, hub, loopback_only, replay, run_stage  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
 
 
 def _largest_file(root: Path) -> int:

@@ -89,11 +89,17 @@ def clear_for_file(path: Path) -> None:
         _remove(path)
 
 
+def _parts(rel: str) -> tuple[str, ...]:
+    """The names of a relative path that stays below its root; () for any other (absolute, '..')."""
+    parts = PurePosixPath(rel).parts
+    return () if not parts or parts[0] == "/" or ".." in parts else parts
+
+
 def plain_stat(dest: Path, rel: str) -> os.stat_result | None:
     """The stat of ``dest/rel`` when it is a regular file reached through real folders only, else None
     (missing, or a symlink anywhere on the way: not a file this stager staged)."""
     cur = root_of(dest)
-    parts = PurePosixPath(rel).parts
+    parts = _parts(rel)
     for i, name in enumerate(parts):
         cur = cur / name
         try:
@@ -104,6 +110,17 @@ def plain_stat(dest: Path, rel: str) -> os.stat_result | None:
         if not expected(st.st_mode):
             return None
     return st if parts else None
+
+
+def local_stat(dest: Path, rel: str, fetches: bool) -> os.stat_result | None:
+    """The file ``rel`` as staged: for a fetching source a regular file reached through real folders only
+    (a symlink is never what it staged); for pvc:// the file a symlink inside ``dest`` may lead to."""
+    if fetches:
+        return plain_stat(dest, rel)
+    try:
+        return os.stat(resolved(dest, rel))
+    except (OSError, WeightsError):
+        return None
 
 
 def resolved(dest: Path, rel: str) -> Path:
@@ -119,7 +136,9 @@ def remove_file(dest: Path, rel: str) -> bool:
     """Remove the staged file ``dest/rel`` (or a symlink there, not its target) if reached through real
     folders only; True when something was removed."""
     cur = root_of(dest)
-    parts = PurePosixPath(rel).parts
+    parts = _parts(rel)
+    if not parts:
+        return False
     for name in parts[:-1]:
         cur = cur / name
         try:

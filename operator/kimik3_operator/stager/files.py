@@ -25,7 +25,7 @@ from typing import Any
 
 from ..contract.stager import STATE_DIR
 from .atomic import fsync_dir
-from .confine import clear_for_file, ensure_dir, open_nofollow, plain_stat, resolved, target_path
+from .confine import clear_for_file, ensure_dir, local_stat, open_nofollow, plain_stat, resolved, target_path
 from .digests import Digests, check_digests, hash_into
 from .errors import ChecksumMismatch, WeightsError
 from .listing import NAME_MAX
@@ -78,17 +78,6 @@ class DestinationLock:
                 pass
             os.close(self.fd)
             self.fd = None
-
-
-def local_stat(dest: Path, rel: str, fetches: bool) -> os.stat_result | None:
-    """The file ``rel`` as staged: for a fetching source a regular file reached through real folders only
-    (a symlink is never what it staged); for pvc:// the file a symlink inside ``dest`` may lead to."""
-    if fetches:
-        return plain_stat(dest, rel)
-    try:
-        return os.stat(resolved(dest, rel))
-    except (OSError, WeightsError):
-        return None
 
 
 def quick_check(dest: Path, manifest: Manifest, fetches: bool = True) -> list[str]:

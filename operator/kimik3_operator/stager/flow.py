@@ -8,8 +8,8 @@ completion marker ``dest/.kimik3/ready.json`` (the manifest). In order:
    listing; pvc: a hash of the (path, size, sha256) of the files).
 3. Fast path: the marker names the same uri, commit and filters and every file still has its recorded
    size and mtime -> return without fetching or hashing anything (``verify="full"`` re-hashes instead).
-4. Otherwise remove the marker first (waiters block from here on), list the files and stage each one
-   (files.py: skip, verify, fetch or resume).
+4. Otherwise remove the marker first (waiters block from here on), list the files, check the listing
+   (listing.py) and stage each one (files.py: skip, verify, fetch or resume).
 5. Remove files the previous manifest had and the new listing has not, write the marker, drop the journal
    and the partials.
 """

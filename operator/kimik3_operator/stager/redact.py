@@ -93,6 +93,13 @@ class RedactingStream(io.TextIOBase):
     def fileno(self) -> int:
         return self._target.fileno()
 
+    def isatty(self) -> bool:
+        return self._target.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._target.encoding
+
     @property
     def target(self) -> TextIO:
         return self._target
