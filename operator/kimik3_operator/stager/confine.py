@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 from pathlib import Path, PurePosixPath
 
 from .errors import WeightsError
@@ -52,7 +53,16 @@ def _remove(path: Path) -> None:
 
 def ensure_dir(dest: Path, rel: str, *, heal: bool) -> Path:
     """The folder ``dest/rel``, every component a real folder (made when missing). A symlink or file in the
-    way is replaced by a folder when ``heal``, else refused (UnsafePath)."""
+    way is replaced by a folder when ``heal``, else refused (UnsafePath). One thread at a time: workers
+    staging files of one folder would otherwise remove each other's fresh folder or the same symlink."""
+    with _MAKING:
+        return _ensure_dir(dest, rel, heal)
+
+
+_MAKING = threading.Lock()
+
+
+def _ensure_dir(dest: Path, rel: str, heal: bool) -> Path:
     cur = root_of(dest)
     for name in PurePosixPath(rel).parts:
         cur = cur / name
