@@ -7,6 +7,8 @@ secret written to stderr in two pieces; credentials in URLs that were never know
 comes first, so no output holds even the secret's first four characters.
 """
 
+# ruff: noqa: F811  (the fixtures are imported from stager_world, and test arguments shadow them)
+
 from __future__ import annotations
 
 import io
@@ -25,8 +27,9 @@ from kimik3_operator.stager import Progress
 from kimik3_operator.stager.job_annotation import JobAnnotationReporter
 from kimik3_operator.stager.progress import JsonSink
 from kimik3_operator.stager.redact import MIN_SECRET, RedactingStream, Redactor, scrub_urls
+from tests.stager.fake_hub import Slow
 
-from .stager_world import replay
+from .stager_world import TOKEN, FakeHub, cli, cli_env, hub, loopback_only, replay  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)  # a replay is bounded; a stall fails here, not at the suite's 600 s
 
@@ -154,3 +157,17 @@ def test_credentials_in_urls_are_never_printed() -> None:
             assert password not in shown and f"{host}/a/b" in shown
 
     one()
+
+
+def test_library_log_lines_are_masked_too(hub: FakeHub, tmp_path: Path) -> None:
+    """The Job command, its CDN cutting every response short: huggingface_hub logs each retry with the
+    URL it fetched, the CDN's signed URL (``?expires=...`` here). The query never reaches stderr, the
+    line appears once, and the run ends in DownloadFailed."""
+    hub.add_repo("org/k3", {"model.safetensors": b"\x05" * 400_000})
+    hub.slow["model.safetensors"] = Slow(fast_bytes=50_000, chunk=1000, delay=0.05, max_seconds=0.2)
+    out = cli("stage", "--uri", "hf://org/k3", "--dest", str(tmp_path / "d"),
+              env=cli_env(HF_ENDPOINT=hub.endpoint, HF_TOKEN=TOKEN))
+    retries = [line for line in out.stderr.splitlines() if "Error while downloading from" in line]
+    assert retries and "/cdn/" in retries[0] and "expires=" not in out.stderr, out.stderr
+    assert len(retries) == len(hub.requests(host="cdn")), "one line per failed transfer, not one per handler"
+    assert out.stderr.strip().splitlines()[-1].startswith("DownloadFailed: model.safetensors"), out.stderr

@@ -84,17 +84,23 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+_HANDLER = _StderrHandler()
+_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+
+
 def _setup_logging(verbose: bool) -> None:
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    # every module's logger is a child of the package's; huggingface_hub keeps a handler of its own, bound
-    # to the stderr of the moment it was made
-    for name, level in ((__package__, logging.DEBUG if verbose else logging.INFO), ("huggingface_hub", None)):
-        log = logging.getLogger(name)
-        log.handlers[:] = [handler]
-        if level is not None:
-            log.setLevel(level)
-        log.propagate = False
+    log = logging.getLogger(__package__)  # every module's logger is a child of the package's
+    log.handlers[:] = [_HANDLER]
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+
+
+def _adopt_library_logs() -> None:
+    """huggingface_hub (imported by the source, if at all) logs through a handler of its own, bound to the
+    stderr of the moment it was imported: its records go through ours instead, to the masked stderr."""
+    log = logging.getLogger("huggingface_hub")
+    log.handlers[:] = [_HANDLER]
+    log.propagate = False
 
 
 def _fail(exc: BaseException) -> int:
@@ -133,6 +139,7 @@ def _stage(args: argparse.Namespace, redact: Redactor) -> int:
                           reason=exc.reason))
             raise
         redact.extra = source.secrets
+        _adopt_library_logs()
         signal.signal(signal.SIGTERM, _on_sigterm)
         result = stage(args.uri, args.revision, dest, token=token, progress=sink, verify=args.verify,
                        workers=args.workers, include=args.include, exclude=args.exclude,

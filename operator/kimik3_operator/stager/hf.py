@@ -202,8 +202,8 @@ class HfSource:
             raise
         except HfHubHTTPError as exc:
             raise _hub_error(exc, self.repo_id, self.commit) from exc
-        except (OSError, ValueError) as exc:  # ValueError: a file over the plain-HTTP limit of huggingface_hub
-            raise WeightsError("DownloadFailed", f"{rf.path}: {exc}") from exc
+        except (OSError, ValueError, httpx2.TransportError) as exc:  # ValueError: over huggingface_hub's HTTP limit
+            raise WeightsError("DownloadFailed", f"{rf.path}: {type(exc).__name__}: {exc}") from exc
 
     def final_commit(self, entries: Sequence[FileEntry]) -> str:
         return self.commit
