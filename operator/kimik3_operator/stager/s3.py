@@ -173,7 +173,7 @@ def _s3_error(r: requests.Response, method: str, bucket: str, key: str) -> Weigh
     code = ""
     try:
         body = read_body(r, where, limit=64 * 1024)
-        code = _xml_text(ET.fromstring(body), "Code")[:64] if body else ""
+        code = _xml_text(ET.fromstring(body), "Code") if body else ""  # not cut: masked whole, later
     except (ET.ParseError, WeightsError):
         pass
     if r.status_code in (401, 403):
