@@ -139,7 +139,7 @@ class Stager:
                 env[var["name"]] = ns
         # The internet this pod would reach, on loopback.
         env["HF_ENDPOINT"] = self.hub.endpoint
-        env["AWS_ENDPOINT_URL"] = self.s3.endpoint
+        env["AWS_ENDPOINT_URL_S3"] = self.s3.endpoint  # what the Job gets for an S3 endpoint
         env.update({k: v for k, v in self.s3.env().items() if k not in env or not env[k]})
         # In-cluster API access as the pod's ServiceAccount.
         sa_dir = workdir / "serviceaccount"

@@ -14,7 +14,11 @@
 Errors carry ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound) as the Hub does. Every
 request is logged (method, path, Range, whether it carried the token) for the tests to count.
 Knobs: ``slow`` (serve a file's first bytes at full speed, then trickle, bounded), ``corrupt`` (flip a byte
-of what is served), ``ignore_range`` (answer 200 to a Range request), ``page_size``.
+of what is served), ``ignore_range`` (answer 200 to a Range request), ``page_size``; and for the security
+tests, what a hostile or misconfigured Hub does: ``oversize`` (per path: append this many bytes to what a
+GET sends), ``listed_size`` (per path: the size the tree lists, any JSON value), ``foreign`` (which of
+``pages``, ``model_info``, ``tree``, ``resolve`` send the client to another origin by a ``Link`` or a 302:
+``foreign_base``, by default the second listener, which serves the same API).
 """
 
 from __future__ import annotations
@@ -116,6 +120,10 @@ class FakeHub:
     slow: dict[str, Slow] = field(default_factory=dict)  # sha256 or path -> Slow
     corrupt: set[str] = field(default_factory=set)  # paths served with a flipped byte
     ignore_range: bool = False
+    oversize: dict[str, int] = field(default_factory=dict)
+    listed_size: dict[str, Any] = field(default_factory=dict)
+    foreign: set[str] = field(default_factory=set)
+    foreign_base: str = ""
     log: list[Logged] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -181,9 +189,10 @@ class FakeHub:
         return None
 
     def tree_entry(self, path: str, data: bytes) -> dict[str, Any]:
-        e: dict[str, Any] = {"type": "file", "oid": git_blob_sha1(data), "size": len(data), "path": path}
+        size = self.listed_size.get(path, len(data))
+        e: dict[str, Any] = {"type": "file", "oid": git_blob_sha1(data), "size": size, "path": path}
         if self.is_lfs(path):
-            e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
         return e
 
 
@@ -233,12 +242,15 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
             path = unquote(url.path)
             query = parse_qs(url.query)
             try:
-                if host == "cdn":
+                if host == "cdn" and url.path.startswith("/cdn/"):
                     m = re.fullmatch(r"/cdn/([0-9a-f]{64})", url.path)
                     found = hub.blob(m.group(1)) if m else None
                     if found is None:
                         return self._error(entry, 404, "EntryNotFound")
                     return self._serve_bytes(entry, found[0], found[1], {"ETag": f'"{m.group(1)}"'})
+                if host == "hub" and (hop := self._foreign_hop(path)):
+                    return self._send(entry, 302, b"", {"Location": f"{hub.foreign_base or hub.cdn_base}{self.path}",
+                                                        "X-Foreign-Hop": hop})
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
                     return self._model_info(entry, m.group(1), m.group(2))
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", path):
@@ -250,6 +262,12 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
                 return self._error(entry, 404, "NotFound")
             except (BrokenPipeError, ConnectionResetError):
                 return None
+
+        def _foreign_hop(self, path: str) -> str:
+            """The ``foreign`` knob this request falls under ("" when it is served here)."""
+            kinds = {"model_info": "/revision/", "tree": "/tree/", "resolve": "/resolve/"}
+            return next((k for k, part in kinds.items() if k in hub.foreign and part in path
+                         and (k != "resolve" or not hub.is_lfs(path))), "")
 
         def _repo(self, entry: Logged, repo_id: str, rev: str) -> tuple[Repo, str] | None:
             repo = hub.repos.get(repo_id)
@@ -299,7 +317,8 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
             page = entries[cursor:cursor + hub.page_size]
             headers = {}
             if cursor + hub.page_size < len(entries):
-                nxt = (f"{hub.endpoint}/api/models/{repo_id}/tree/{quote(rev, safe='')}"
+                base = (hub.foreign_base or hub.cdn_base) if "pages" in hub.foreign else hub.endpoint
+                nxt = (f"{base}/api/models/{repo_id}/tree/{quote(rev, safe='')}"
                        f"{'/' + quote(sub, safe='') if sub else ''}?recursive={str(recursive)}"
                        f"&expand=False&cursor={cursor + hub.page_size}")
                 headers["Link"] = f'<{nxt}>; rel="next"'
@@ -348,6 +367,8 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
                 data = data[start:end]
                 status = 206
+            if self.command == "GET" and path in hub.oversize:
+                data += b"\0" * hub.oversize[path]
             write_body(self, entry, status, data, headers, hub.slow.get(path), start)
 
     return Handler

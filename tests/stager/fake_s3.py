@@ -4,10 +4,14 @@
 Unlike moto, it checks every SigV4 signature: it rebuilds the canonical request from the request it
 *received* and signs it with the known secret, so a client that signs one URL and sends another fails
 here. It also answers the two credential endpoints the loader can use: STS AssumeRoleWithWebIdentity
-(``GET /sts/?Action=...``) and container credentials (``GET /creds``).
+(``POST /sts/`` with the form in the body, as AWS takes it; the same call with the token in the URL is
+answered 400) and container credentials (``GET /creds``).
 
 Knobs: ``slow`` (per key: serve the first bytes fast, then trickle, bounded), ``corrupt`` (per key: flip a
-byte), ``page_size`` (keys per listing page).
+byte), ``page_size`` (keys per listing page); and for the security tests, what a hostile server does:
+``oversize`` (per key: append this many bytes to what GetObject sends), ``listed_size`` (per key: the
+``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``),
+``redirect_to`` (answer every object request with a 307 to this base URL).
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ class FakeS3:
     corrupt: set[str] = field(default_factory=set)
     require_auth: bool = True
     secrets: dict[str, str] = field(default_factory=lambda: {ACCESS_KEY: SECRET_KEY})
+    oversize: dict[str, int] = field(default_factory=dict)
+    listed_size: dict[str, str] = field(default_factory=dict)
+    part1_size: dict[str, int] = field(default_factory=dict)
+    redirect_to: str = ""
+    bodies: list[bytes] = field(default_factory=list)  # request bodies received (POST)
     log: list[Logged] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -148,6 +157,9 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
         def do_HEAD(self) -> None:
             self._route()
 
+        def do_POST(self) -> None:
+            self._route()
+
         def _route(self) -> None:
             url = urlsplit(self.path)
             entry = Logged(self.command, self.path, self.headers.get("Range"),
@@ -155,14 +167,22 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
             with s3._lock:
                 s3.log.append(entry)
             query = {k: v[0] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            form: dict[str, str] = {}
+            if self.command == "POST":
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with s3._lock:
+                    s3.bodies.append(body)
+                form = {k: v[0] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
             try:
                 if url.path == "/creds":
                     return self._send(entry, 200, (
                         f'{{"AccessKeyId": "{ACCESS_KEY}", "SecretAccessKey": "{SECRET_KEY}",'
                         ' "Token": "container-session-token", "Expiration": "2999-01-01T00:00:00Z"}').encode(),
                         ctype="application/json")
-                if url.path == "/sts/" and query.get("Action") == "AssumeRoleWithWebIdentity":
-                    if not query.get("WebIdentityToken"):
+                if url.path == "/sts/" and "WebIdentityToken" in query:
+                    return self._err(entry, 400, "TokenInTheUrl")
+                if url.path == "/sts/" and form.get("Action") == "AssumeRoleWithWebIdentity":
+                    if not form.get("WebIdentityToken"):
                         return self._err(entry, 400, "InvalidIdentityToken")
                     return self._send(entry, 200, (
                         "<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">"
@@ -181,6 +201,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                     return self._err(entry, 404, "NoSuchBucket")
                 if not key and self.command == "GET" and query.get("list-type") == "2":
                     return self._list(entry, bucket, objs, query)
+                if key and s3.redirect_to:
+                    return self._send(entry, 307, b"", {"Location": s3.redirect_to + self.path})
                 obj = objs.get(key)
                 if obj is None:
                     return self._err(entry, 404, "NoSuchKey")
@@ -195,7 +217,7 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 "continuation-token") else 0
             page = keys[start:start + s3.page_size]
             truncated = start + s3.page_size < len(keys)
-            items = "".join(f"<Contents><Key>{escape(k)}</Key><Size>{len(objs[k].data)}</Size>"
+            items = "".join(f"<Contents><Key>{escape(k)}</Key><Size>{s3.listed_size.get(k, len(objs[k].data))}</Size>"
                             f"<ETag>&quot;{objs[k].etag}&quot;</ETag><StorageClass>STANDARD</StorageClass></Contents>"
                             for k in page)
             nxt = ""
@@ -233,6 +255,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
                 data = data[start:end]
                 status = 206
+                if key in s3.part1_size and n == 1:
+                    data = b"\0" * s3.part1_size[key]
             elif rng := self.headers.get("Range"):
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
                 if m is None or int(m.group(1)) >= len(data):
@@ -242,6 +266,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(obj.data)}"
                 data = data[start:end]
                 status = 206
+            if self.command == "GET" and key in s3.oversize:
+                data += b"\0" * s3.oversize[key]
             write_body(self, entry, status, data, headers, s3.slow.get(key), start)
 
     return Handler

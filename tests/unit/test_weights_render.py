@@ -110,11 +110,12 @@ def test_pvc_sources_are_verified_in_place_on_the_users_claim() -> None:
 
 def test_s3_credentials_come_from_the_whole_secret_and_the_endpoint_from_the_spec() -> None:
     plan = _plan({"uri": "s3://models/kimi-k3", "authSecretRef": {"name": "s3-creds"},
-                  "endpoint": "http://127.0.0.1:9000"})
+                  "endpoint": "http://127.0.0.1:9000", "allowInsecureEndpoint": True})
     (job,) = _kinds(render_weights(OWNER, plan), "Job")
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
-    assert {"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"} in c["env"]
+    assert {"name": "AWS_ENDPOINT_URL_S3", "value": "http://127.0.0.1:9000"} in c["env"]
+    assert not any(e["name"] == "AWS_ENDPOINT_URL" for e in c["env"])  # it would redirect STS too
     assert not any(e["name"].startswith("HF_") for e in c["env"])
 
 

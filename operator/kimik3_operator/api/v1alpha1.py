@@ -111,9 +111,22 @@ class ModelSource(SpecModel):
     """Shared weights volume; omitted means the default claim settings."""
     endpoint: EndpointUrl | None = None
     """Hub or S3 endpoint to download from (a mirror, a private S3 service); rendered as HF_ENDPOINT
-    or AWS_ENDPOINT_URL for the staging Jobs only. Default: the public Hub / AWS."""
+    or AWS_ENDPOINT_URL_S3 for the staging Jobs only. Default: the public Hub / AWS. Must be https://
+    unless allowInsecureEndpoint is set: the Hub token or the S3 credentials are sent to it."""
+    allow_insecure_endpoint: bool = False
+    """Allow a plain http:// endpoint (a mirror or S3 service inside the cluster network), accepting
+    that the credentials and the weights cross the network unencrypted."""
 
-    rules = model_uri_rules("uri", "uri")
+    rules = (
+        *model_uri_rules("uri", "uri"),
+        Rule(
+            cel="!has(self.endpoint) || self.endpoint.startsWith('https://') "
+                "|| (has(self.allowInsecureEndpoint) && self.allowInsecureEndpoint)",
+            message="endpoint must be https:// (set allowInsecureEndpoint to allow plain http://)",
+            field_path=".endpoint",
+            check=lambda m: m.endpoint is None or m.endpoint.startswith("https://") or m.allow_insecure_endpoint,
+        ),
+    )
 
 
 class Retention(SpecModel):

@@ -89,8 +89,8 @@ def _secret_env(weights: WeightsPlan, source: WeightsSource) -> tuple[list[dict[
     elif source.scheme == "s3":
         if weights.auth_secret:
             env_from.append({"secretRef": {"name": weights.auth_secret[0]}})
-        if weights.endpoint:
-            env.append({"name": "AWS_ENDPOINT_URL", "value": weights.endpoint})
+        if weights.endpoint:  # S3 only: AWS_ENDPOINT_URL would also send the pod's STS exchange there
+            env.append({"name": "AWS_ENDPOINT_URL_S3", "value": weights.endpoint})
     return env, env_from
 
 

@@ -11,9 +11,12 @@ importing the stager costs nothing).
     files.py       per file: skip, verify, fetch or resume; the destination lock; the space check
     source.py      what a source offers (Source, RemoteFile) and the partial file it writes into
     hf.py s3.py pvc.py (sigv4.py)   the sources
+    listing.py     what a listing must be (sizes, names, no file that is also a folder)
     manifest.py    what a stage leaves on disk: the marker (manifest), the journal
+    confine.py     paths that stay inside the destination (no symlink leads out)
     digests.py     hashing while writing, and the checksums sources vouch for
     progress.py job_annotation.py   progress records: stdout, the termination message, the Job annotation
+    redact.py      secrets and URL credentials masked in everything printed
     wait.py        wait until a destination holds a complete stage
 
     from kimik3_operator.stager import stage

@@ -7,7 +7,8 @@
 
 Secrets never come from arguments: the Hub token is ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN``, or the
 file named by ``--token-file``, e.g. a mounted Secret); S3 credentials are the usual ``AWS_*`` variables.
-Every line printed is passed through a filter that masks the secret values it knows.
+Everything printed on stderr, and every progress record, is masked by redact.py (the secret values it
+knows, and credentials in URLs).
 
 stage prints one JSON progress record per line on stdout (see progress.py for the fields) and, with
 ``--progress-file``, keeps the latest record in that file (replaced atomically; written in place when the
@@ -25,7 +26,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,36 +36,12 @@ from .flow import VERIFY_MODES, make_source, stage
 from .job_annotation import JobAnnotationReporter
 from .manifest import read_manifest
 from .progress import JsonSink, Progress
+from .redact import RedactingStream, Redactor
 from .wait import wait_ready
 
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
               "AWS_CONTAINER_AUTHORIZATION_TOKEN")
-
-
-class Redactor:
-    """Masks every known secret value in text. Secrets can be added later (credentials fetched at run time)."""
-
-    def __init__(self, values: Sequence[str] = (), extra: Callable[[], Sequence[str]] | None = None) -> None:
-        self.values = [v for v in values if v and len(v) >= 4]
-        self.extra = extra
-
-    def __call__(self, text: str) -> str:
-        values = list(self.values) + [v for v in (self.extra() if self.extra else []) if v and len(v) >= 4]
-        for v in sorted(set(values), key=len, reverse=True):
-            text = text.replace(v, "***")
-        return text
-
-
-class _RedactingFilter(logging.Filter):
-    def __init__(self, redact: Redactor) -> None:
-        super().__init__()
-        self.redact = redact
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self.redact(record.getMessage())
-        record.args = None
-        return True
 
 
 def _read_token(args: argparse.Namespace) -> str | None:
@@ -78,21 +56,59 @@ def _read_token(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _setup_logging(redact: Redactor, verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    handler.addFilter(_RedactingFilter(redact))
+@contextmanager
+def _masked_stderr(redact: Redactor) -> Iterator[None]:
+    """stderr through the redactor while the stage runs: the stager's own log lines and whatever the
+    libraries print (huggingface_hub logs the URL of a failed download, a signed CDN URL)."""
+    original = sys.stderr
+    sys.stderr = RedactingStream(original, redact)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr = original
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (the masking stream while a stage runs)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+_HANDLER = _StderrHandler()
+_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+
+
+def _setup_logging(verbose: bool) -> None:
     log = logging.getLogger(__package__)  # every module's logger is a child of the package's
-    log.handlers[:] = [handler]
+    log.handlers[:] = [_HANDLER]
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     log.propagate = False
 
 
-def _fail(exc: BaseException, redact: Redactor) -> int:
+def _adopt_library_logs() -> None:
+    """huggingface_hub (imported by the source, if at all) logs through a handler of its own, bound to the
+    stderr of the moment it was imported: its records go through ours instead, to the masked stderr."""
+    log = logging.getLogger("huggingface_hub")
+    log.handlers[:] = [_HANDLER]
+    log.propagate = False
+
+
+def _fail(exc: BaseException) -> int:
+    """The last stderr line (masked: stderr is the redacting stream here)."""
     if isinstance(exc, WeightsError):
-        print(redact(f"{exc.reason}: {exc.message}"), file=sys.stderr)
+        print(f"{exc.reason}: {exc.message}", file=sys.stderr)
     else:
-        print(redact(f"InternalError: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        print(f"InternalError: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1
 
 
@@ -101,10 +117,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    env_secrets = [os.environ.get(n, "") for n in SECRET_ENV]
-    redact = Redactor(env_secrets)
-    _setup_logging(redact, args.verbose)
-    reporter = JobAnnotationReporter(args.report_job) if args.report_job else None
+    redact = Redactor([os.environ.get(n, "") for n in SECRET_ENV])
+    _setup_logging(args.verbose)
+    with _masked_stderr(redact):
+        return _stage(args, redact)
+
+
+def _stage(args: argparse.Namespace, redact: Redactor) -> int:
+    reporter = JobAnnotationReporter(args.report_job, redact=redact) if args.report_job else None
     sink = JsonSink(sys.stdout, Path(args.progress_file) if args.progress_file else None, redact=redact,
                     forward=reporter)
     try:
@@ -119,12 +139,13 @@ def cmd_stage(args: argparse.Namespace) -> int:
                           reason=exc.reason))
             raise
         redact.extra = source.secrets
+        _adopt_library_logs()
         signal.signal(signal.SIGTERM, _on_sigterm)
         result = stage(args.uri, args.revision, dest, token=token, progress=sink, verify=args.verify,
                        workers=args.workers, include=args.include, exclude=args.exclude,
                        progress_interval=args.progress_interval, lock_timeout=args.lock_timeout, source=source)
     except WeightsError as exc:
-        return _fail(exc, redact)
+        return _fail(exc)
     except (SystemExit, KeyboardInterrupt) as exc:  # SIGTERM: progress already says Interrupted
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130
         print("Interrupted: stopped by a signal; partial downloads are kept for the next run", file=sys.stderr)
@@ -133,7 +154,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         os._exit(code)  # worker threads may sit in a stalled read: do not join them
     except Exception as exc:
         logging.getLogger(__package__).debug("traceback", exc_info=True)
-        return _fail(exc, redact)
+        return _fail(exc)
     if result.unverified_files:
         print(f"WARNING {len(result.unverified_files)} file(s) had no checksum from the source "
               f"(e.g. {result.unverified_files[0]})", file=sys.stderr)

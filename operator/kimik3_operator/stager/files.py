@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -22,9 +23,12 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from ..contract.stager import STATE_DIR
 from .atomic import fsync_dir
+from .confine import clear_for_file, ensure_dir, local_stat, open_nofollow, plain_stat, resolved, target_path
 from .digests import Digests, check_digests, hash_into
 from .errors import ChecksumMismatch, WeightsError
+from .listing import NAME_MAX
 from .manifest import LOCK_NAME, FileEntry, Manifest, journal_append, state_dir
 from .progress import Tracker
 from .source import PartialWriter, RemoteFile, Source
@@ -37,14 +41,15 @@ class DestinationLock:
     process, so a killed stager never leaves the destination locked."""
 
     def __init__(self, dest: Path, timeout: float, tracker: Tracker) -> None:
+        self.dest = dest
         self.path = state_dir(dest) / LOCK_NAME
         self.timeout = timeout
         self.tracker = tracker
         self.fd: int | None = None
 
     def __enter__(self) -> DestinationLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.path = ensure_dir(self.dest, STATE_DIR, heal=True) / LOCK_NAME  # a symlinked state folder is replaced
+        self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         deadline = time.monotonic() + self.timeout
         announced = False
         while True:
@@ -75,16 +80,12 @@ class DestinationLock:
             self.fd = None
 
 
-def quick_check(dest: Path, manifest: Manifest) -> list[str]:
+def quick_check(dest: Path, manifest: Manifest, fetches: bool = True) -> list[str]:
     """Files of ``manifest`` that are missing or whose size or mtime changed (empty: all in place)."""
     bad = []
     for f in manifest.files:
-        try:
-            st = os.stat(dest / f.path)
-        except OSError:
-            bad.append(f.path)
-            continue
-        if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+        st = local_stat(dest, f.path, fetches)
+        if st is None or st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
             bad.append(f.path)
     return bad
 
@@ -96,13 +97,11 @@ def check_space(dest: Path, files: Iterable[RemoteFile], partial_dir: Path, fetc
         return
     need = 0
     for rf in files:
+        st = plain_stat(dest, rf.path)
+        if st is not None and st.st_size == rf.size:
+            continue
         try:
-            if os.stat(dest / rf.path).st_size == rf.size:
-                continue
-        except OSError:
-            pass
-        try:
-            have = os.stat(partial_dir / partial_name(rf)).st_size
+            have = os.lstat(partial_dir / partial_name(rf)).st_size
         except OSError:
             have = 0
         need += max(0, rf.size - have)
@@ -114,10 +113,14 @@ def check_space(dest: Path, files: Iterable[RemoteFile], partial_dir: Path, fetc
 
 def partial_name(rf: RemoteFile) -> str:
     """The partial download of ``rf`` in ``.kimik3/partial/``: keyed by its remote identity, so bytes of
-    another version of the file are never resumed."""
+    another version of the file are never resumed. A name that would pass the file system's 255 bytes
+    (a deep path flattened) is a hash of the path instead."""
     flat = rf.path.replace("%", "%25").replace("/", "%2F")
     ident = "".join(c for c in rf.identity if c.isalnum())[:16] or "x"
-    return f"{flat}.{ident}.part"
+    name = f"{flat}.{ident}.part"
+    if len(name.encode()) > NAME_MAX:
+        name = f"{hashlib.sha256(rf.path.encode()).hexdigest()}.{ident}.part"
+    return name
 
 
 def part_size(rf: RemoteFile) -> int:
@@ -125,7 +128,7 @@ def part_size(rf: RemoteFile) -> int:
     v = rf.expected.get("s3-multipart")
     if not v:
         return 0
-    return int(v.rsplit("/", 1)[1])
+    return int(v.rsplit("/", 1)[1])  # s3.py wrote it, a whole number
 
 
 class FileStager:
@@ -147,14 +150,16 @@ class FileStager:
             journal_append(self.dest, entry)
         return entry
 
+    def _local(self, rel: str) -> Path:
+        """Where ``rel`` is: for a fetching source a path of real folders (made so); for pvc:// the file
+        itself, symlinks inside ``dest`` followed."""
+        return target_path(self.dest, rel) if self.src.fetches else resolved(self.dest, rel)
+
     def stage_file(self, rf: RemoteFile) -> FileEntry:
         if self.cancel.is_set():
             raise WeightsError("Cancelled", "another file failed")
-        target = self.dest / rf.path
-        try:
-            st: os.stat_result | None = os.stat(target)
-        except OSError:
-            st = None
+        target = self._local(rf.path)
+        st = local_stat(self.dest, rf.path, self.src.fetches)
         rec = self.trust.get(rf.path)
         same_remote = rec is not None and rec.identity == rf.identity and rec.size == rf.size
 
@@ -168,7 +173,7 @@ class FileStager:
                 expected["sha256"] = rec.sha256  # what we verified when we fetched it
             self.tracker.start_file(rf.path)
             digests = Digests(size=rf.size, algorithms=expected, part_size=part_size(rf))
-            with open(target, "rb") as f:
+            with os.fdopen(os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
                 hash_into(digests, f, on_bytes=self.tracker.hashed)
             try:
                 verified_by = check_digests(rf.path, expected, digests.result())
@@ -194,22 +199,19 @@ class FileStager:
         return self._download(rf, target)
 
     def _download(self, rf: RemoteFile, target: Path) -> FileEntry:
-        self.partial_dir.mkdir(parents=True, exist_ok=True)
         part = self.partial_dir / partial_name(rf)
         self.tracker.start_file(rf.path)
         try:
             for attempt in (1, 2):
-                try:
-                    offset = part.stat().st_size
-                except OSError:
-                    offset = 0
+                fd = open_nofollow(part, os.O_RDWR | os.O_CREAT)
+                offset = os.fstat(fd).st_size
                 if offset > rf.size:
-                    part.unlink()
+                    os.ftruncate(fd, 0)
                     offset = 0
-                with open(part, "r+b" if offset else "w+b") as f:
+                with os.fdopen(fd, "r+b") as f:
                     writer = PartialWriter(f, lambda: Digests(size=rf.size, algorithms=rf.expected,
                                                               part_size=part_size(rf)), self.tracker, offset,
-                                           self.cancel)
+                                           self.cancel, limit=rf.size, path=rf.path)
                     if offset:
                         self.tracker.resumed(offset)
                     if writer.offset < rf.size or rf.size == 0:
@@ -229,16 +231,16 @@ class FileStager:
                             self.tracker.rewind(writer.offset, resumed=writer.resumed)
                             continue
                         raise
+                    os.fchmod(f.fileno(), 0o644)
                     os.fsync(f.fileno())
                 break
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(part, 0o644)
+            clear_for_file(target)
             os.replace(part, target)
             fsync_dir(target.parent)
         finally:
             self.tracker.end_file(rf.path)
         return self._record(FileEntry(rf.path, rf.size, actual["sha256"], rf.identity, verified_by,
-                                      os.stat(target).st_mtime_ns))
+                                      os.lstat(target).st_mtime_ns))
 
 
 def stage_files(stager: FileStager, files: list[RemoteFile], workers: int) -> list[FileEntry]:

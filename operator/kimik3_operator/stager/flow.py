@@ -8,8 +8,8 @@ completion marker ``dest/.kimik3/ready.json`` (the manifest). In order:
    listing; pvc: a hash of the (path, size, sha256) of the files).
 3. Fast path: the marker names the same uri, commit and filters and every file still has its recorded
    size and mtime -> return without fetching or hashing anything (``verify="full"`` re-hashes instead).
-4. Otherwise remove the marker first (waiters block from here on), list the files and stage each one
-   (files.py: skip, verify, fetch or resume).
+4. Otherwise remove the marker first (waiters block from here on), list the files, check the listing
+   (listing.py) and stage each one (files.py: skip, verify, fetch or resume).
 5. Remove files the previous manifest had and the new listing has not, write the marker, drop the journal
    and the partials.
 """
@@ -26,10 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..contract.stager import STATE_DIR
 from ..contract.uri import InvalidModelUri, ModelLocation, parse_model_uri
 from .atomic import atomic_write_json, fsync_dir
+from .confine import ensure_dir, remove_file
 from .errors import WeightsError
 from .files import DestinationLock, FileStager, check_space, quick_check, stage_files
+from .listing import checked_listing
 from .manifest import (
     JOURNAL_NAME,
     PARTIAL_DIR,
@@ -43,7 +46,7 @@ from .manifest import (
     state_dir,
 )
 from .progress import Progress, Tracker
-from .source import RemoteFile, Source
+from .source import Source
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ def _stage_locked(src: Source, uri: str, revision: str, dest: Path, tracker: Tra
     # -- fast path: same source, commit and filters, every file where the marker left it
     if (previous is not None and commit is not None and previous.uri == uri and previous.commit == commit
             and previous.filters == filters):
-        stale = quick_check(dest, previous) if verify == "quick" else None
+        stale = quick_check(dest, previous, src.fetches) if verify == "quick" else None
         if stale == []:
             total = previous.total_bytes
             tracker.update(files_total=len(previous.files), files_done=len(previous.files), bytes_total=total,
@@ -193,16 +196,9 @@ def _stage_locked(src: Source, uri: str, revision: str, dest: Path, tracker: Tra
         previous = read_manifest(dest, name=PREVIOUS_NAME)
 
     tracker.phase("Listing", "listing files")
-    listed = src.list_files(commit)
-    files: list[RemoteFile] = []
-    seen: set[str] = set()
-    for rf in listed:
-        rel = safe_relpath(rf.path)
-        if rel in seen:
-            raise WeightsError("InvalidListing", f"{rel} is listed twice")
-        seen.add(rel)
-        if _selected(rel, include, exclude):
-            files.append(rf if rel == rf.path else RemoteFile(rel, rf.size, rf.identity, dict(rf.expected)))
+    listed = checked_listing(src.list_files(commit))
+    seen = {rf.path for rf in listed}
+    files = [rf for rf in listed if _selected(rf.path, include, exclude)]
     if not files:
         raise WeightsError("NoFiles", f"{uri} at {commit or revision} has no files to stage"
                            + (f" matching {filters}" if include or exclude else ""))
@@ -212,7 +208,7 @@ def _stage_locked(src: Source, uri: str, revision: str, dest: Path, tracker: Tra
         trust.update({f.path: f for f in previous.files})
     trust.update({e.path: e for e in journal_records(dest)})
 
-    partial_dir = state_dir(dest) / PARTIAL_DIR
+    partial_dir = ensure_dir(dest, f"{STATE_DIR}/{PARTIAL_DIR}", heal=True)
     check_space(dest, files, partial_dir, src.fetches)
 
     total = sum(f.size for f in files)
@@ -226,10 +222,10 @@ def _stage_locked(src: Source, uri: str, revision: str, dest: Path, tracker: Tra
         keep = {e.path for e in entries}
         for old in previous.files:
             if old.path not in keep and old.path not in seen:
-                try:
-                    (dest / safe_relpath(old.path)).unlink()
-                except (OSError, WeightsError):
-                    pass
+                try:  # a forged marker may name anything: only a safe path reached through real folders
+                    remove_file(dest, safe_relpath(old.path))
+                except WeightsError:
+                    log.warning("not removing %r, named by the previous marker: not a path inside %s", old.path, dest)
 
     final = commit or src.final_commit(entries)
     tracker.update(commit=final)

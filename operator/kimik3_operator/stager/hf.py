@@ -18,6 +18,12 @@ file per file and resumes it with ``http_get(resume_size=...)``.
 Xet: files served from Xet storage are fetched over the Hub's plain HTTP bridge (the ``/resolve``
 redirect), which supports Range; the hf_xet client is not used, so Xet's chunk deduplication is not used
 either.
+
+The token goes to the configured endpoint's origin (scheme, host, port) and nowhere else, whatever asks
+for another: a pagination ``Link``, a redirect, a CDN location. huggingface_hub would follow a next-page
+link anywhere with the same headers and forward the token to any "Hub host" on a redirect; every request it
+makes goes through one httpx client, whose request hook here drops the ``Authorization`` header of any
+request to another origin (``_token_stays_home``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from urllib.parse import urlsplit
 # (huggingface_hub 2.x calls {endpoint}/api/agent-harnesses to build its user agent unless this is set).
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+import httpx2
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, set_client_factory
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -42,9 +49,11 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import http_get
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # a lazy export mypy cannot see
+from huggingface_hub.utils._http import default_client_factory
 
 from ..contract.stager import HUB_COMMIT
 from .errors import WeightsError
+from .listing import parse_size
 from .manifest import FileEntry, Manifest
 from .source import PartialWriter, RemoteFile
 
@@ -70,9 +79,34 @@ class _Silent:
         pass
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+Origin = tuple[str, str, int | None]
+
+
+def _origin(url: str) -> Origin:
     p = urlsplit(url)
-    return p.scheme, (p.hostname or "").lower(), p.port or {"http": 80, "https": 443}.get(p.scheme)
+    return p.scheme.lower(), (p.hostname or "").lower(), p.port or {"http": 80, "https": 443}.get(p.scheme.lower())
+
+
+_HOMES: dict[str, Origin] = {}
+"""Each token the stager was given -> the one origin it may be sent to (tests run several sources at once)."""
+
+
+def _token_stays_home(request: httpx2.Request) -> None:
+    auth = request.headers.get("authorization")
+    if auth is None:
+        return
+    token = auth.partition(" ")[2]
+    if _HOMES.get(token) != _origin(str(request.url)):
+        del request.headers["authorization"]
+
+
+def _guarded_client() -> httpx2.Client:
+    client = default_client_factory()
+    client.event_hooks = {**client.event_hooks, "request": [*client.event_hooks["request"], _token_stays_home]}
+    return client
+
+
+set_client_factory(_guarded_client)
 
 
 def _hub_error(exc: Exception, repo_id: str, revision: str) -> WeightsError:
@@ -88,7 +122,9 @@ def _hub_error(exc: Exception, repo_id: str, revision: str) -> WeightsError:
         if status in (401, 403):
             return WeightsError("Unauthorized", f"hf://{repo_id}: HTTP {status}")
         return WeightsError("HubError", f"hf://{repo_id}: HTTP {status}")
-    return WeightsError("HubUnreachable", f"hf://{repo_id}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (httpx2.TransportError, OSError)):
+        return WeightsError("HubUnreachable", f"hf://{repo_id}: {type(exc).__name__}: {exc}")
+    return WeightsError("HubError", f"hf://{repo_id}: an answer the stager cannot read ({type(exc).__name__}: {exc})")
 
 
 class HfSource:
@@ -100,6 +136,8 @@ class HfSource:
         self.endpoint = endpoint.rstrip("/") if endpoint else None
         self.api = HfApi(endpoint=self.endpoint, token=self.token)
         self.commit = ""
+        if isinstance(self.token, str):
+            _HOMES[self.token] = _origin(self.api.endpoint)
 
     def secrets(self) -> list[str]:
         return [self.token] if isinstance(self.token, str) and self.token else []
@@ -126,10 +164,13 @@ class HfSource:
                 if not isinstance(item, RepoFile):
                     continue
                 if item.lfs is not None:
-                    out.append(RemoteFile(item.path, int(item.lfs.size), item.lfs.sha256,
-                                          {"sha256": item.lfs.sha256}))
+                    out.append(RemoteFile(item.path, parse_size(item.lfs.size, item.path), str(item.lfs.sha256),
+                                          {"sha256": str(item.lfs.sha256)}))
                 else:
-                    out.append(RemoteFile(item.path, int(item.size), item.blob_id, {"git-sha1": item.blob_id}))
+                    out.append(RemoteFile(item.path, parse_size(item.size, item.path), str(item.blob_id),
+                                          {"git-sha1": str(item.blob_id)}))
+        except WeightsError:
+            raise
         except Exception as exc:
             raise _hub_error(exc, self.repo_id, commit) from exc
         return out
@@ -161,8 +202,8 @@ class HfSource:
             raise
         except HfHubHTTPError as exc:
             raise _hub_error(exc, self.repo_id, self.commit) from exc
-        except OSError as exc:
-            raise WeightsError("DownloadFailed", f"{rf.path}: {exc}") from exc
+        except (OSError, ValueError, httpx2.TransportError) as exc:  # ValueError: over huggingface_hub's HTTP limit
+            raise WeightsError("DownloadFailed", f"{rf.path}: {type(exc).__name__}: {exc}") from exc
 
     def final_commit(self, entries: Sequence[FileEntry]) -> str:
         return self.commit

@@ -32,8 +32,10 @@ class JobAnnotationReporter:
     (always for Complete and Failed, so the last word is never throttled away)."""
 
     def __init__(self, job: str, *, env: Mapping[str, str] | None = None, interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, session: requests.Session | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, session: requests.Session | None = None,
+                 redact: Callable[[str], str] = lambda s: s) -> None:
         env = os.environ if env is None else env
+        self._redact = redact
         sa_dir = Path(env.get("KIMIK3_SERVICEACCOUNT_DIR", SERVICE_ACCOUNT_DIR))
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         self.enabled = bool(host) and (sa_dir / "token").is_file()
@@ -77,7 +79,7 @@ class JobAnnotationReporter:
                                              "Content-Type": "application/merge-patch+json"},
                                     verify=self._verify, timeout=10)
             if r.status_code >= 300:
-                raise OSError(f"HTTP {r.status_code}: {r.text[:200]}")
+                raise OSError(f"HTTP {r.status_code}: {self._redact(r.text)[:200]}")  # mask, then cut
         except (OSError, requests.RequestException) as exc:
             if not self._warned:
                 log.warning("cannot report progress on Job %s (continuing): %s", self.job, exc)

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..contract.stager import MARKER_NAME, STATE_DIR
+from .confine import ensure_dir, open_nofollow, read_own
 from .errors import WeightsError
 
 PREVIOUS_NAME = "previous.json"
@@ -115,7 +116,7 @@ def read_manifest(dest: Path, *, name: str = MARKER_NAME) -> Manifest | None:
     """The completion marker of ``dest``, or None when absent or unreadable (a torn or foreign file is
     treated as absent: the stager rewrites it, the waiter keeps waiting)."""
     try:
-        return Manifest.from_json(json.loads((state_dir(dest) / name).read_text()))
+        return Manifest.from_json(json.loads(read_own(state_dir(dest) / name)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -125,8 +126,8 @@ def read_manifest(dest: Path, *, name: str = MARKER_NAME) -> Manifest | None:
 
 def journal_records(dest: Path) -> Iterator[FileEntry]:
     try:
-        text = (state_dir(dest) / JOURNAL_NAME).read_text()
-    except OSError:
+        text = read_own(state_dir(dest) / JOURNAL_NAME)
+    except (OSError, ValueError):
         return
     for line in text.splitlines():
         try:
@@ -136,9 +137,8 @@ def journal_records(dest: Path) -> Iterator[FileEntry]:
 
 
 def journal_append(dest: Path, entry: FileEntry) -> None:
-    path = state_dir(dest) / JOURNAL_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
+    path = ensure_dir(dest, STATE_DIR, heal=True) / JOURNAL_NAME
+    with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8") as f:
         f.write(json.dumps(entry.as_json(), sort_keys=True, separators=(",", ":")) + "\n")
         f.flush()
         os.fsync(f.fileno())

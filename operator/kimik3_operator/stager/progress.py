@@ -67,20 +67,23 @@ class Progress:
         return round(100.0 * self.bytes_done / self.bytes_total, 1) if self.bytes_total else (
             100.0 if self.phase == "Complete" else 0.0)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, redact: Callable[[str], str] = lambda s: s) -> dict[str, Any]:
+        """The record, every text masked by ``redact`` before it is cut to its bound (a secret cut first
+        would no longer be found, and its beginning would be printed)."""
+        r = redact
         d: dict[str, Any] = {
-            "phase": self.phase, "uri": self.uri[:512], "revision": self.revision[:256], "commit": self.commit,
+            "phase": self.phase, "uri": r(self.uri)[:512], "revision": r(self.revision)[:256], "commit": self.commit,
             "filesTotal": self.files_total, "filesDone": self.files_done, "bytesTotal": self.bytes_total,
             "bytesDone": self.bytes_done, "bytesSkipped": self.bytes_skipped, "bytesResumed": self.bytes_resumed,
             "bytesFetched": self.bytes_fetched, "bytesHashed": self.bytes_hashed,
             "bytesPerSecond": self.bytes_per_second, "etaSeconds": self.eta_seconds, "percent": self.percent,
-            "currentFiles": [f[-120:] for f in self.current_files[:4]], "message": self.message[:1024],
+            "currentFiles": [r(f)[-120:] for f in self.current_files[:4]], "message": r(self.message)[:1024],
             "fastPath": self.fast_path, "time": self.time,
         }
         if self.reason:
             d["reason"] = self.reason
         if self.unverified_files:
-            d["unverifiedFiles"] = [f[-120:] for f in self.unverified_files[:10]]
+            d["unverifiedFiles"] = [r(f)[-120:] for f in self.unverified_files[:10]]
             d["unverifiedCount"] = len(self.unverified_files)
         return d
 
@@ -186,6 +189,16 @@ class Tracker:
             self._callback(snap)
 
 
+def _masked(value: Any, redact: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _masked(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, redact) for v in value]
+    return value
+
+
 def record_bytes(record: dict[str, Any]) -> bytes:
     data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
     if len(data) > MAX_RECORD_BYTES:  # never expected; keep the contract anyway
@@ -220,7 +233,8 @@ class JsonSink:
         self._warned = False
 
     def emit(self, record: dict[str, Any]) -> None:
-        data = self.redact(record_bytes(record).decode())
+        record = _masked(record, self.redact)  # before record_bytes may cut a field
+        data = record_bytes(record).decode()
         record = json.loads(data)
         self.stream.write(data + "\n")
         self.stream.flush()
@@ -236,4 +250,4 @@ class JsonSink:
                     self._warned = True
 
     def __call__(self, p: Progress) -> None:
-        self.emit(p.as_json())
+        self.emit(p.as_json(self.redact))

@@ -6,20 +6,27 @@ hashes nothing.
 
 The Job needs the claim mounted read-write (the marker lives in ``dest/.kimik3``); serving pods may mount
 it read-only.
+
+A symlinked file is followed only to a file inside ``dest`` (a snapshot folder of a Hub cache links into its
+blobs, both inside): one leading elsewhere fails with UnsafePath rather than be hashed and served.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..contract.stager import STATE_DIR
+from .confine import resolved
 from .digests import SUMS_NAMES, parse_sha256sums
 from .errors import WeightsError
 from .manifest import FileEntry, Manifest
 from .source import PartialWriter, RemoteFile
+
+MAX_SUMS_BYTES = 64 * 1024 * 1024
 
 
 class PvcSource:
@@ -43,14 +50,13 @@ class PvcSource:
                     dirnames[:] = [d for d in dirnames if d != STATE_DIR]
                 dirnames.sort()
                 for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
+                    rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                     try:
-                        st = os.stat(full)  # follows symlinks to files
+                        st = os.stat(resolved(self.root, rel))  # a symlink only to a file inside dest
                     except OSError:
                         continue
-                    if not os.path.isfile(full):
+                    if not stat.S_ISREG(st.st_mode):
                         continue
-                    rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                     out.append((rel, st.st_size, st.st_mtime_ns))
             self._walk = out
         return self._walk
@@ -67,9 +73,14 @@ class PvcSource:
 
     def _sums(self) -> dict[str, str]:
         for name in SUMS_NAMES:
-            p = self.root / name
-            if p.is_file():
-                return parse_sha256sums(p.read_text(errors="replace"))
+            if not os.path.lexists(self.root / name):
+                continue
+            p = resolved(self.root, name)
+            if not p.is_file():
+                continue
+            if p.stat().st_size > MAX_SUMS_BYTES:
+                raise WeightsError("InvalidListing", f"{name} is larger than {MAX_SUMS_BYTES} bytes")
+            return parse_sha256sums(p.read_text(errors="replace"))
         return {}
 
     def list_files(self, commit: str | None) -> list[RemoteFile]:

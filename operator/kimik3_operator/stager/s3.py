@@ -11,9 +11,14 @@
 - Resume: ``Range: bytes=<partial size>-`` with ``If-Match: <etag>``; an object changed since the listing
   answers 412 and the run fails with SourceChanged (run it again for the new commit).
 
-Endpoint and addressing: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (path-style, for MinIO, Ceph,
-R2...) or virtual-hosted ``https://<bucket>.s3.<region>.amazonaws.com``; region from ``AWS_REGION`` /
-``AWS_DEFAULT_REGION`` (default us-east-1). ``KIMIK3_S3_ADDRESSING=path|virtual`` overrides.
+Endpoint and addressing: ``AWS_ENDPOINT_URL_S3`` (path-style, for MinIO, Ceph, R2...) or virtual-hosted
+``https://<bucket>.s3.<region>.amazonaws.com``; region from ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` (default
+us-east-1). ``KIMIK3_S3_ADDRESSING=path|virtual`` overrides. ``AWS_ENDPOINT_URL`` is not read: it redirects
+every AWS service, the credential exchange included (sigv4.py).
+
+What a server says is bounded: response bodies read into memory (listings, errors, ``SHA256SUMS``) have a
+size limit, sizes must be numbers, and a multipart ETag's part count must agree with the object's size and
+first part (a one-byte "part" of a huge object would mean an md5 per byte).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import requests
 from ..contract.stager import CONTENT_COMMIT
 from .digests import SUMS_NAMES, parse_sha256sums
 from .errors import WeightsError
+from .listing import parse_size
 from .manifest import FileEntry, Manifest
 from .sigv4 import CredentialProvider, canonical_query, sign, uri_encode
 from .source import PartialWriter, RemoteFile
@@ -43,6 +49,25 @@ _MULTIPART = re.compile(r"^([0-9a-f]{32})-(\d+)$")
 RETRIES = 5
 CHUNK = 1024 * 1024
 TIMEOUT = (10.0, 120.0)
+MAX_BODY = 64 * 1024 * 1024
+"""Largest response body read into memory: a listing page, an error, a SHA256SUMS file."""
+MAX_PARTS = 10_000
+"""S3's own limit on the parts of a multipart upload."""
+
+
+def read_body(r: requests.Response, what: str, limit: int = MAX_BODY) -> bytes:
+    """The body of a streamed response, at most ``limit`` bytes (a server cannot make the stager hold more)."""
+    out = bytearray()
+    try:
+        for chunk in r.iter_content(CHUNK):
+            out += chunk
+            if len(out) > limit:
+                raise WeightsError("S3Error", f"{what}: the answer is larger than {limit} bytes")
+    except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+        raise WeightsError("S3Unreachable", f"{what}: {type(exc).__name__} while reading the answer") from exc
+    finally:
+        r.close()
+    return bytes(out)
 
 
 def _strip_etag(etag: str) -> str:
@@ -65,15 +90,22 @@ def _xml_text(el: ET.Element, name: str, default: str = "") -> str:
 class S3Client:
     def __init__(self, env: Mapping[str, str], session: requests.Session | None = None) -> None:
         self.region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.endpoint = (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "").rstrip("/")
+        self.endpoint = (env.get("AWS_ENDPOINT_URL_S3") or "").rstrip("/")
         addressing = env.get("KIMIK3_S3_ADDRESSING", "")
         self.path_style = addressing == "path" or (addressing != "virtual" and bool(self.endpoint))
         self.session = session or requests.Session()
         self.creds = CredentialProvider(env, self._plain)
 
-    def _plain(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        r = self.session.request(method, url, headers=headers, timeout=TIMEOUT)
-        return r.status_code, r.content
+    def _plain(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes]:
+        """An unsigned call to a credentials endpoint. Its failure names neither the URL nor the exception's
+        text (both can carry what was sent)."""
+        what = f"{method} to the credentials endpoint"
+        try:
+            r = self.session.request(method, url, headers=headers, data=body, timeout=TIMEOUT, stream=True,
+                                     allow_redirects=False)
+        except requests.RequestException as exc:
+            raise WeightsError("CredentialsUnavailable", f"{what} failed: {type(exc).__name__}") from None
+        return r.status_code, read_body(r, what)
 
     def url(self, bucket: str, key: str = "", query: Mapping[str, str] | None = None) -> str:
         path = "/" + uri_encode(key, keep_slash=True) if key else "/"
@@ -89,14 +121,15 @@ class S3Client:
         return base + path + (f"?{q}" if q else "")
 
     def request(self, method: str, bucket: str, key: str = "", *, query: Mapping[str, str] | None = None,
-                headers: Mapping[str, str] | None = None, stream: bool = False,
+                headers: Mapping[str, str] | None = None,
                 ok: Sequence[int] = (200,)) -> requests.Response:
+        """The response, streamed: read its body with ``read_body`` (bounded) or ``iter_content``."""
         url = self.url(bucket, key, query)
         delay = 1.0
         for attempt in range(1, RETRIES + 1):
             signed = sign(method, url, dict(headers or {}), self.creds.get(), self.region)
             try:
-                r = self.session.request(method, url, headers=signed, stream=stream, timeout=TIMEOUT,
+                r = self.session.request(method, url, headers=signed, stream=True, timeout=TIMEOUT,
                                          allow_redirects=False)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == RETRIES:
@@ -118,10 +151,14 @@ class S3Client:
             q = {"list-type": "2", "prefix": prefix}
             if token:
                 q["continuation-token"] = token
-            r = self.request("GET", bucket, query=q)
-            root = ET.fromstring(r.content)
+            body = read_body(self.request("GET", bucket, query=q), f"listing s3://{bucket}/{prefix}")
+            try:
+                root = ET.fromstring(body)
+            except ET.ParseError as exc:
+                raise WeightsError("S3Error", f"s3://{bucket}/{prefix}: the listing is not XML") from exc
             for c in _xml_children(root, "Contents"):
-                out.append({"key": _xml_text(c, "Key"), "size": int(_xml_text(c, "Size", "0")),
+                key = _xml_text(c, "Key")
+                out.append({"key": key, "size": parse_size(_xml_text(c, "Size", "0"), key),
                             "etag": _strip_etag(_xml_text(c, "ETag"))})
             if _xml_text(root, "IsTruncated").lower() != "true":
                 return out
@@ -132,12 +169,13 @@ class S3Client:
 
 
 def _s3_error(r: requests.Response, method: str, bucket: str, key: str) -> WeightsError:
+    where = f"{method} s3://{bucket}/{key}".rstrip("/")
     code = ""
     try:
-        code = _xml_text(ET.fromstring(r.content), "Code") if r.content else ""
-    except ET.ParseError:
+        body = read_body(r, where, limit=64 * 1024)
+        code = _xml_text(ET.fromstring(body), "Code") if body else ""  # not cut: masked whole, later
+    except (ET.ParseError, WeightsError):
         pass
-    where = f"{method} s3://{bucket}/{key}".rstrip("/")
     if r.status_code in (401, 403):
         return WeightsError("Unauthorized", f"{where}: HTTP {r.status_code} {code}".strip())
     if r.status_code == 404:
@@ -145,6 +183,16 @@ def _s3_error(r: requests.Response, method: str, bucket: str, key: str) -> Weigh
     if r.status_code == 412:
         return WeightsError("SourceChanged", f"{where}: the object changed since it was listed; stage again")
     return WeightsError("S3Error", f"{where}: HTTP {r.status_code} {code}".strip())
+
+
+def multipart_part_size(rf: RemoteFile, parts: int, part: int) -> int:
+    """``part`` (the size of part 1) when ``parts`` parts of it make ``rf``; else InvalidSource."""
+    if parts > MAX_PARTS:
+        raise WeightsError("InvalidSource", f"{rf.path}: the ETag claims {parts} parts; S3 allows {MAX_PARTS}")
+    if -(-rf.size // part) != parts:
+        raise WeightsError("InvalidSource", f"{rf.path}: {rf.size} bytes in parts of {part} bytes make "
+                                            f"{-(-rf.size // part)} parts, the ETag says {parts}")
+    return part
 
 
 class S3Source:
@@ -189,7 +237,8 @@ class S3Source:
         for o in self._objects:
             if o["path"] in SUMS_NAMES:
                 r = self.client.request("GET", self.bucket, self._key(o["path"]))
-                return parse_sha256sums(r.text)
+                return parse_sha256sums(read_body(r, f"s3://{self.bucket}/{self._key(o['path'])}").decode(
+                    errors="replace"))
         return {}
 
     def list_files(self, commit: str | None) -> list[RemoteFile]:
@@ -209,8 +258,9 @@ class S3Source:
         if "sha256" in rf.expected:
             return rf
         expected = dict(rf.expected)
-        h = self.client.request("HEAD", self.bucket, self._key(rf.path),
-                                headers={"x-amz-checksum-mode": "ENABLED"}).headers
+        head = self.client.request("HEAD", self.bucket, self._key(rf.path), headers={"x-amz-checksum-mode": "ENABLED"})
+        head.close()
+        h = head.headers
         sse = h.get("x-amz-server-side-encryption", "").lower()
         sse_c = h.get("x-amz-server-side-encryption-customer-algorithm")
         checksum = h.get("x-amz-checksum-sha256", "")
@@ -225,10 +275,11 @@ class S3Source:
             expected["md5"] = rf.identity
         elif (m := _MULTIPART.match(rf.identity)) and int(m.group(2)) > 1:
             p1 = self.client.request("HEAD", self.bucket, self._key(rf.path), query={"partNumber": "1"},
-                                     ok=(200, 206)).headers
-            part = int(p1.get("Content-Length", "0") or 0)
+                                     ok=(200, 206))
+            p1.close()
+            part = parse_size(p1.headers.get("Content-Length", "0") or "0", rf.path)
             if 0 < part < rf.size:
-                expected["s3-multipart"] = f"{rf.identity}/{part}"
+                expected["s3-multipart"] = f"{rf.identity}/{multipart_part_size(rf, int(m.group(2)), part)}"
         elif (m := _MULTIPART.match(rf.identity)):  # one-part multipart upload: md5 of the single part md5
             expected["s3-multipart"] = f"{rf.identity}/{max(rf.size, 1)}"
         if not expected:
@@ -243,8 +294,7 @@ class S3Source:
             headers = {"If-Match": f'"{rf.identity}"'}
             if start:
                 headers["Range"] = f"bytes={start}-"
-            r = self.client.request("GET", self.bucket, self._key(rf.path), headers=headers, stream=True,
-                                    ok=(200, 206))
+            r = self.client.request("GET", self.bucket, self._key(rf.path), headers=headers, ok=(200, 206))
             try:
                 if start and r.status_code == 200:
                     out.restart()  # Range ignored: the body is the whole object

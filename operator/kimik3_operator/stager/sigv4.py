@@ -10,12 +10,18 @@ Credentials, in the order boto3 uses for a pod: ``AWS_ACCESS_KEY_ID``/``AWS_SECR
 container credentials (EKS Pod Identity / ECS: ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` or
 ``..._RELATIVE_URI`` with ``AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)``); none -> unsigned (public bucket).
 Temporary credentials are refreshed five minutes before they expire (a 1.6 TB copy outlives them).
+
+The web identity token goes to STS in a POST body, never in a URL (URLs end up in error messages and
+logs), and only to ``AWS_ENDPOINT_URL_STS`` or the regional STS endpoint: ``AWS_ENDPOINT_URL``, which
+redirects every AWS service at once, is not read (a model endpoint set for S3 must never receive the
+pod's identity). The tokens read from files count as secrets (``secrets()``), for the redactor.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -23,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import WeightsError
 
@@ -114,19 +120,23 @@ def _parse_time(s: str) -> float:
     return datetime.fromisoformat(s).timestamp()
 
 
+HttpCall = Callable[[str, str, dict[str, str], bytes | None], tuple[int, bytes]]
+"""(method, url, headers, body) -> (status, body): raises WeightsError, whose message names no URL."""
+
+
 class CredentialProvider:
-    """Current credentials, refreshed when temporary ones near expiry. ``http_get(url, headers)`` returns
-    (status, body bytes) and is injected so this module stays free of an HTTP client."""
+    """Current credentials, refreshed when temporary ones near expiry. ``http`` is injected so this module
+    stays free of an HTTP client."""
 
     REFRESH_MARGIN = 300.0
 
-    def __init__(self, env: Mapping[str, str], http: Callable[[str, str, dict[str, str]], tuple[int, bytes]],
-                 *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, env: Mapping[str, str], http: HttpCall, *, clock: Callable[[], float] = time.time) -> None:
         self._env = env
         self._http = http
         self._clock = clock
         self._lock = threading.Lock()
         self._creds: Credentials | None = None
+        self._tokens: list[str] = []  # read from files: the web identity token, the container token
         self._kind = self._detect()
 
     @property
@@ -155,7 +165,17 @@ class CredentialProvider:
 
     def secrets(self) -> list[str]:
         c = self._creds
-        return c.secrets() if c else []
+        return (c.secrets() if c else []) + list(self._tokens)
+
+    def _read_token_file(self, path: str, what: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise WeightsError("CredentialsUnavailable", f"cannot read {what}: {exc.strerror}") from exc
+        if token and token not in self._tokens:
+            self._tokens.append(token)
+        return token
 
     def _load(self) -> Credentials:
         e = self._env
@@ -167,27 +187,28 @@ class CredentialProvider:
 
     def _web_identity(self) -> Credentials:
         e = self._env
-        try:
-            with open(e["AWS_WEB_IDENTITY_TOKEN_FILE"], encoding="utf-8") as f:
-                jwt = f.read().strip()
-        except OSError as exc:
-            raise WeightsError("CredentialsUnavailable", f"cannot read AWS_WEB_IDENTITY_TOKEN_FILE: {exc}") from exc
+        jwt = self._read_token_file(e["AWS_WEB_IDENTITY_TOKEN_FILE"], "AWS_WEB_IDENTITY_TOKEN_FILE")
         region = e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1"
-        endpoint = (e.get("AWS_ENDPOINT_URL_STS") or e.get("AWS_ENDPOINT_URL")
-                    or f"https://sts.{region}.amazonaws.com").rstrip("/")
-        params = {"Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15", "RoleArn": e["AWS_ROLE_ARN"],
-                  "RoleSessionName": e.get("AWS_ROLE_SESSION_NAME") or "kimik3-weights", "WebIdentityToken": jwt,
-                  "DurationSeconds": "3600"}
-        status, body = self._http("GET", f"{endpoint}/?{canonical_query(params)}", {"Accept": "application/xml"})
+        endpoint = (e.get("AWS_ENDPOINT_URL_STS") or f"https://sts.{region}.amazonaws.com").rstrip("/")
+        form = {"Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15", "RoleArn": e["AWS_ROLE_ARN"],
+                "RoleSessionName": e.get("AWS_ROLE_SESSION_NAME") or "kimik3-weights", "WebIdentityToken": jwt,
+                "DurationSeconds": "3600"}
+        status, body = self._http("POST", f"{endpoint}/",
+                                  {"Accept": "application/xml",
+                                   "Content-Type": "application/x-www-form-urlencoded; charset=utf-8"},
+                                  urlencode(form).encode())
         if status != 200:
             raise WeightsError("CredentialsUnavailable", f"STS AssumeRoleWithWebIdentity answered HTTP {status}")
-        root = ET.fromstring(body)
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as exc:
+            raise WeightsError("CredentialsUnavailable", "STS answered something that is not XML") from exc
         found = {el.tag.rsplit("}", 1)[-1]: (el.text or "") for el in root.iter()}
         try:
             return Credentials(found["AccessKeyId"], found["SecretAccessKey"], found.get("SessionToken", ""),
                                _parse_time(found["Expiration"]) if found.get("Expiration") else None)
-        except KeyError as exc:
-            raise WeightsError("CredentialsUnavailable", f"STS answer lacks {exc}") from exc
+        except (KeyError, ValueError) as exc:
+            raise WeightsError("CredentialsUnavailable", f"STS answer lacks or garbles {exc}") from exc
 
     def _container(self) -> Credentials:
         e = self._env
@@ -196,21 +217,18 @@ class CredentialProvider:
         headers: dict[str, str] = {"Accept": "application/json"}
         token = e.get("AWS_CONTAINER_AUTHORIZATION_TOKEN", "")
         if e.get("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"):
-            try:
-                with open(e["AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"], encoding="utf-8") as f:
-                    token = f.read().strip()
-            except OSError as exc:
-                raise WeightsError("CredentialsUnavailable", f"cannot read the container token file: {exc}") from exc
+            token = self._read_token_file(e["AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"], "the container token file")
         if token:
             headers["Authorization"] = token
-        status, body = self._http("GET", url, headers)
+        status, body = self._http("GET", url, headers, None)
         if status != 200:
             raise WeightsError("CredentialsUnavailable", f"container credentials endpoint answered HTTP {status}")
-        import json
-
-        d: dict[str, Any] = json.loads(body)
+        try:
+            d: dict[str, Any] = json.loads(body)
+        except ValueError as exc:
+            raise WeightsError("CredentialsUnavailable", "the container credentials endpoint answered no JSON") from exc
         try:
             return Credentials(d["AccessKeyId"], d["SecretAccessKey"], d.get("Token", ""),
                                _parse_time(d["Expiration"]) if d.get("Expiration") else None)
-        except KeyError as exc:
-            raise WeightsError("CredentialsUnavailable", f"container credentials lack {exc}") from exc
+        except (KeyError, ValueError, TypeError) as exc:
+            raise WeightsError("CredentialsUnavailable", f"container credentials lack or garble {exc}") from exc

@@ -58,12 +58,17 @@ class Source(Protocol):
 
 class PartialWriter:
     """The resumable partial file of one download. Hashes what is written; a source that must start over
-    (a server ignoring Range) seeks to 0 and truncates, which resets the digests."""
+    (a server ignoring Range) seeks to 0 and truncates, which resets the digests.
+
+    A write that would take the file past ``limit`` (the size the source listed) fails before a byte of it
+    is written: a source streaming more than it announced never fills the shared cache."""
 
     def __init__(self, f: BinaryIO, digests_factory: Callable[[], Digests], tracker: Tracker, offset: int,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, *, limit: int | None = None, path: str = "") -> None:
         self._f = f
         self._cancel = cancel
+        self.limit = limit
+        self.path = path
         self._factory = digests_factory
         self._tracker = tracker
         self.digests = digests_factory()
@@ -78,6 +83,9 @@ class PartialWriter:
     def write(self, data: bytes) -> int:
         if self._cancel is not None and self._cancel.is_set():
             raise WeightsError("Cancelled", "another file failed")
+        if self.limit is not None and self.offset + len(data) > self.limit:
+            raise WeightsError("SizeMismatch", f"{self.path}: the source sends more than the {self.limit} bytes "
+                                               "it listed; stopped before writing past them")
         n = self._f.write(data)
         self.digests.update(data)
         self.offset += len(data)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .confine import local_stat
 from .errors import WeightsError
 from .manifest import Manifest, marker_path, read_manifest
 
@@ -29,13 +30,13 @@ def check_ready(dest: Path, *, commit: str | None = None, uri: str | None = None
     if commit is not None and m.commit != commit:
         return m, f"marker is for commit {m.commit}, expected {commit}"
     if check_files:
+        fetched = not m.uri.startswith("pvc://")  # pvc:// files may be symlinks inside dest; staged ones never
         for f in m.files:
-            try:
-                size = os.stat(dest / f.path).st_size
-            except OSError:
+            st = local_stat(dest, f.path, fetched)
+            if st is None:
                 return m, f"{f.path} is listed in the marker but missing"
-            if size != f.size:
-                return m, f"{f.path} has {size} bytes, the marker says {f.size}"
+            if st.st_size != f.size:
+                return m, f"{f.path} has {st.st_size} bytes, the marker says {f.size}"
     return m, ""
 
 
