@@ -6,33 +6,39 @@ import json
 from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
-from kimik3_operator.contract.stager import PROGRESS_ANNOTATION
+from kimik3_operator.contract.stager import PROGRESS_KEY
 from kimik3_operator.planner.weights import weights_plan
 from kimik3_operator.reconcile.weights_status import weights_state
 from kimik3_operator.render import Owner
-from kimik3_operator.render.weights import job_name
+from kimik3_operator.render.weights import job_name, progress_name
 from tests.support.cases import base_deployment
 
 OWNER = Owner(name="k3", namespace="ns", uid="u")
 PLAN = weights_plan(KimiK3Deployment.model_validate(base_deployment("k3", "ns")).spec)
 JOB = job_name(OWNER, PLAN.sources[0])
+JOB_UID = "job-uid-1"
 
 
-def _job(status: dict[str, Any], progress: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    annotations = {PROGRESS_ANNOTATION: json.dumps(progress)} if progress else {}
-    return {JOB: {"metadata": {"name": JOB, "annotations": annotations}, "status": status}}
+def _job(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {JOB: {"metadata": {"name": JOB, "uid": JOB_UID}, "status": status}}
+
+
+def _progress(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    name = progress_name(OWNER, PLAN.sources[0])
+    return {name: {"metadata": {"name": name}, "data": {PROGRESS_KEY: json.dumps(record)}}}
 
 
 def _pod(phase: str, message: str, created: str = "2026-11-30T00:00:00Z") -> dict[str, Any]:
     return {"metadata": {"name": f"{JOB}-{created}", "creationTimestamp": created,
-                         "labels": {"batch.kubernetes.io/job-name": JOB}},
+                         "labels": {"batch.kubernetes.io/job-name": JOB},
+                         "ownerReferences": [{"kind": "Job", "name": JOB, "uid": JOB_UID, "controller": True}]},
             "status": {"phase": phase, "containerStatuses": [{"state": {"terminated": {"message": message}}}]}}
 
 
-def test_mid_run_progress_comes_from_the_job_annotation() -> None:
-    state = weights_state(OWNER, PLAN, _job({"active": 1, "failed": 1}, {
+def test_mid_run_progress_comes_from_the_progress_configmap() -> None:
+    state = weights_state(OWNER, PLAN, _job({"active": 1, "failed": 1}), [], _progress({
         "phase": "Downloading", "percent": 37.04, "filesDone": 40, "filesTotal": 120,
-        "bytesDone": 577, "bytesTotal": 1560, "commit": "a" * 40}), [])
+        "bytesDone": 577, "bytesTotal": 1560, "commit": "a" * 40}))
     (s,) = state.sources
     assert (s.phase, s.percent, s.files_done, s.bytes_total, s.attempts, s.commit) == \
         ("Staging", 37.0, 40, 1560, 2, "a" * 40)
