@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kimik3_operator.contract.names import SERIES_LABELS
+from tests.support.kubelet import expand
 
 from .kube import host_daemon, kubectl
 
@@ -47,7 +48,6 @@ ROUTER = "router"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
-ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 WORKER_URL = re.compile(r"^http://([0-9.]+):(\d+)$")
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -59,11 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """The kubelet's `$(VAR)` expansion: a known variable is replaced, an unknown one kept; `$$` is `$`."""
-    return ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value).replace("$$", "$")
 
 
 def target_label(key: str) -> str:
