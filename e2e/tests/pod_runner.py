@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kimik3_operator.contract.names import SERIES_LABELS
-from tests.support.kubelet import expand
+from tests.support import kubelet
 
 from .kube import host_daemon, kubectl
 
@@ -216,15 +216,9 @@ class PodRunner:
     def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         """The container's env as the kubelet resolves it (values and field refs; this project's
         serving pods reference no Secrets)."""
-        env: dict[str, str] = {}
         fields = {"status.podIP": pod["status"]["podIP"], "metadata.name": pod["metadata"]["name"],
                   "metadata.namespace": pod["metadata"]["namespace"], "spec.nodeName": pod["spec"].get("nodeName", "")}
-        for var in container.get("env") or []:
-            if "value" in var:
-                env[var["name"]] = expand(var["value"], env)
-            elif "fieldRef" in (var.get("valueFrom") or {}):
-                env[var["name"]] = fields.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
-        return env
+        return kubelet.container_env(container, fields=fields)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.root / "logs" / f"{name}.log"
@@ -238,7 +232,7 @@ class PodRunner:
         meta = pod["metadata"]
         container = next(c for c in pod["spec"]["containers"] if c.get("command"))
         env = self._env(pod, container)
-        argv = [expand(a, env) for a in [*container["command"], *(container.get("args") or [])]]
+        argv = kubelet.argv(container, env)
         port = free_port()
         sim_env = {
             "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(self.root),
@@ -260,8 +254,8 @@ class PodRunner:
     def _start_router(self, pod: dict[str, Any]) -> Proc | None:
         meta = pod["metadata"]
         (container,) = pod["spec"]["containers"]
-        args = [expand(a, self._env(pod, container)) for a in [*(container.get("command") or [])[1:],
-                                                                 *(container.get("args") or [])]]
+        env = self._env(pod, container)
+        args = [kubelet.expand(a, env) for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
         rewritten: list[str] = []
         workers: set[str] = set()
         for arg in args:

@@ -29,7 +29,7 @@ import yaml
 from kimik3_operator.contract.stager import STAGER_MODULE
 from tests.stager.fake_hub import FakeHub
 from tests.stager.fake_s3 import FakeS3
-from tests.support.kubelet import expand
+from tests.support.kubelet import argv, container_env
 
 from .kube import host_daemon, kubectl
 
@@ -128,19 +128,12 @@ class Stager:
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
+        names = {s["secretRef"]["name"] for s in container.get("envFrom") or []} | {
+            v["valueFrom"]["secretKeyRef"]["name"] for v in container.get("env") or []
+            if "secretKeyRef" in (v.get("valueFrom") or {})}
         env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        for source in container.get("envFrom") or []:
-            env.update(self._secret(ns, source["secretRef"]["name"]))
-        for var in container.get("env") or []:
-            if "value" in var:
-                env[var["name"]] = expand(var["value"], env)
-            elif "secretKeyRef" in (var.get("valueFrom") or {}):
-                ref = var["valueFrom"]["secretKeyRef"]
-                secret = self._secret(ns, ref["name"])
-                if ref["key"] in secret or not ref.get("optional"):  # an optional key that is not there: no variable
-                    env[var["name"]] = secret.get(ref["key"], "")
-            elif "fieldRef" in (var.get("valueFrom") or {}):
-                env[var["name"]] = ns
+        env.update(container_env(container, secrets={n: self._secret(ns, n) for n in names},
+                                 fields={"metadata.namespace": ns}))
         # The internet this pod would reach, on loopback.
         env["HF_ENDPOINT"] = self.hub.endpoint
         env["AWS_ENDPOINT_URL"] = self.s3.endpoint
@@ -190,7 +183,7 @@ class Stager:
         volume = self.root / "claims" / ns / claim
         volume.mkdir(parents=True, exist_ok=True)
         env = self._env(pod, container, workdir)
-        command = [expand(arg, env) for arg in container["command"]]
+        command = argv(container, env)
         with self._providing:  # runs share the fake Hub and S3: a checkpoint is added once
             self._provide(command[command.index("--uri") + 1], volume)
         termination_log = workdir / "termination-log"
