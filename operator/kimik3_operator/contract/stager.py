@@ -15,8 +15,6 @@ and only the keys below, of the right type and range, are read.
 
 import re
 
-from .names import GROUP
-
 STAGER_MODULE = "kimik3_operator.stager"
 """What the staging Job runs: `python -m STAGER_MODULE stage --uri ... --dest ...`."""
 
