@@ -176,10 +176,10 @@ def weights_state(owner: Owner, weights: WeightsPlan, jobs: Mapping[str, Mapping
         if _condition(job, "Complete"):
             done = _newest(job_pods, "Succeeded")
             record = untrusted_record(_terminated(done).get("message")) if done else {}
-            commit = record.get("commit") or source.commit
+            commit: str | None = record.get("commit") or source.commit
             problem = _commit_problem(source, commit) if commit else (
                 "completed without reporting a commit (its pod's termination message has none)")
-            if problem is None:
+            if commit and problem is None:
                 commits[source.name] = commit
                 out.append(WeightsStatus(**base, phase="Staged", commit=commit, **_counts(record)))
             else:

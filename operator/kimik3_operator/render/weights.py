@@ -226,6 +226,6 @@ def wait_containers(owner: Owner, weights: WeightsPlan, image: str) -> list[dict
                         str(WAIT_TIMEOUT_SECONDS)],
             "volumeMounts": [m for m in serving_mounts(owner, weights) if m["mountPath"] == s.mount_path],
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-            "securityContext": {**_restricted(), "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS},
+            "securityContext": _restricted() | {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS},
         })
     return out
