@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.v1alpha1 import WeightsStatus
 from kimik3_operator.contract.stager import PROGRESS_KEY
 from kimik3_operator.planner.weights import weights_plan
 from kimik3_operator.reconcile.weights_status import weights_state
@@ -69,3 +70,15 @@ def test_a_complete_job_without_a_commit_is_a_failure_not_a_guess() -> None:
     state = weights_state(OWNER, PLAN, _job({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}),
                           [_pod("Succeeded", "")])
     assert not state.all_staged and state.failed and "without reporting a commit" in (state.failed[0].message or "")
+
+
+def test_a_staged_commit_stands_once_the_jobs_pods_are_gone() -> None:
+    """The terminated-pod garbage collector may delete a completed Job's pod: the commit the
+    operator recorded for that Job stays (and only one of the right form)."""
+    complete = _job({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+    before = [WeightsStatus(name="model", job=JOB, phase="Staged", commit="b" * 40)]
+    assert weights_state(OWNER, PLAN, complete, [], previous=before).commits == {"model": "b" * 40}
+    other_job = [WeightsStatus(name="model", job="another", phase="Staged", commit="b" * 40)]
+    bad_form = [WeightsStatus(name="model", job=JOB, phase="Staged", commit="b" * 64)]
+    for previous in (other_job, bad_form):
+        assert weights_state(OWNER, PLAN, complete, [], previous=previous).failed

@@ -112,7 +112,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         jobs = {n: o for (k, n), o in current.items() if k == JOB.kind}
         progress = {n: o for (k, n), o in current.items() if k == CONFIG_MAP.kind}
         job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
-        weights = weights_state(owner, plan.weights, jobs, job_pods, progress)
+        weights = weights_state(owner, plan.weights, jobs, job_pods, progress, previous.weights if previous else ())
         wanted = {_key(o) for o in desired}
         plan = with_staged(plan, weights.commits) if weights.all_staged else plan
         paired = serving_hash(plan, own_pods, _selected_hashes(live))

@@ -10,7 +10,8 @@ each record is read through `untrusted_record` (bounded, only the contract's key
 and range), the progress ConfigMap never decides anything (it only shows progress), and the commit
 that serving pods wait for is the one the termination message of a pod of the Job itself reports
 (owned by that Job's uid), of the form the source's scheme resolves to, and equal to the revision
-when that pins a commit.
+when that pins a commit. Once that pod is gone, the commit the operator's own status recorded for
+the Job stands (checked the same way); nothing the staging pod can write fills in.
 """
 
 from __future__ import annotations
@@ -158,11 +159,14 @@ def _commit_problem(source: WeightsSource, commit: str) -> str | None:
 
 
 def weights_state(owner: Owner, weights: WeightsPlan, jobs: Mapping[str, Mapping[str, Any]],
-                  pods: Sequence[Mapping[str, Any]],
-                  progress: Mapping[str, Mapping[str, Any]] | None = None) -> WeightsState:
-    """`jobs` and `progress` (the progress ConfigMaps) by name; `pods` the staging pods."""
+                  pods: Sequence[Mapping[str, Any]], progress: Mapping[str, Mapping[str, Any]] | None = None,
+                  previous: Sequence[WeightsStatus] = ()) -> WeightsState:
+    """`jobs` and `progress` (the progress ConfigMaps) by name; `pods` the staging pods; `previous`
+    the status this operator wrote last, whose commit of a Job stands once that Job's pods are gone
+    (deleted by the terminated-pod garbage collector, or with their node)."""
     out: list[WeightsStatus] = []
     commits: dict[str, str] = {}
+    staged_before = {s.job: s.commit for s in previous if s.phase == "Staged" and s.job and s.commit}
     for source in weights.sources:
         name = job_name(owner, source)
         job = jobs.get(name) or {}
@@ -176,7 +180,7 @@ def weights_state(owner: Owner, weights: WeightsPlan, jobs: Mapping[str, Mapping
         if _condition(job, "Complete"):
             done = _newest(job_pods, "Succeeded")
             record = untrusted_record(_terminated(done).get("message")) if done else {}
-            commit: str | None = record.get("commit") or source.commit
+            commit: str | None = record.get("commit") or source.commit or (None if done else staged_before.get(name))
             problem = _commit_problem(source, commit) if commit else (
                 "completed without reporting a commit (its pod's termination message has none)")
             if commit and problem is None:
