@@ -42,9 +42,10 @@ def pod_security() -> dict[str, Any]:
     which it could not without DAC_OVERRIDE. What it does get: the RuntimeDefault seccomp profile, no
     privilege escalation (no setuid binary is needed), no ServiceAccount token (a serving pod never
     talks to the API server) and no Service environment variables (every Service of the namespace as
-    `*_SERVICE_HOST`: nothing reads them, and a Service named vllm would set VLLM_PORT to a URL, one
-    named vllm-x an unknown VLLM_* variable, which --fail-on-environ-validation refuses). The init containers
-    that wait for the weights run as the stager's non-root user, with no capability at all.
+    `*_SERVICE_HOST`: nothing reads them, and a Service named vllm would set VLLM_PORT to a URL,
+    one named vllm-x an unknown VLLM_* variable, which --fail-on-environ-validation refuses). The
+    init containers that wait for the weights run as the stager's non-root user, with no
+    capability at all.
 
     This is Pod Security "baseline", except that RDMA pods (a replica spanning HGX nodes, or NIXL KV
     transfer) add IPC_LOCK, which baseline does not allow: see images/README.md. The router pods are
