@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kimik3_operator.contract.names import SERIES_LABELS
+from tests.support import kubelet
 
 from .kube import host_daemon, kubectl
 
@@ -47,7 +48,6 @@ ROUTER = "router"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
-ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 WORKER_URL = re.compile(r"^http://([0-9.]+):(\d+)$")
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -59,11 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def expand(value: str, env: dict[str, str]) -> str:
-    """The kubelet's `$(VAR)` expansion: a known variable is replaced, an unknown one kept; `$$` is `$`."""
-    return ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), value).replace("$$", "$")
 
 
 def target_label(key: str) -> str:
@@ -221,15 +216,9 @@ class PodRunner:
     def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         """The container's env as the kubelet resolves it (values and field refs; this project's
         serving pods reference no Secrets)."""
-        env: dict[str, str] = {}
         fields = {"status.podIP": pod["status"]["podIP"], "metadata.name": pod["metadata"]["name"],
                   "metadata.namespace": pod["metadata"]["namespace"], "spec.nodeName": pod["spec"].get("nodeName", "")}
-        for var in container.get("env") or []:
-            if "value" in var:
-                env[var["name"]] = expand(var["value"], env)
-            elif "fieldRef" in (var.get("valueFrom") or {}):
-                env[var["name"]] = fields.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
-        return env
+        return kubelet.container_env(container, fields=fields)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.root / "logs" / f"{name}.log"
@@ -243,7 +232,7 @@ class PodRunner:
         meta = pod["metadata"]
         container = next(c for c in pod["spec"]["containers"] if c.get("command"))
         env = self._env(pod, container)
-        argv = [expand(a, env) for a in [*container["command"], *(container.get("args") or [])]]
+        argv = kubelet.argv(container, env)
         port = free_port()
         sim_env = {
             "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(self.root),
@@ -265,8 +254,8 @@ class PodRunner:
     def _start_router(self, pod: dict[str, Any]) -> Proc | None:
         meta = pod["metadata"]
         (container,) = pod["spec"]["containers"]
-        args = [expand(a, self._env(pod, container)) for a in [*(container.get("command") or [])[1:],
-                                                                 *(container.get("args") or [])]]
+        env = self._env(pod, container)
+        args = [kubelet.expand(a, env) for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
         rewritten: list[str] = []
         workers: set[str] = set()
         for arg in args:

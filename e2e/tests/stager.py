@@ -1,9 +1,10 @@
 """The kubelet's part for staging Jobs, which kwok cannot play: run each staging pod's real command.
 
 kwok runs no containers. For every Running staging pod, this runs the pod's own command
-(`python -m kimik3_operator.stager stage ...`, as rendered) on the host with the environment the
-kubelet would give it: secrets resolved, the pod's ServiceAccount token (a TokenRequest) with the
-API server on loopback, so its progress patches go through the real RBAC the operator rendered.
+(`python -m kimik3_operator.stager stage ...`, as rendered, `$(VAR)` references expanded as the
+kubelet does: tests/support/kubelet.py) on the host with the environment the kubelet would give it:
+secrets resolved, the pod's ServiceAccount token (a TokenRequest) with the API server on loopback,
+so its progress patches go through the real RBAC the operator rendered.
 The network the pod would see is faked on loopback only: a fake Hub and a fake S3 stand in for the
 internet, and each claim is a host folder (so a re-run finds the files). When the command exits,
 its exit code and termination message go onto the pod as annotations, which the project's kwok
@@ -28,6 +29,7 @@ import yaml
 from kimik3_operator.contract.stager import STAGER_MODULE
 from tests.stager.fake_hub import FakeHub
 from tests.stager.fake_s3 import FakeS3
+from tests.support.kubelet import argv, container_env
 
 from .kube import host_daemon, kubectl
 
@@ -126,17 +128,12 @@ class Stager:
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
+        names = {s["secretRef"]["name"] for s in container.get("envFrom") or []} | {
+            v["valueFrom"]["secretKeyRef"]["name"] for v in container.get("env") or []
+            if "secretKeyRef" in (v.get("valueFrom") or {})}
         env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        for source in container.get("envFrom") or []:
-            env.update(self._secret(ns, source["secretRef"]["name"]))
-        for var in container.get("env") or []:
-            if "value" in var:
-                env[var["name"]] = var["value"]
-            elif "secretKeyRef" in (var.get("valueFrom") or {}):
-                ref = var["valueFrom"]["secretKeyRef"]
-                env[var["name"]] = self._secret(ns, ref["name"]).get(ref["key"], "")
-            elif "fieldRef" in (var.get("valueFrom") or {}):
-                env[var["name"]] = ns
+        env.update(container_env(container, secrets={n: self._secret(ns, n) for n in names},
+                                 fields={"metadata.namespace": ns}))
         # The internet this pod would reach, on loopback.
         env["HF_ENDPOINT"] = self.hub.endpoint
         env["AWS_ENDPOINT_URL_S3"] = self.s3.endpoint  # what the Job gets for an S3 endpoint
@@ -185,16 +182,18 @@ class Stager:
         workdir.mkdir(parents=True, exist_ok=True)
         volume = self.root / "claims" / ns / claim
         volume.mkdir(parents=True, exist_ok=True)
+        env = self._env(pod, container, workdir)
+        command = argv(container, env)
         with self._providing:  # runs share the fake Hub and S3: a checkpoint is added once
-            self._provide(container["command"][container["command"].index("--uri") + 1], volume)
+            self._provide(command[command.index("--uri") + 1], volume)
         termination_log = workdir / "termination-log"
         args = []
-        for arg in container["command"]:
+        for arg in command:
             if arg.startswith(CACHE_MOUNT + "/") or arg == CACHE_MOUNT:
                 arg = str(volume) + arg[len(CACHE_MOUNT):]
             args.append(str(termination_log) if arg == TERMINATION_LOG else arg)
         assert args[:3] == ["python", "-m", STAGER_MODULE], args
-        result = subprocess.run([sys.executable, *args[1:]], env=self._env(pod, container, workdir),
+        result = subprocess.run([sys.executable, *args[1:]], env=env,
                                 capture_output=True, text=True, timeout=180)
         message = termination_log.read_text()[-4096:] if termination_log.exists() else ""
         if result.returncode and not message:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api.reasons import ALL_REPLICAS_READY, WEIGHTS_STAGING
-from kimik3_operator.contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+from kimik3_operator.contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from kimik3_operator.stager import marker_path
 from tests.support.cases import base_deployment
 
@@ -87,16 +87,19 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     assert pods and {p["metadata"]["labels"]["serving.kimik3.dev/compat-hash"] for p in pods} == {
         cr["status"]["engine"]["compatibilityHash"]}
 
-    # Progress came through the pods' own Role: the annotation is there, written by the stager.
-    for job in _jobs(namespace).values():
-        record = json.loads(job["metadata"]["annotations"][PROGRESS_ANNOTATION])
+    # Progress came through the pods' own Role: each Job's ConfigMap holds it, written by the
+    # stager, and nothing of the Job is the stager's.
+    for name, job in _jobs(namespace).items():
+        progress = get_json("configmap", f"{name}-progress", "-n", namespace, "--show-managed-fields")
+        record = json.loads(progress["data"][PROGRESS_KEY])
         assert record["phase"] == "Complete" and record["commit"]
-        assert any(m["manager"] == PROGRESS_FIELD_MANAGER for m in job["metadata"]["managedFields"])
+        assert any(m["manager"] == PROGRESS_FIELD_MANAGER for m in progress["metadata"]["managedFields"])
+        assert not any(m["manager"] == PROGRESS_FIELD_MANAGER for m in job["metadata"]["managedFields"])
     runs = stager.runs_in(namespace)
     assert len(runs) == 2 and all(r.exit_code == 0 for r in runs), [(r.exit_code, r.stderr[-500:]) for r in runs]
 
     # The token is only ever a Secret reference.
-    for kind in ("jobs", "leaderworkersets", "pods", "kimik3deployments"):
+    for kind in ("jobs", "configmaps", "leaderworkersets", "pods", "kimik3deployments"):
         assert TOKEN not in kubectl("-n", namespace, "get", kind, "-o", "json").stdout, kind
     assert all(TOKEN not in log.read_text() for log in operator.glob("*.log"))
     assert all(TOKEN not in r.stderr + r.message for r in runs)
@@ -157,3 +160,21 @@ def test_a_new_revision_stages_beside_what_serves_then_rolls(operator: Path, sta
         p["metadata"]["name"] for p in get_json("pvc", "-n", namespace)["items"]}
         or None, timeout=60)
     assert marker_path(folder).is_file(), "the pvc:// stage wrote no completion marker"
+
+
+def test_a_user_string_naming_a_variable_reaches_the_stager_as_written(operator: Path, stager: Stager,
+                                                                       namespace: str) -> None:
+    """The kubelet expands `$(VAR)` in a container's command: a revision `v$(HF_TOKEN)` rendered as it
+    is would hand the stager the token (its redactor would then print *** where the name was)."""
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal=token={TOKEN}")
+    body = _deployment(namespace)
+    body["spec"]["model"]["revision"] = "v$(HF_TOKEN)"
+    body["spec"]["engine"] = {}
+    apply(body)
+    run = wait_for("the staging pod's first attempt", lambda: next(iter(stager.runs_in(namespace)), None),
+                   timeout=120)
+    assert run.exit_code != 0 and "v$(HF_TOKEN)" in run.message, (run.exit_code, run.message, run.stderr[-500:])
+    assert TOKEN not in run.stderr + run.message
+    (job,) = _jobs(namespace).values()
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--revision") + 1] == "v$$(HF_TOKEN)"

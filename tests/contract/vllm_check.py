@@ -33,7 +33,7 @@ Not checked: anything that needs the model's config.json or a GPU
 (create_engine_config), nor ServeSubcommand.cmd's launch-mode checks.
 
 Kubernetes `$(NAME)` references in argv and env values are replaced before
-parsing: by the case's "substitutions" if given, else by a plausible value
+parsing (and `$$` read as `$`, as the kubelet does): by the case's "substitutions" if given, else by a plausible value
 chosen from the last word of the variable's name (10.0.0.1 for *_ADDRESS,
 *_ADDR, *_IP, *_HOST; 1 for *_INDEX, *_RANK, *_SIZE, *_COUNT, *_REPLICAS,
 *_NODES; 5600 for *_PORT), e.g. $(LWS_LEADER_ADDRESS), $(LWS_WORKER_INDEX),
@@ -53,7 +53,9 @@ from check_harness import serve  # this script's own folder
 
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"  # without it, building the parser fails on a host with no GPU
 
-_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_REF = re.compile(r"\$(?:\$|\(([^)]*)\))")
+"""What the kubelet rewrites, left to right: `$$` (a literal `$`) and `$(NAME)` (as the operator's
+tests/support/kubelet.py, which this script, run in vLLM's venv, cannot import)."""
 _GUESSES = {  # last "_"-separated word of the variable's name -> plausible value
     **dict.fromkeys(("ADDRESS", "ADDR", "IP", "HOST"), "10.0.0.1"),
     "PORT": "5600",
@@ -64,6 +66,8 @@ _GUESSES = {  # last "_"-separated word of the variable's name -> plausible valu
 def _substitute(text: str, subs: dict[str, str], errors: list[str]) -> str:
     def one(m: re.Match) -> str:
         name = m.group(1)
+        if name is None:
+            return "$"
         if name in subs:
             return subs[name]
         if (guess := _GUESSES.get(name.upper().rsplit("_", 1)[-1])) is not None:
@@ -71,7 +75,7 @@ def _substitute(text: str, subs: dict[str, str], errors: list[str]) -> str:
         errors.append(f"substitution: no value for $({name}); pass it in \"substitutions\"")
         return m.group(0)
 
-    return _REF.sub(one, text).replace("$$(", "$(")  # $$(X) is Kubernetes' escape for a literal $(X)
+    return _REF.sub(one, text)
 
 
 @functools.lru_cache(maxsize=1)

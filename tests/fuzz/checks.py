@@ -9,8 +9,10 @@ from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.owned_flags import flag_name, owned_flag
+from kimik3_operator.contract.stager import S3_SECRET_KEYS
 from kimik3_operator.planner import Plan
 from kimik3_operator.render import Owner, render_children
+from kimik3_operator.render.kubelet import literals
 from kimik3_operator.render.names import LABEL_POOL, LABEL_ROLE, labels
 
 SECRET_REF_PATH = ("valueFrom", "secretKeyRef", "name")
@@ -76,13 +78,14 @@ def _check_router(child: dict[str, Any]) -> None:
 
 
 def _check_secret(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
-    """The model token is referenced by Secret name only, from an env var's secretKeyRef."""
+    """The model token is referenced by Secret name only, from an env var's secretKeyRef: the key
+    it names, or for s3:// the AWS keys the stager reads, never the whole Secret."""
     ref = cr.spec.model.auth_secret_ref
     if ref is None:
         return
     for path, value in leaves(child):
         if isinstance(value, str) and ref.name in value:
-            assert child["kind"] == "Job" and (path[-3:] == SECRET_REF_PATH or path[-2:] == ("secretRef", "name")), \
+            assert child["kind"] == "Job" and path[-3:] == SECRET_REF_PATH, \
                 f"Secret name {ref.name} rendered at {path}: {value!r}"
     if child["kind"] == "LeaderWorkerSet":  # serving pods read staged files: no credential at all
         for _, c in containers(child):
@@ -90,12 +93,13 @@ def _check_secret(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
     if child["kind"] == "Job":  # the staging Job: by reference only, never a literal value
         (c,) = child["spec"]["template"]["spec"]["containers"]
         refs = [e for e in c["env"] if "secretKeyRef" in (e.get("valueFrom") or {})]
-        assert all("value" not in e for e in refs)
-        assert [e["valueFrom"]["secretKeyRef"] for e in refs] in ([], [{"name": ref.name, "key": ref.key}]), refs
+        assert all("value" not in e for e in refs) and "envFrom" not in c
+        s3 = [{"name": ref.name, "key": k, "optional": True} for k in S3_SECRET_KEYS]
+        assert [e["valueFrom"]["secretKeyRef"] for e in refs] in ([], [{"name": ref.name, "key": ref.key}], s3), refs
 
 
 def _check_workload(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
-    extra = list(cr.spec.engine.extra_args)
+    extra = literals(cr.spec.engine.extra_args)  # as the kubelet must read them back: see render/kubelet.py
     for template, c in containers(child):
         argv = c["command"]
         assert argv[:2] == ["vllm", "serve"] and argv[len(argv) - len(extra):] == extra, (template, argv)
@@ -111,5 +115,8 @@ def _check_workload(cr: KimiK3Deployment, child: dict[str, Any]) -> None:
         assert not repeated, f"{template}: duplicate env {repeated}"
         for e in c["env"]:
             assert ("value" in e) != ("valueFrom" in e), e
-        pod_labels = child["spec"]["leaderWorkerTemplate"][template]["metadata"]["labels"]
-        assert child["metadata"]["labels"].items() <= pod_labels.items()
+        pod = child["spec"]["leaderWorkerTemplate"][template]
+        assert child["metadata"]["labels"].items() <= pod["metadata"]["labels"].items()
+        # a serving pod never talks to the API server and runs under the runtime's seccomp profile
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -249,6 +249,8 @@ def _role_dicts(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 HUB_IDS_REFUSED = ("hf://moonshotai/Kimi--K3", "hf://moonshotai/Kimi..K3", "hf://moonshotai/Kimi-K3.git",
                    "hf://moon--shot/Kimi-K3")
+FLAG_LIKE = ("-", "--", "-x", "--trust-remote-code", "--dest=/cache/x", "-n4", "--served-model-name=")
+"""Names that vLLM's or the stager's parser would read as a flag."""
 PVC_PATHS_OUTSIDE = ("pvc://weights/..", "pvc://weights/../kimi-k3", "pvc://weights/kimi-k3/../../x", "pvc://w/../")
 
 
@@ -259,7 +261,7 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
                                  "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",
-                                 "slo-mode-needs-target")))
+                                 "slo-mode-needs-target", "served-name-flag", "revision-flag")))
     if rule == "interval-needs-tokens":
         _engine_of(body)["prefixCaching"] = {"retention": {"policy": "Interval"}}
     elif rule == "tokens-need-interval":
@@ -291,6 +293,9 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
         spec.pop("slo", None)
         if "mode" not in role["autoscaling"]:
             spec.pop("autoscaling", None)
+    elif rule in ("served-name-flag", "revision-flag"):
+        key = "servedName" if rule == "served-name-flag" else "revision"
+        spec["model"][key] = draw(st.sampled_from(FLAG_LIKE)) + draw(st.text("abc-=", max_size=8))
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

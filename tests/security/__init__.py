@@ -1,0 +1,1 @@
+"""Attacks replayed against the operator: each test names the attack and what the operator answers."""

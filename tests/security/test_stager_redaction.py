@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kimik3_operator.stager import Progress
-from kimik3_operator.stager.job_annotation import JobAnnotationReporter
 from kimik3_operator.stager.progress import JsonSink
+from kimik3_operator.stager.progress_configmap import ConfigMapReporter
 from kimik3_operator.stager.redact import MIN_SECRET, RedactingStream, Redactor, scrub_urls
 from tests.stager.fake_hub import Slow
 
@@ -100,7 +100,7 @@ class _Refusing:
         return type("R", (), {"status_code": 403, "text": self.text})()
 
 
-def test_the_annotation_reporter_masks_before_it_cuts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_progress_reporter_masks_before_it_cuts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "token").write_text("sa-token")
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KIMIK3_SERVICEACCOUNT_DIR": str(tmp_path), "POD_NAMESPACE": "ns"}
 
@@ -109,8 +109,8 @@ def test_the_annotation_reporter_masks_before_it_cuts(tmp_path: Path, caplog: py
     def one(secret: str, before: int) -> None:
         caplog.clear()
         body = "y" * (200 - before) + secret
-        reporter = JobAnnotationReporter("job", env=env, session=_Refusing(body),  # type: ignore[arg-type]
-                                         redact=Redactor([secret]))
+        reporter = ConfigMapReporter("job-progress", env=env, session=_Refusing(body),  # type: ignore[arg-type]
+                                      redact=Redactor([secret]))
         with caplog.at_level(logging.WARNING, logger="kimik3_operator.stager"):
             reporter({"phase": "Failed"})
         assert caplog.messages and "HTTP 403" in caplog.messages[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kimik3_operator.render.report import plan_report
 from tests.golden.scenarios import SCENARIOS
 from tests.golden.test_golden import plan_scenario
+from tests.support import kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 POD_VALUES = {"POD_IP": "10.0.0.1", "LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
@@ -44,7 +44,7 @@ def role_report(scenario: str, role: str, *, scale_out: bool | None = None) -> d
 
 
 def expand(argv: list[str]) -> list[str]:
-    return [re.sub(r"\$\((\w+)\)", lambda m: POD_VALUES[m.group(1)], a) for a in argv]
+    return [kubelet.expand(a, POD_VALUES) for a in argv]
 
 
 def free_port() -> int:

@@ -102,6 +102,10 @@ INVALID["a pvc:// path stays inside its claim: no '..' in it"] = _edit(
     lambda d: d["spec"]["model"].update(uri="pvc://weights/../kimi-k3"))
 INVALID["endpoint must be https:// (set allowInsecureEndpoint to allow plain http://)"] = _edit(
     lambda d: d["spec"]["model"].update(endpoint="http://hf-mirror.internal"))
+INVALID["servedName is the model's name, not a flag: it must not start with '-'"] = _edit(
+    lambda d: d["spec"]["model"].update(servedName="--trust-remote-code"))
+INVALID["revision is a branch, tag or commit, not a flag: it must not start with '-'"] = _edit(
+    lambda d: d["spec"]["model"].update(revision="--dest=/cache/other"))
 INVALID["autoscaling: minReplicas must not exceed maxReplicas"] = _edit(
     lambda d: _pool(d)["aggregated"].update(autoscaling={"minReplicas": 3, "maxReplicas": 2, "mode": "HPA"}))
 INVALID["prefillDecodeRatio: min must not exceed max"] = _edit(

@@ -6,7 +6,7 @@ from typing import Any
 
 from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
 from kimik3_operator.k8s import unchanged_since_our_apply
-from kimik3_operator.k8s.cluster import HARMLESS_MANAGERS, Cluster, writes_digest
+from kimik3_operator.k8s.cluster import HARMLESS_WRITES, Cluster, writes_digest
 
 DESIRED = {"metadata": {"annotations": {ANNOTATION_HASH: "h1"}}}
 
@@ -78,8 +78,21 @@ def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
     applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")))
     later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, _fields("replicas")),
                     _entry("lws", "Update", SECOND, {"f:status": {}}, sub="status"),
-                    *(_entry(m, "Apply", SECOND, {"f:metadata": {}}) for m in HARMLESS_MANAGERS))
+                    *(_entry(m, "Update", SECOND, fields) for m, fields in HARMLESS_WRITES.items()))
     assert unchanged_since_our_apply(DESIRED, later, writes_digest(applied))
+    assert unchanged_since_our_apply(DESIRED, later)
+
+
+def test_a_harmless_managers_write_beyond_its_fields_is_drift() -> None:
+    """A client picks its field manager's name: a staging pod that writes labels or owner
+    references under the progress manager's name is not harmless."""
+    applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, {"f:metadata": {"f:labels": {}}}))
+    for manager, fields in HARMLESS_WRITES.items():
+        later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, {"f:metadata": {"f:labels": {}}}),
+                        _entry(manager, "Update", "2026-11-30T00:01:00Z",
+                               {**fields, "f:metadata": {"f:ownerReferences": {}}}))
+        assert not unchanged_since_our_apply(DESIRED, later, writes_digest(applied)), manager
+        assert not unchanged_since_our_apply(DESIRED, later), manager
 
 
 SCALABLE = {**DESIRED, "spec": {"replicas": 2}}

@@ -1,6 +1,8 @@
-"""The chart's ClusterRole grants exactly what the child-kind registry implies, beside the
-operator's few other permissions listed here: a kind added to the registry without its rule (or a
-rule left behind for a kind that went) fails here, long before an e2e run shows a 403.
+"""The chart grants exactly what the child-kind registry implies, beside the operator's few other
+permissions listed here: a kind added to the registry without its rule (or a rule left behind for a
+kind that went) fails here, long before an e2e run shows a 403. The child rules
+(files/child-rules.yaml) are part of the ClusterRole when every namespace is watched, and a Role
+in each namespace of `watchNamespaces` otherwise: never cluster-wide then.
 
 e2e/tests/test_zz_rbac.py measures the same ClusterRole against the audit log of a whole run."""
 
@@ -22,6 +24,7 @@ from kimik3_operator.contract.kinds import CHILD_KINDS
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kimik3-operator"
 CLUSTER_ROLE = CHART / "templates" / "clusterrole.yaml"
+CHILD_RULES = CHART / "files" / "child-rules.yaml"
 
 Triple = tuple[str, str, str]
 
@@ -46,14 +49,24 @@ def triples(rules: list[dict[str, Any]]) -> set[Triple]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
+INCLUDE_CHILD_RULES = ('{{- if not .Values.watchNamespaces }}\n{{ .Files.Get "files/child-rules.yaml" | trim }}\n'
+                       '{{- end }}\n')
+
+
 def template_rules(path: Path) -> list[dict[str, Any]]:
-    """The rules of a role template, read as YAML: reliable while they hold no template action,
-    which this checks (the metadata's actions are blanked out)."""
+    """The rules of the ClusterRole template, read as YAML: reliable while they hold no template
+    action but the child rules' include, which this checks (the metadata's actions are blanked out)."""
     text = path.read_text()
     head, sep, rules = text.partition("\nrules:\n")
-    assert sep and "{{" not in rules, f"{path}: the rules are templated; read them from `helm template`"
+    assert sep and rules.endswith(INCLUDE_CHILD_RULES), f"{path}: the child rules are included at the end"
+    rules = rules.removesuffix(INCLUDE_CHILD_RULES)
+    assert "{{" not in rules, f"{path}: the rules are templated; read them from `helm template`"
     head = re.sub(r"\{\{.*?\}\}", "x", head)
     return yaml.safe_load(head + sep + rules)["rules"]  # type: ignore[no-any-return]
+
+
+def child_rules() -> list[dict[str, Any]]:
+    return yaml.safe_load(CHILD_RULES.read_text())  # type: ignore[no-any-return]
 
 
 def helm_binary() -> str | None:
@@ -62,21 +75,41 @@ def helm_binary() -> str | None:
     return shutil.which("helm") or (str(built[-1]) if built else None)
 
 
-def test_cluster_role_grants_exactly_what_the_registry_needs() -> None:
+def test_the_chart_grants_exactly_what_the_registry_needs() -> None:
     needed = {(kind.group, kind.plural, verb) for kind in CHILD_KINDS for verb in kind.verbs()}
-    granted = triples(template_rules(CLUSTER_ROLE))
     assert not needed & NOT_CHILDREN
-    assert granted - NOT_CHILDREN - needed == set(), "granted, but no child kind needs it"
-    assert needed - granted == set(), "a child kind needs it, the chart does not grant it"
-    assert NOT_CHILDREN - granted == set()
+    assert triples(child_rules()) == needed, "the child rules are not what the child kinds need"
+    assert triples(template_rules(CLUSTER_ROLE)) == NOT_CHILDREN, "the ClusterRole's own rules"
 
 
-def test_helm_renders_the_rules_read_from_the_template() -> None:
+def _rendered(*values: str) -> list[dict[str, Any]]:
     helm = helm_binary()
     if helm is None:
         pytest.skip("helm is not built (e2e/cluster/build.sh helm)")
-    out = subprocess.run([helm, "template", "t", str(CHART), "-n", "kimik3-system", "--show-only",
-                          "templates/clusterrole.yaml"], capture_output=True, text=True, check=True).stdout
-    (role,) = [d for d in yaml.safe_load_all(out) if d]
-    assert role["kind"] == "ClusterRole"
-    assert triples(role["rules"]) == triples(template_rules(CLUSTER_ROLE))
+    out = subprocess.run([helm, "template", "t", str(CHART), "-n", "kimik3-system", *values],
+                         capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _rbac(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str, Any]]:
+    return {(d["kind"], d["metadata"].get("namespace")): d for d in docs
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")}
+
+
+def test_helm_renders_the_child_rules_into_the_cluster_role_when_every_namespace_is_watched() -> None:
+    rbac = _rbac(_rendered())
+    assert set(rbac) == {("ClusterRole", None), ("ClusterRoleBinding", None), ("Role", "kimik3-system"),
+                         ("RoleBinding", "kimik3-system")}  # the Role: the leader election Lease
+    assert triples(rbac["ClusterRole", None]["rules"]) == NOT_CHILDREN | triples(child_rules())
+
+
+def test_with_watch_namespaces_the_child_rules_are_a_role_in_each_and_not_cluster_wide() -> None:
+    rbac = _rbac(_rendered("--set", "watchNamespaces={team-a,team-b}"))
+    assert triples(rbac["ClusterRole", None]["rules"]) == NOT_CHILDREN
+    for namespace in ("team-a", "team-b"):
+        role, binding = rbac["Role", namespace], rbac["RoleBinding", namespace]
+        assert triples(role["rules"]) == triples(child_rules())
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "t-kimik3-operator",
+                                        "namespace": "kimik3-system"}]

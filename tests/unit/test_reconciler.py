@@ -54,8 +54,10 @@ class MemoryCluster:
             if kind == "Job":
                 job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
                 record = json.dumps({"phase": "Complete", "commit": commit, "filesDone": 3, "filesTotal": 3})
+                owner = {"kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
                 self.pods.append({"metadata": {"name": f"{name}-x", "creationTimestamp": "2026-11-30T00:00:00Z",
-                                               "labels": {"batch.kubernetes.io/job-name": name}},
+                                               "labels": {"batch.kubernetes.io/job-name": name},
+                                               "ownerReferences": [owner]},
                                   "status": {"phase": "Succeeded", "containerStatuses": [
                                       {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
 
@@ -170,7 +172,7 @@ def test_weights_are_staged_before_anything_serves_then_steady_state_writes_noth
     cluster = MemoryCluster(_pd(), NODES)
     first = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:00:00Z")
     assert sorted(k.split("/")[0] for k in first.applied) == [
-        "Job", "PersistentVolumeClaim", "Role", "RoleBinding", "ServiceAccount"]
+        "ConfigMap", "Job", "PersistentVolumeClaim", "Role", "RoleBinding", "ServiceAccount"]
     status = cluster.deployment["status"]
     assert status["phase"] == "Progressing"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -197,8 +199,8 @@ def test_a_new_revision_stages_beside_what_serves() -> None:
     serving = {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"}
     cluster.deployment["spec"]["model"]["revision"] = "v2"
     outcome = reconcile(cluster, "ns", "k3")
-    assert [k for k in outcome.applied if not k.startswith(("Job/", "Role/"))] == []
-    assert [k.split("/")[0] for k in outcome.deleted] == ["Job"]  # the old revision's Job
+    assert [k for k in outcome.applied if not k.startswith(("ConfigMap/", "Job/", "Role/"))] == []
+    assert sorted(k.split("/")[0] for k in outcome.deleted) == ["ConfigMap", "Job"]  # the old revision's
     assert {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"} == serving
     assert cluster.deployment["status"]["phase"] == "Progressing"
 

@@ -39,7 +39,8 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     assert sorted(_by_kind(objs, "Service")) == [
         "k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader", "k3-pd-router"]
     assert [o["kind"] for o in objs] == [
-        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job", "Job",  # model and draft
+        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding",
+        "ConfigMap", "ConfigMap", "Job", "Job",  # model and draft: progress and Job
         "Service", "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet", "Deployment"]
 
 

@@ -50,13 +50,15 @@ def test_hub_sources_stage_into_the_cache_claim_with_the_token_as_a_secret_refer
         env = {e["name"]: e for e in c["env"]}
         assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
         assert env["HF_ENDPOINT"]["value"] == "https://hf-mirror.example"
-        assert not any("hf" == a or "token" in a.lower() for a in c["command"] if a != "--report-job")
-        assert c["command"][c["command"].index("--report-job") + 1] == job["metadata"]["name"]
+        assert not any("hf" == a or "token" in a.lower() for a in c["command"])
+        assert c["command"][c["command"].index("--report-configmap") + 1] == f"{job['metadata']['name']}-progress"
         assert c["command"][c["command"].index("--progress-file") + 1] == "/dev/termination-log"
         assert c["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
-    (role,) = _kinds(objs, "Role")
-    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["patch"],
-                              "resourceNames": [j["metadata"]["name"] for j in jobs]}]
+    (role,) = _kinds(objs, "Role")  # its progress, nothing of its Job
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
+                              "resourceNames": [f"{j['metadata']['name']}-progress" for j in jobs]}]
+    assert [m["metadata"]["name"] for m in _kinds(objs, "ConfigMap")] == role["rules"][0]["resourceNames"]
+    assert all("data" not in m for m in _kinds(objs, "ConfigMap"))  # the staging pod's to fill
     (binding,) = _kinds(objs, "RoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k3-weights", "namespace": "ns"}]
 
@@ -108,12 +110,15 @@ def test_pvc_sources_are_verified_in_place_on_the_users_claim() -> None:
                      "subPath": "checkpoints/kimi-k3", "readOnly": True}
 
 
-def test_s3_credentials_come_from_the_whole_secret_and_the_endpoint_from_the_spec() -> None:
+def test_s3_credentials_are_the_secrets_aws_keys_and_the_endpoint_comes_from_the_spec() -> None:
     plan = _plan({"uri": "s3://models/kimi-k3", "authSecretRef": {"name": "s3-creds"},
                   "endpoint": "http://127.0.0.1:9000", "allowInsecureEndpoint": True})
     (job,) = _kinds(render_weights(OWNER, plan), "Job")
     (c,) = job["spec"]["template"]["spec"]["containers"]
-    assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert "envFrom" not in c  # never the whole Secret
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {k: {"name": "s3-creds", "key": k, "optional": True}
+                    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION")}
     assert {"name": "AWS_ENDPOINT_URL_S3", "value": "http://127.0.0.1:9000"} in c["env"]
     assert not any(e["name"] == "AWS_ENDPOINT_URL" for e in c["env"])  # it would redirect STS too
     assert not any(e["name"].startswith("HF_") for e in c["env"])

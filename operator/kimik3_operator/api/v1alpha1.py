@@ -74,6 +74,14 @@ def model_uri_rules(field: str, attribute: str, *, optional: bool = False) -> tu
                  for rule in model_uri.RULES)
 
 
+def not_a_flag(field: str, attribute: str, what: str) -> Rule:
+    """A name the renderer passes as the value of a flag: one starting with '-' would be read as a
+    flag of its own (vLLM's and the stager's parsers take `--served-model-name --x` as two options)."""
+    return Rule(cel=f"!has(self.{field}) || !self.{field}.startsWith('-')",
+                message=f"{field} is {what}, not a flag: it must not start with '-'",
+                check=lambda m: not getattr(m, attribute).startswith("-"), field_path=f".{field}")
+
+
 class SecretKeyRef(SpecModel):
     """A key in a Secret of the deployment's namespace."""
 
@@ -126,6 +134,8 @@ class ModelSource(SpecModel):
             field_path=".endpoint",
             check=lambda m: m.endpoint is None or m.endpoint.startswith("https://") or m.allow_insecure_endpoint,
         ),
+        not_a_flag("servedName", "served_name", "the model's name"),
+        not_a_flag("revision", "revision", "a branch, tag or commit"),
     )
 
 

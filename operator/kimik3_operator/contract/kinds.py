@@ -68,6 +68,10 @@ PERSISTENT_VOLUME_CLAIM = ChildKind("v1", "PersistentVolumeClaim", "persistentvo
 SERVICE_ACCOUNT = ChildKind("v1", "ServiceAccount", "serviceaccounts", WEIGHTS, pruned=False)
 ROLE = ChildKind("rbac.authorization.k8s.io/v1", "Role", "roles", WEIGHTS, pruned=False)
 ROLE_BINDING = ChildKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", WEIGHTS, pruned=False)
+CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps", WEIGHTS)
+"""A staging Job's progress, the only object its pod may write (contract/stager.py). Not watched:
+a watch would stream every ConfigMap of the cluster to the operator; the Job's own events and the
+resync refresh the progress status shows."""
 JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=True)
 """A Job's pod template is immutable and its name already says what it stages: once created it is
 left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
@@ -88,12 +92,12 @@ DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", SERVING, watched=
 by hand must be repaired at once, since every request goes through it."""
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
-    PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, JOB, SERVICE, COMPUTE_DOMAIN, LEADER_WORKER_SET,
-    HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT,
+    PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, JOB, SERVICE, COMPUTE_DOMAIN,
+    LEADER_WORKER_SET, HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT,
 )
-"""In apply order: an identity before the Job that runs as it, what a workload needs (its
-Service, its ComputeDomain) before the workload, a workload before the scaler that targets it,
-and the engines before the router in front."""
+"""In apply order: an identity and the ConfigMap it may write before the Job that runs as it, what
+a workload needs (its Service, its ComputeDomain) before the workload, a workload before the
+scaler that targets it, and the engines before the router in front."""
 
 BY_KIND: dict[str, ChildKind] = {k.kind: k for k in CHILD_KINDS}
 APPLY_ORDER: dict[str, int] = {k.kind: i for i, k in enumerate(CHILD_KINDS)}

@@ -28,15 +28,19 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 from ..api import GROUP, KIND, VERSION
 from ..contract.kinds import CHILD_KINDS
 from ..contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
-from ..contract.stager import PROGRESS_FIELD_MANAGER
+from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
 
-HARMLESS_MANAGERS = frozenset({PROGRESS_FIELD_MANAGER, AUTOSCALER_FIELD_MANAGER})
-"""Writers that never touch what the main apply sets: the stager's progress annotation, and the
-replica count of an autoscaled role (which the main apply leaves out)."""
-"""Writers that only touch fields we never set (a staging pod's progress annotation on its Job):
-their writes are not drift and cost no re-apply."""
+HARMLESS_WRITES: dict[str, dict[str, Any]] = {
+    PROGRESS_FIELD_MANAGER: {"f:data": {".": {}, f"f:{PROGRESS_KEY}": {}}},
+    AUTOSCALER_FIELD_MANAGER: {"f:spec": {"f:replicas": {}}},
+}
+"""Writers that only touch fields the main apply never sets, and the most each may own: a staging
+pod's progress in its ConfigMap, and the replica count of an autoscaled role (which the main apply
+leaves out). Their writes are not drift and cost no re-apply. A manager's name is whatever the
+client says, so the name alone proves nothing: an entry that owns more than this (a compromised
+staging pod writing labels or owner references under its manager's name) is drift like any other."""
 
 log = logging.getLogger(__name__)
 
@@ -301,8 +305,7 @@ def writes_digest(obj: dict[str, Any]) -> str:
     out. A write leaves an entry that was not there before: the writer's new one, or the same one
     with a later time or other fields; one that changes a field we own takes it out of our entry."""
     entries = ((obj.get("metadata") or {}).get("managedFields")) or []
-    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _spec_writes(entries)
-                  if e.get("manager") not in HARMLESS_MANAGERS)
+    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _spec_writes(entries) if not harmless(e))
     return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
@@ -348,8 +351,17 @@ def _scaled(desired: dict[str, Any], live: dict[str, Any]) -> bool:
 def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
     return [t for e in _spec_writes(entries)
             if not (e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
-            and e.get("manager") not in HARMLESS_MANAGERS
-            and (t := _time(e.get("time"))) is not None]
+            and not harmless(e) and (t := _time(e.get("time"))) is not None]
+
+
+def harmless(entry: dict[str, Any]) -> bool:
+    """Whether a managedFields entry is one of HARMLESS_WRITES, owning no more than its fields."""
+    allowed = HARMLESS_WRITES.get(entry.get("manager", ""))
+    return allowed is not None and _within(entry.get("fieldsV1") or {}, allowed)
+
+
+def _within(fields: Any, allowed: dict[str, Any]) -> bool:
+    return isinstance(fields, dict) and all(k in allowed and _within(v, allowed[k]) for k, v in fields.items())
 
 
 def _spec_writes(entries: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:

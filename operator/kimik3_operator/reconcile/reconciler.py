@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
 from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
-from ..contract.kinds import BY_KIND, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
+from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
 from ..planner.capacity import gpus_used, shortfalls
@@ -110,8 +110,9 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         desired = render_weights(owner, plan, tools_image)
         _apply_all(cluster, desired, live, current, outcome)
         jobs = {n: o for (k, n), o in current.items() if k == JOB.kind}
+        progress = {n: o for (k, n), o in current.items() if k == CONFIG_MAP.kind}
         job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
-        weights = weights_state(owner, plan.weights, jobs, job_pods)
+        weights = weights_state(owner, plan.weights, jobs, job_pods, progress, previous.weights if previous else ())
         wanted = {_key(o) for o in desired}
         plan = with_staged(plan, weights.commits) if weights.all_staged else plan
         paired = serving_hash(plan, own_pods, _selected_hashes(live))

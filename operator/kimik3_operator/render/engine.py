@@ -5,7 +5,8 @@ same engine headless. Values only known in the pod (the leader's address, the wo
 the pod IP) are `$(NAME)` references that the kubelet expands from the container environment
 (LWS injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX; POD_IP comes from the downward API).
 Flag spellings and values are those of vLLM 0.33.0 (reference/vllm-kimi-k3.md), checked by the
-contract test against vLLM's own parser.
+contract test against vLLM's own parser. What the user wrote (served name, extraArgs, env values)
+goes through `literal`, so the kubelet expands only the operator's own references (kubelet.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..planner import EngineSettings, RolePlan
 from ..planner.memory import GPU_MEMORY_UTILIZATION
+from .kubelet import literal, literals
 
 HTTP_PORT = 8000
 MASTER_PORT = 29501
@@ -73,7 +75,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     leader serves token ids to a prefix-aware router (Plan.router_tokenizes)."""
     args = [
         "vllm", "serve", engine.model_path,
-        "--served-model-name", engine.served_name,
+        "--served-model-name", literal(engine.served_name),
         "--host", "0.0.0.0", "--port", str(HTTP_PORT),
         *parallel_args(role, worker=worker),
         "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
@@ -104,7 +106,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     if scale_out and not worker:
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
-    args += list(engine.extra_args)
+    args += literals(engine.extra_args)
     return args
 
 
@@ -140,7 +142,7 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
-    env += [{"name": n, "value": v} for n, v in engine.env]
+    env += [{"name": n, "value": literal(v)} for n, v in engine.env]
     return env
 
 

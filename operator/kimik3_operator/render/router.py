@@ -26,6 +26,7 @@ from ..contract.kinds import DEPLOYMENT, SERVICE
 from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
 from .engine import HTTP_PORT
+from .kubelet import literal, literals
 from .names import LABEL_DEPLOYMENT, LABEL_ROUTER, Owner, deployment_label, object_meta, router_name
 
 ROUTER_PORT = 8000
@@ -126,7 +127,8 @@ def router_url(owner: Owner, name: str) -> str:
 
 def router_args(targets: RouterTargets) -> list[str]:
     """vllm-router's arguments (the image's ENTRYPOINT is vllm-router). Both listeners bind every
-    address: the router's defaults are loopback only."""
+    address: the router's defaults are loopback only. The engine URLs come from pod status, not
+    from the operator: they go through `literal` like any value the kubelet must not expand."""
     policy = {role: POLICY_FLAG[name] for role, name in targets.plan.policies}
     args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT),
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT)]
@@ -135,11 +137,11 @@ def router_args(targets: RouterTargets) -> list[str]:
                  "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"], *HEALTH_ARGS]
         for role in ("prefill", "decode"):
             for url in targets.urls(role):
-                args += [f"--{role}", url]
+                args += [f"--{role}", literal(url)]
         return args
     args += ["--policy", policy["aggregated"], *HEALTH_ARGS]
     if targets.urls("aggregated"):
-        args += ["--worker-urls", *targets.urls("aggregated")]
+        args += ["--worker-urls", *literals(targets.urls("aggregated"))]
     return args
 
 

@@ -3,10 +3,15 @@
 One Job per checkpoint (model, draft) runs the stager (`python -m kimik3_operator.stager stage`,
 from the operator image) into its folder of the cache claim; its final progress record is the
 container's termination message, where the operator reads the resolved commit. While it runs it
-writes its latest record into an annotation of its own Job, through a ServiceAccount whose Role
-allows exactly that (patch on these Job names), so status shows progress without the operator
-reading pod logs. Serving pods mount the folder read-only and wait in an init container until its
-completion marker names the commit the status shows.
+writes its latest record into a ConfigMap made for that Job alone, through a ServiceAccount whose
+Role allows exactly that (patch on these ConfigMap names; nothing of the Job itself), so status
+shows progress without the operator reading pod logs. Serving pods mount the folder read-only and
+wait in an init container until its completion marker names the commit the status shows.
+
+The staging pod meets Pod Security "restricted" (non-root, no privilege escalation, no
+capability, RuntimeDefault seccomp). It gets only the Secret keys the stager reads, each by
+secretKeyRef, and every user string in its command and environment goes through `literal`
+(kubelet.py), so none of them can name one of those variables.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import GROUP
-from ..contract.kinds import JOB, PERSISTENT_VOLUME_CLAIM, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
-from ..contract.stager import MARKER_NAME, STAGER_MODULE, STATE_DIR
+from ..contract.kinds import CONFIG_MAP, JOB, PERSISTENT_VOLUME_CLAIM, ROLE, ROLE_BINDING, SERVICE_ACCOUNT
+from ..contract.stager import MARKER_NAME, S3_SECRET_KEYS, STAGER_MODULE, STATE_DIR
 from ..planner import WeightsPlan, WeightsSource
 from ..planner.weights import CACHE_MOUNT
+from .kubelet import literal
 from .names import Owner, bounded, object_meta
 
 CACHE_VOLUME = "model-cache"
@@ -42,6 +48,11 @@ def job_name(owner: Owner, source: WeightsSource) -> str:
     return bounded(f"{owner.name}-weights-{source.name}-{source.key}", 63)
 
 
+def progress_name(owner: Owner, source: WeightsSource) -> str:
+    """The ConfigMap the Job's pod reports its progress into."""
+    return bounded(f"{job_name(owner, source)}-progress", 253)
+
+
 def claim_of(owner: Owner, source: WeightsSource) -> str:
     return source.claim or cache_claim_name(owner)
 
@@ -51,7 +62,8 @@ def volume_name(owner: Owner, source: WeightsSource) -> str:
 
 
 def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dict[str, Any]]:
-    """The cache claim (when a source needs it), the staging identity and one Job per source."""
+    """The cache claim (when a source needs it), the staging identity, and one progress ConfigMap
+    and one Job per source."""
     out: list[dict[str, Any]] = []
     if weights.needs_cache:
         spec: dict[str, Any] = {
@@ -66,32 +78,45 @@ def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dic
     out.append({**SERVICE_ACCOUNT.type_meta(), "metadata": object_meta(owner, sa, None, None),
                 "automountServiceAccountToken": True})
     out.append({**ROLE.type_meta(), "metadata": object_meta(owner, sa, None, None),
-                "rules": [{"apiGroups": [JOB.group], "resources": [JOB.plural], "verbs": ["patch"],
-                           "resourceNames": [job_name(owner, s) for s in weights.sources]}]})
+                "rules": [{"apiGroups": [CONFIG_MAP.group], "resources": [CONFIG_MAP.plural], "verbs": ["patch"],
+                           "resourceNames": [progress_name(owner, s) for s in weights.sources]}]})
     out.append({**ROLE_BINDING.type_meta(), "metadata": object_meta(owner, sa, None, None),
                 "roleRef": {"apiGroup": ROLE.group, "kind": ROLE.kind, "name": sa},
                 "subjects": [{"kind": SERVICE_ACCOUNT.kind, "name": sa, "namespace": owner.namespace}]})
-    out += [staging_job(owner, weights, s, image) for s in weights.sources]
+    for s in weights.sources:
+        out += [progress_configmap(owner, s), staging_job(owner, weights, s, image)]
     return out
 
 
-def _secret_env(weights: WeightsPlan, source: WeightsSource) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, envFrom) carrying the source's credentials and endpoint; never an argument."""
+def _weights_meta(owner: Owner, name: str, source: WeightsSource) -> dict[str, Any]:
+    meta = object_meta(owner, name, None, None)
+    meta["labels"].update({"app.kubernetes.io/component": "weights", LABEL_SOURCE: source.name})
+    return meta
+
+
+def progress_configmap(owner: Owner, source: WeightsSource) -> dict[str, Any]:
+    """Empty as rendered: its one key is the staging pod's to write (contract/stager.py)."""
+    return {**CONFIG_MAP.type_meta(), "metadata": _weights_meta(owner, progress_name(owner, source), source)}
+
+
+def _secret_env(weights: WeightsPlan, source: WeightsSource) -> list[dict[str, Any]]:
+    """The source's credentials (by secretKeyRef, only the keys the stager reads) and endpoint;
+    never an argument, never the whole Secret."""
     env: list[dict[str, Any]] = []
-    env_from: list[dict[str, Any]] = []
     if source.scheme == "hf":
         if weights.auth_secret:
             name, key = weights.auth_secret
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
         if weights.endpoint:
-            env.append({"name": "HF_ENDPOINT", "value": weights.endpoint})
+            env.append({"name": "HF_ENDPOINT", "value": literal(weights.endpoint)})
         env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
     elif source.scheme == "s3":
         if weights.auth_secret:
-            env_from.append({"secretRef": {"name": weights.auth_secret[0]}})
+            env += [{"name": key, "valueFrom": {"secretKeyRef": {
+                "name": weights.auth_secret[0], "key": key, "optional": True}}} for key in S3_SECRET_KEYS]
         if weights.endpoint:  # S3 only: AWS_ENDPOINT_URL would also send the pod's STS exchange there
-            env.append({"name": "AWS_ENDPOINT_URL_S3", "value": weights.endpoint})
-    return env, env_from
+            env.append({"name": "AWS_ENDPOINT_URL_S3", "value": literal(weights.endpoint)})
+    return env
 
 
 def _restricted() -> dict[str, Any]:
@@ -100,20 +125,18 @@ def _restricted() -> dict[str, Any]:
 
 
 def stage_args(owner: Owner, source: WeightsSource) -> list[str]:
-    args = ["python", "-m", STAGER_MODULE, "stage", "--uri", source.uri]
+    args = ["python", "-m", STAGER_MODULE, "stage", "--uri", literal(source.uri)]
     if source.revision:
-        args += ["--revision", source.revision]
-    return args + ["--dest", f"{CACHE_MOUNT}/{source.folder}".rstrip("/"),
-                   "--progress-file", "/dev/termination-log", "--report-job", job_name(owner, source)]
+        args += ["--revision", literal(source.revision)]
+    return args + ["--dest", literal(f"{CACHE_MOUNT}/{source.folder}".rstrip("/")),
+                   "--progress-file", "/dev/termination-log", "--report-configmap", progress_name(owner, source)]
 
 
 def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image: str) -> dict[str, Any]:
-    name = job_name(owner, source)
-    meta = object_meta(owner, name, None, None)
-    meta["labels"].update({"app.kubernetes.io/component": "weights", LABEL_SOURCE: source.name})
-    env, env_from = _secret_env(weights, source)
-    env += [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "HOME", "value": "/tmp"}]
+    meta = _weights_meta(owner, job_name(owner, source), source)
+    env = [*_secret_env(weights, source),
+           {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           {"name": "HOME", "value": "/tmp"}]
     container: dict[str, Any] = {
         "name": "stage",
         "image": image,
@@ -125,8 +148,6 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
         "terminationMessagePolicy": "File",
         "securityContext": _restricted(),
     }
-    if env_from:
-        container["envFrom"] = env_from
     return {
         **JOB.type_meta(),
         "metadata": meta,
@@ -137,8 +158,9 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": service_account_name(owner),
+                    "enableServiceLinks": False,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
-                                        "fsGroup": RUN_AS},
+                                        "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
                     "volumes": [{"name": volume_name(owner, source),
                                  "persistentVolumeClaim": {"claimName": claim_of(owner, source)}},
@@ -193,15 +215,17 @@ every replica."""
 def wait_containers(owner: Owner, weights: WeightsPlan, image: str) -> list[dict[str, Any]]:
     """Init containers that hold a serving pod until its checkpoints are staged at the commit the
     plan was made for (a Job that re-stages another revision never feeds a pod of this one).
-    `image` is the serving image."""
+    `image` is the serving image. They run as the stager's user, not as the image's root: the
+    marker is the stager's, mode 0600, and a root without capabilities could not read it."""
     out = []
     for s in weights.sources:
         out.append({
             "name": f"wait-{s.name}",
             "image": image,
-            "command": ["python3", "-c", WAIT_SCRIPT, s.mount_path, s.commit or "", str(WAIT_TIMEOUT_SECONDS)],
+            "command": ["python3", "-c", WAIT_SCRIPT, s.mount_path, literal(s.commit or ""),
+                        str(WAIT_TIMEOUT_SECONDS)],
             "volumeMounts": [m for m in serving_mounts(owner, weights) if m["mountPath"] == s.mount_path],
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-            "securityContext": _restricted(),
+            "securityContext": _restricted() | {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS},
         })
     return out

@@ -30,6 +30,29 @@ PRE_STOP_SECONDS = 10
 SHM_SIZE = "128Gi"  # NCCL, NIXL and the DP coordinator exchange through /dev/shm
 
 
+def pod_security() -> dict[str, Any]:
+    """What every serving pod gets, and why not more.
+
+    The vLLM container runs as the image's user, root: images/vllm-cuda/Dockerfile sets no USER (nor
+    does vllm/vllm-openai-rocm, the base of images/vllm-rocm/Dockerfile), and it must stay root while
+    the pod does RDMA: Kubernetes grants no ambient capabilities, so IPC_LOCK (which memory
+    registration needs to pin buffers beyond RLIMIT_MEMLOCK) is only effective for uid 0. Its JIT
+    caches (Triton, FlashInfer, DeepGEMM) also live under root's HOME. It keeps the runtime's default
+    capabilities: root reads the checkpoint of a pvc:// claim whatever its files' owner and mode,
+    which it could not without DAC_OVERRIDE. What it does get: the RuntimeDefault seccomp profile, no
+    privilege escalation (no setuid binary is needed), no ServiceAccount token (a serving pod never
+    talks to the API server) and no Service environment variables (every Service of the namespace as
+    `*_SERVICE_HOST`: nothing reads them, and a Service named vllm would set VLLM_PORT to a URL,
+    one named vllm-x an unknown VLLM_* variable, which --fail-on-environ-validation refuses). The
+    init containers that wait for the weights run as the stager's non-root user, with no
+    capability at all.
+
+    This is Pod Security "baseline", except that RDMA pods (a replica spanning HGX nodes, or NIXL KV
+    transfer) add IPC_LOCK, which baseline does not allow: see images/README.md. The router pods are
+    "restricted" (router.py)."""
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
     name = workload_name(owner, pool.name, role.role)
     group: dict[str, Any] = {
@@ -62,6 +85,9 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
     vllm = container(plan, pool, role, worker=worker)
     vllm["volumeMounts"] += serving_mounts(owner, plan.weights)
     spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(),
         "initContainers": wait_containers(owner, plan.weights, pool.image),
         "containers": [vllm],
         # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
@@ -104,9 +130,10 @@ def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> di
         # The endpoints controller needs a moment to stop routing here before vLLM starts draining.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
     }
+    out["securityContext"] = {"allowPrivilegeEscalation": False}  # root, see pod_security
     if uses_rdma(pool, role):
         # RDMA registers (pins) GPU and host memory: verbs need IPC_LOCK.
-        out["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        out["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
     if role.compute_domain:
         out["resources"]["claims"] = [{"name": CLAIM_NAME}]
     ports = nixl_ports(role)

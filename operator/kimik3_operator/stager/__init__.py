@@ -3,7 +3,7 @@
 Runs in a Kubernetes Job (``python -m kimik3_operator.stager stage ...``, the command the operator
 renders). Sources: ``hf://org/name`` (huggingface_hub), ``s3://bucket/prefix`` (SigV4 over requests),
 ``pvc://claim/path`` (verify in place). It imports neither kopf nor the Kubernetes client nor the
-operator; what it shares with the operator (the URI grammar, the marker, the progress annotation) is
+operator; what it shares with the operator (the URI grammar, the marker, the progress record) is
 in ``kimik3_operator.contract``. It is the only package that imports huggingface_hub (lazily:
 importing the stager costs nothing).
 
@@ -15,7 +15,7 @@ importing the stager costs nothing).
     manifest.py    what a stage leaves on disk: the marker (manifest), the journal
     confine.py     paths that stay inside the destination (no symlink leads out)
     digests.py     hashing while writing, and the checksums sources vouch for
-    progress.py job_annotation.py   progress records: stdout, the termination message, the Job annotation
+    progress.py progress_configmap.py   progress records: stdout, the termination message, the Job's ConfigMap
     redact.py      secrets and URL credentials masked in everything printed
     wait.py        wait until a destination holds a complete stage
 

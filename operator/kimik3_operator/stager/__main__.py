@@ -12,8 +12,8 @@ knows, and credentials in URLs).
 
 stage prints one JSON progress record per line on stdout (see progress.py for the fields) and, with
 ``--progress-file``, keeps the latest record in that file (replaced atomically; written in place when the
-file is a bind mount such as ``/dev/termination-log``), and with ``--report-job`` in an annotation of that
-Job (job_annotation.py). Diagnostics go to stderr.
+file is a bind mount such as ``/dev/termination-log``), and with ``--report-configmap`` in that ConfigMap
+(progress_configmap.py). Diagnostics go to stderr.
 Exit codes: 0 done/ready, 1 failed or not ready in time (stderr: ``Reason: message``), 2 usage,
 143 terminated (SIGTERM; partial downloads are kept and the next run resumes).
 """
@@ -33,9 +33,9 @@ from typing import Any
 
 from .errors import WeightsError
 from .flow import VERIFY_MODES, make_source, stage
-from .job_annotation import JobAnnotationReporter
 from .manifest import read_manifest
 from .progress import JsonSink, Progress
+from .progress_configmap import ConfigMapReporter
 from .redact import RedactingStream, Redactor
 from .wait import wait_ready
 
@@ -124,7 +124,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace, redact: Redactor) -> int:
-    reporter = JobAnnotationReporter(args.report_job, redact=redact) if args.report_job else None
+    reporter = ConfigMapReporter(args.report_configmap, redact=redact) if args.report_configmap else None
     sink = JsonSink(sys.stdout, Path(args.progress_file) if args.progress_file else None, redact=redact,
                     forward=reporter)
     try:
@@ -203,9 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dest", required=True, help="destination folder on the shared volume (pvc: the mounted path)")
     s.add_argument("--progress-file", help="keep the latest progress record (JSON) in this file")
     s.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress records")
-    s.add_argument("--report-job", metavar="JOB",
-                   help="in a cluster: also keep the latest record in this Job's annotation "
-                        "(its namespace is the pod's; see job_annotation.py)")
+    s.add_argument("--report-configmap", metavar="NAME",
+                   help="in a cluster: also keep the latest record in this ConfigMap "
+                        "(its namespace is the pod's; see progress_configmap.py)")
     s.add_argument("--verify", choices=VERIFY_MODES, default="quick",
                    help="quick: trust files whose size and mtime match the marker; full: re-hash everything")
     s.add_argument("--workers", type=int, default=8, help="files fetched in parallel")

@@ -10,8 +10,8 @@ A progress record is one flat JSON object (camelCase, like Kubernetes status) an
      "currentFiles": ["model-00038-of-00120.safetensors"],
      "message": "", "time": "2026-05-01T10:00:00Z"}
 
-Phases: Resolving -> Listing -> Downloading (or Verifying for pvc://) -> Complete, or Failed. A run that
-finds the marker already matching goes Resolving -> Complete with ``fastPath: true``.
+Phases (contract.stager.PHASES): Resolving -> Listing -> Downloading (or Verifying for pvc://) -> Complete,
+or Failed. A run that finds the marker already matching goes Resolving -> Complete with ``fastPath: true``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..contract.stager import MAX_RECORD_BYTES
 from .atomic import atomic_write_bytes
-
-MAX_RECORD_BYTES = 4000
-PHASES = ("Pending", "Resolving", "Listing", "Downloading", "Verifying", "Complete", "Failed")
 
 
 def _now() -> str:
@@ -229,7 +227,7 @@ class JsonSink:
         self.progress_file = progress_file
         self.redact = redact
         self.forward = forward
-        """Also handed every (redacted) record, e.g. the Job annotation reporter."""
+        """Also handed every (redacted) record, e.g. the progress ConfigMap reporter."""
         self._warned = False
 
     def emit(self, record: dict[str, Any]) -> None:

@@ -1,9 +1,10 @@
-"""Report staging progress into an annotation of the staging Job, so status can show it mid-run.
+"""Report staging progress into the ConfigMap the operator made for this Job, so status can show it mid-run.
 
 The operator cannot read a Job's progress any other way without pod logs (a kubelet connection per
-read). The pod's ServiceAccount may only get and patch its own Job (the operator renders that Role),
-and this module needs no Kubernetes client: one JSON merge patch over HTTPS with the mounted token.
-Reporting is best effort: a failed patch is logged once and never fails the download.
+read). The pod's ServiceAccount may only patch that one ConfigMap (the operator renders that Role:
+no get, no create, nothing of its Job), and this module needs no Kubernetes client: one JSON merge
+patch of `data.<PROGRESS_KEY>` over HTTPS with the mounted token. Reporting is best effort: a
+failed patch is logged once and never fails the download.
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ from urllib.parse import quote
 
 import requests
 
-from ..contract.stager import PROGRESS_ANNOTATION, PROGRESS_FIELD_MANAGER
+from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-class JobAnnotationReporter:
-    """A progress sink: patches the newest record into the Job at most every `interval` seconds
-    (always for Complete and Failed, so the last word is never throttled away)."""
+class ConfigMapReporter:
+    """A progress sink: patches the newest record into ConfigMap `name` at most every `interval`
+    seconds (always for Complete and Failed, so the last word is never throttled away)."""
 
-    def __init__(self, job: str, *, env: Mapping[str, str] | None = None, interval: float = 10.0,
+    def __init__(self, name: str, *, env: Mapping[str, str] | None = None, interval: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, session: requests.Session | None = None,
                  redact: Callable[[str], str] = lambda s: s) -> None:
         env = os.environ if env is None else env
@@ -39,7 +40,7 @@ class JobAnnotationReporter:
         sa_dir = Path(env.get("KIMIK3_SERVICEACCOUNT_DIR", SERVICE_ACCOUNT_DIR))
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         self.enabled = bool(host) and (sa_dir / "token").is_file()
-        self.job = job
+        self.name = name
         self.interval = interval
         self._clock = clock
         self._last = float("-inf")
@@ -50,7 +51,7 @@ class JobAnnotationReporter:
             return
         namespace = env.get("POD_NAMESPACE") or (sa_dir / "namespace").read_text().strip()
         netloc = f"[{host}]" if host and ":" in host else host
-        self.url = f"https://{netloc}:{port}/apis/batch/v1/namespaces/{quote(namespace)}/jobs/{quote(job)}"
+        self.url = f"https://{netloc}:{port}/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}"
         self._sa_dir = sa_dir
         self._session = session or requests.Session()
         self._session.trust_env = False  # never through a proxy: the API server is in-cluster
@@ -69,8 +70,7 @@ class JobAnnotationReporter:
             self._patch(record)
 
     def _patch(self, record: dict[str, Any]) -> None:
-        body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, sort_keys=True,
-                                                                              separators=(",", ":"))}}}
+        body = {"data": {PROGRESS_KEY: json.dumps(record, sort_keys=True, separators=(",", ":"))}}
         try:
             # Re-read the token each time: projected tokens rotate during a long download.
             token = (self._sa_dir / "token").read_text().strip()
@@ -82,5 +82,5 @@ class JobAnnotationReporter:
                 raise OSError(f"HTTP {r.status_code}: {self._redact(r.text)[:200]}")  # mask, then cut
         except (OSError, requests.RequestException) as exc:
             if not self._warned:
-                log.warning("cannot report progress on Job %s (continuing): %s", self.job, exc)
+                log.warning("cannot report progress to ConfigMap %s (continuing): %s", self.name, exc)
                 self._warned = True
