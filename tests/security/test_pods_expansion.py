@@ -164,7 +164,7 @@ def test_every_user_string_reaches_its_container_as_written(body: dict[str, Any]
                     assert after(args, "--revision") == spec.model.revision
                 if location.scheme == "pvc":
                     assert after(args, "--dest") == f"/cache/{location.path}".rstrip("/")
-                endpoint = env.get("HF_ENDPOINT") or env.get("AWS_ENDPOINT_URL")
+                endpoint = env.get("HF_ENDPOINT") or env.get("AWS_ENDPOINT_URL_S3")
                 assert endpoint == spec.model.endpoint
             elif c["name"] == "vllm":
                 assert after(args, "--served-model-name") == spec.model.served_name

@@ -130,7 +130,10 @@ def test_headers_over_the_limit_are_refused(webhook: Callable[..., WebhookServer
     server = webhook()
     big = "".join(f"X-Filler-{i}: {'y' * 1000}\r\n" for i in range(40))  # 40 KiB of headers
     with raw_tls(port(server), context) as sock:
-        sock.sendall(f"POST /validate HTTP/1.1\r\nHost: x\r\n{big}Content-Length: 2\r\n\r\n{{}}".encode())
+        try:
+            sock.sendall(f"POST /validate HTTP/1.1\r\nHost: x\r\n{big}Content-Length: 2\r\n\r\n{{}}".encode())
+        except (ssl.SSLError, ConnectionError):
+            pass  # the server answered and closed at its limit, before the rest was sent: the answer still waits
         status, body = raw_answer(sock)
     assert status == 431 and "error" in body
     assert post(port(server), context, review_body()).status == 200
