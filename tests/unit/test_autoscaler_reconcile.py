@@ -53,6 +53,16 @@ def _scaler(prometheus: FakePrometheus, clock: Clock) -> SloScaler:
     return scaler
 
 
+def _serving(body: dict[str, Any]) -> tuple[Clock, FakePrometheus, SloScaler, MemoryCluster]:
+    """`body` staged and applied with an SLO scaler, its decode role reporting 2 ready replicas."""
+    clock, prometheus = Clock(), FakePrometheus()
+    scaler = _scaler(prometheus, clock)
+    cluster = _staged(MemoryCluster(body, NODES))
+    reconcile(cluster, "ns", "k3", scaler=scaler)
+    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    return clock, prometheus, scaler, cluster
+
+
 def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() -> None:
     cluster = _staged(MemoryCluster(_pd(), NODES))
     reconcile(cluster, "ns", "k3")
@@ -90,11 +100,7 @@ def test_a_new_autoscaled_role_starts_at_its_planned_count() -> None:
 
 
 def test_the_slo_scaler_scales_up_on_load_then_holds_without_writing() -> None:
-    clock, prometheus = Clock(), FakePrometheus()
-    scaler = _scaler(prometheus, clock)
-    cluster = _staged(MemoryCluster(_autoscaled(), NODES))
-    reconcile(cluster, "ns", "k3", scaler=scaler)
-    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    clock, prometheus, scaler, cluster = _serving(_autoscaled())
     prometheus.values = {"num_requests": 31.0, "inter_token_latency": 0.030, "time_to_first_token": 0.5,
                          "prompt_tokens": 100.0}
     clock.now += 15
@@ -116,12 +122,8 @@ def test_the_slo_scaler_scales_up_on_load_then_holds_without_writing() -> None:
 
 
 def test_the_slo_scaler_never_asks_beyond_the_pools_free_gpus() -> None:
-    clock, prometheus = Clock(), FakePrometheus()
-    scaler = _scaler(prometheus, clock)
     body = _autoscaled({"minReplicas": 1, "maxReplicas": 64, "target": 1}, router={"replicas": 0})
-    cluster = _staged(MemoryCluster(body, NODES))
-    reconcile(cluster, "ns", "k3", scaler=scaler)
-    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    clock, prometheus, scaler, cluster = _serving(body)
     prometheus.values = {"num_requests": 500.0}
     clock.now += 15
     reconcile(cluster, "ns", "k3", scaler=scaler)
@@ -147,11 +149,7 @@ def test_the_slo_scaler_never_asks_beyond_the_pools_free_gpus() -> None:
 
 
 def test_without_metrics_the_slo_scaler_holds() -> None:
-    clock, prometheus = Clock(), FakePrometheus()
-    scaler = _scaler(prometheus, clock)
-    cluster = _staged(MemoryCluster(_autoscaled(), NODES))
-    reconcile(cluster, "ns", "k3", scaler=scaler)
-    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    clock, prometheus, scaler, cluster = _serving(_autoscaled())
     before = copy.deepcopy(cluster.objects[DECODE]["spec"])
     clock.now += 15
     reconcile(cluster, "ns", "k3", scaler=scaler)
@@ -159,13 +157,9 @@ def test_without_metrics_the_slo_scaler_holds() -> None:
 
 
 def test_the_slo_scaler_never_scales_into_the_one_prefill_one_decode_trap() -> None:
-    clock, prometheus = Clock(), FakePrometheus()
-    scaler = _scaler(prometheus, clock)
     body = _autoscaled({"minReplicas": 1, "maxReplicas": 4, "target": 10},
                        autoscaling={"scaleDownCooldownSeconds": 0})
-    cluster = _staged(MemoryCluster(body, NODES))
-    reconcile(cluster, "ns", "k3", scaler=scaler)
-    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
+    clock, prometheus, scaler, cluster = _serving(body)
     prometheus.values = {"num_requests": 0.0, "inter_token_latency": 0.010}
     clock.now += 15
     reconcile(cluster, "ns", "k3", scaler=scaler)

@@ -25,6 +25,7 @@ from ..contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..k8s import Cluster
 from ..metrics import SCALER_DECISIONS, SCALER_REPLICAS
 from ..planner import Plan, PlanningError, PoolPlan
+from ..planner.autoscale import clamp
 from ..planner.capacity import replicas_that_fit
 from ..planner.facts import PoolFacts
 from ..planner.scaling import RoleScaling
@@ -79,8 +80,7 @@ def hand_over(cluster: Cluster, owner: Owner, plan: Plan, live: Mapping[str, Map
             continue
         if owns_replicas(obj, FIELD_MANAGER) and not owns_replicas(obj, AUTOSCALER_FIELD_MANAGER):
             current = int((obj.get("spec") or {}).get("replicas") or role.replicas)
-            cluster.set_replicas(dict(obj), max(role.autoscaling.min_replicas,
-                                                min(role.autoscaling.max_replicas, current)))
+            cluster.set_replicas(dict(obj), clamp(current, role.autoscaling))
 
 
 def scaler_name(owner: Owner, pool: str, role: str, scaling: RoleScaling) -> str:
@@ -259,7 +259,7 @@ class SloScaler:
         decision, current, workload = decisions[movable]
         scaling = next(r.autoscaling for p, r in plan.role_plans() if (p.name, r.role) == movable)
         assert scaling is not None
-        replicas = max(scaling.min_replicas, min(scaling.max_replicas, decision.replicas + wanted - prefill))
+        replicas = clamp(decision.replicas + wanted - prefill, scaling)
         if replicas != decision.replicas:
             direction = "up" if replicas > current else "down"
             decisions[movable] = (Decision(replicas, f"{direction}: {why}", Memory(now, decision.memory.breach_since),

@@ -155,7 +155,6 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     return outcome
 
 
-
 def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:
     """Compatibility hashes our Services select now (paired prefill/decode Services only)."""
     return {h for (kind, _), o in live.items() if kind == SERVICE.kind
