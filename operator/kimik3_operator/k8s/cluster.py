@@ -27,8 +27,16 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..contract.kinds import CHILD_KINDS
-from ..contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
+from ..contract.names import (
+    ANNOTATION_HASH,
+    AUTOSCALER_FIELD_MANAGER,
+    FIELD_MANAGER,
+    LABEL_DEPLOYMENT,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+)
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
+from .cache import ClusterCache, Observation
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
 
@@ -114,10 +122,14 @@ class _GuardedClient(DynamicClient):  # type: ignore[misc]  # the client is unty
 
 class Cluster:
     """Typed-dict access to the few resources the operator reads and writes. With a `guard`
-    (leader election), writes are sent only while it allows them."""
+    (leader election), writes are sent only while it allows them. With a `cache`, a pass reads
+    from its informers (`observe`) and what our writes return goes into it, so the next pass sees
+    them even before their watch events arrive; without one (tools, tests) `observe` lists."""
 
-    def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None) -> None:
+    def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None,
+                 cache: ClusterCache | None = None) -> None:
         self._dyn = _GuardedClient(api, guard)
+        self.cache = cache
         # uid -> the writes to the object as our last apply left them (`writes_digest`).
         self._applied: dict[str, str] = {}
 
@@ -125,6 +137,17 @@ class Cluster:
         return self._dyn.resources.get(api_version=api_version, kind=kind)
 
     # ---- reads --------------------------------------------------------------------------------
+
+    def observe(self, namespace: str, name: str, label: str, body: dict[str, Any] | None = None) -> Observation:
+        """Everything a pass of deployment `name` reads (see ClusterCache.observe)."""
+        if self.cache is not None:
+            return self.cache.observe(namespace, name, label, body)
+        body = body if body is not None else self.get_deployment(namespace, name)
+        if body is None:
+            return Observation(deployment=None)
+        ours = f"{LABEL_DEPLOYMENT}={label},{MANAGED_BY_LABEL}={MANAGED_BY}"
+        return Observation(deployment=body, nodes=self.list_nodes(), active_pods=self.list_active_pods(),
+                           children=self.list_children(namespace, ours), pods=self.list_pods(namespace, ours))
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -188,9 +211,14 @@ class Cluster:
             raise translated from exc
         meta = result.get("metadata") or {}
         self._applied[meta.get("uid", "")] = writes_digest(result)
+        self._noted(result)
         log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
                  desired["metadata"]["name"])
         return ApplyResult(result, written=True)
+
+    def _noted(self, written: dict[str, Any]) -> None:
+        if self.cache is not None:
+            self.cache.note(written)
 
     def _server_side_apply(self, res: Any, desired: dict[str, Any]) -> dict[str, Any]:
         obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER, force_conflicts=True)
@@ -234,6 +262,7 @@ class Cluster:
         except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
         log.info("Set %s %s/%s replicas to %d", workload["kind"], meta["namespace"], meta["name"], replicas)
+        self._noted(out)
         return out
 
     def delete(self, obj: dict[str, Any]) -> None:
@@ -244,10 +273,13 @@ class Cluster:
             res.delete(name=meta["name"], namespace=meta["namespace"],
                        body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
         except NotFoundError:
-            return
+            pass  # gone already
         except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
-        log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        else:
+            log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        if self.cache is not None:
+            self.cache.forget(obj)
 
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
@@ -273,9 +305,10 @@ class Cluster:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
         try:
-            self._dyn.server_side_apply(res.subresources["status"], body=body, name=name,
-                                        namespace=namespace, field_manager=FIELD_MANAGER,
-                                        force_conflicts=True)
+            written = self._dyn.server_side_apply(res.subresources["status"], body=body, name=name,
+                                                  namespace=namespace, field_manager=FIELD_MANAGER,
+                                                  force_conflicts=True)
+            self._noted(written.to_dict())
         except NotFoundError:
             return  # deleted meanwhile: nothing to report on
         except (ApiException, DynamicApiError) as exc:
