@@ -136,8 +136,11 @@ class ClusterCache:
         Children and this deployment's pods are copies (a pass may build on them); nodes and
         other pods are shared and read only."""
         self.wait_synced()
-        if body is None:
-            body = next((found for inf in self.deployments if (found := inf.get((namespace, name)))), None)
+        if body is not None:
+            # Into the store, newest wins: a later pass started by a child event must not read an
+            # older spec than this one did (and re-apply what this pass replaced).
+            self.note(body)
+        body = next((found for inf in self.deployments if (found := inf.get((namespace, name)))), None)
         if body is None:
             return Observation(deployment=None)
         mark = (namespace, label)

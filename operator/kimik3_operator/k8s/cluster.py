@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -117,7 +119,22 @@ class _GuardedClient(DynamicClient):  # type: ignore[misc]  # the client is unty
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         if self._guard is not None and method.upper() != "GET":
             self._guard.check()
-        return super().request(method, path, body=body, **params)
+        started = time.monotonic()
+        try:
+            return super().request(method, path, body=body, **params)
+        finally:
+            _spent.seconds = getattr(_spent, "seconds", 0.0) + time.monotonic() - started
+
+
+_spent = threading.local()
+
+
+def api_seconds() -> float:
+    """Seconds this thread spent waiting on the API server since it last asked: a pass's API time,
+    the rest of its duration being the operator's own work."""
+    spent = getattr(_spent, "seconds", 0.0)
+    _spent.seconds = 0.0
+    return float(spent)
 
 
 class Cluster:

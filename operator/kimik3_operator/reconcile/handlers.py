@@ -22,7 +22,16 @@ import kopf
 from ..api import GROUP, PLURAL, VERSION
 from ..k8s import UNREACHABLE, Cluster, NotLeaderError, TransientApiError, WriteGuard, api_client
 from ..k8s.cache import CacheNotSynced, ClusterCache
-from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
+from ..k8s.cluster import api_seconds
+from ..metrics import (
+    APPLIES,
+    RECONCILE_API_SECONDS,
+    RECONCILE_ERRORS,
+    RECONCILE_PURE_SECONDS,
+    RECONCILE_SECONDS,
+    RESYNCS,
+    PhaseBook,
+)
 from .autoscaler import SloScaler
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -69,6 +78,7 @@ class State:
             lock = self._locks.setdefault((namespace, name), threading.Lock())
         with lock:
             started, result = time.monotonic(), "error"
+            api_seconds()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
                                     scaler=self.scaler, body=body)
@@ -77,7 +87,10 @@ class State:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
-                RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
+                took, waited = time.monotonic() - started, api_seconds()
+                RECONCILE_SECONDS.labels(result).observe(took)
+                RECONCILE_API_SECONDS.observe(waited)
+                RECONCILE_PURE_SECONDS.observe(max(0.0, took - waited))
             self.phases.record((namespace, name), outcome.phase)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
