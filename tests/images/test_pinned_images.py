@@ -343,9 +343,10 @@ def test_the_operator_image_lock_is_what_ci_tests(arch: str) -> None:
     versions (re-lock with `python images/lock.py operator` after changing either)."""
     lock = pinned_versions(ROOT / f"images/operator/requirements-{arch}.txt")
     constraints = pinned_versions(ROOT / "constraints.txt")
-    assert set(lock) == runtime_closure(), f"lock minus closure {sorted(set(lock) - runtime_closure())}, " \
-                                           f"closure minus lock {sorted(runtime_closure() - set(lock))}"
-    differ = {name: (version, constraints.get(name)) for name, version in lock.items() if constraints.get(name) != version}
+    closure = runtime_closure()
+    assert set(lock) == closure, f"locked only: {sorted(set(lock) - closure)}, unlocked: {sorted(closure - set(lock))}"
+    differ = {name: (version, constraints.get(name)) for name, version in lock.items()
+              if constraints.get(name) != version}
     assert not differ, f"lock version != constraints.txt version: {differ}"
 
 

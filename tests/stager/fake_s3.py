@@ -246,8 +246,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 "continuation-token") else 0
             page = keys[start:start + s3.page_size]
             truncated = start + s3.page_size < len(keys)
-            items = "".join(f"<Contents><Key>{escape(k)}</Key>"
-                            f"<LastModified>{objs[k].last_modified_iso}</LastModified><Size>{s3.listed_size.get(k, len(objs[k].data))}</Size>"
+            items = "".join(f"<Contents><Key>{escape(k)}</Key><LastModified>{objs[k].last_modified_iso}</LastModified>"
+                            f"<Size>{s3.listed_size.get(k, len(objs[k].data))}</Size>"
                             f"<ETag>&quot;{objs[k].etag}&quot;</ETag><StorageClass>STANDARD</StorageClass></Contents>"
                             for k in page)
             nxt = ""
