@@ -49,7 +49,7 @@ class Obj:
     part_size: int = 0  # multipart upload with this part size
     sse: str = ""  # "aws:kms": ETag is not an MD5
     checksum_sha256: str = ""  # base64, full object
-    modified: float = field(default_factory=time.time)  # epoch seconds, whole (S3 keeps no finer)
+    modified: int = field(default_factory=lambda: int(time.time()))  # epoch seconds (S3 keeps no finer)
 
     @property
     def last_modified_iso(self) -> str:
@@ -104,7 +104,7 @@ class FakeS3:
         else:
             etag = hashlib.md5(data).hexdigest()
         obj = Obj(data, etag, part_size, sse,
-                  base64.b64encode(hashlib.sha256(data).digest()).decode() if checksum else "", float(int(time.time())))
+                  base64.b64encode(hashlib.sha256(data).digest()).decode() if checksum else "")
         self.buckets.setdefault(bucket, {})[key] = obj
         return obj
 
