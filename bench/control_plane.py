@@ -29,7 +29,6 @@ bench/results/control_plane-<label>.json, a Markdown table on stdout.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import importlib.util
 import json
 import os
@@ -98,15 +97,16 @@ def fleet_node(generate: Any, index: int) -> dict[str, Any]:
     return node
 
 
-def ensure_fleet(core: client.CoreV1Api, count: int) -> None:
+def ensure_fleet(core: client.CoreV1Api, count: int, folder: Path) -> None:
     generate = _generate()
     have = {n.metadata.name for n in core.list_node(label_selector=FLEET_LABEL).items}
     missing = [fleet_node(generate, i) for i in range(count)]
     missing = [n for n in missing if n["metadata"]["name"] not in have]
     if missing:
         log(f"creating {len(missing)} fake B300 nodes")
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda n: core.create_node(n), missing))
+        nodes = folder / "fleet.yaml"
+        nodes.write_text(yaml.safe_dump_all(missing))
+        kubectl("create", "-f", str(nodes))  # create keeps status (capacity): see generate.py
 
     def ready() -> int:
         return sum(1 for n in core.list_node(label_selector=FLEET_LABEL).items
@@ -426,7 +426,7 @@ def main() -> None:
     core = client.CoreV1Api()
     kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
     kubectl("wait", "--for=condition=Established", f"crd/kimik3deployments.{GROUP}", "--timeout=60s")
-    ensure_fleet(core, args.nodes)
+    ensure_fleet(core, args.nodes, folder)
     stager = FakeStager(core)
     stager.start()
     reader = Reader()

@@ -144,10 +144,14 @@ async def _drain(state: State) -> None:
 
     The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
     failing (requeued every retry interval) or a steady stream of child events would otherwise
-    postpone every other deployment's drift repair and node re-plan forever.
+    postpone every other deployment's drift repair and node re-plan forever. Up to
+    `config.workers` deployments are reconciled at once (never one deployment twice at once:
+    State.run's lock): a pass mostly waits on the API server, and a fleet's passes one after the
+    other were slower than kubectl applying the same objects (bench/control_plane.py).
     """
     loop = asyncio.get_running_loop()
     due = loop.time() + state.config.resync_seconds
+    workers = asyncio.Semaphore(state.config.workers)
     while True:
         scaler_wait, _ = state.scaler.next_due()
         keys = await state.queue.take(timeout=max(0.0, min(due - loop.time(), scaler_wait))) or set()
@@ -158,16 +162,20 @@ async def _drain(state: State) -> None:
             listed = set(state.cache.deployment_keys())
             state.forget_all_but(listed)
             keys |= listed
-        for namespace, name in sorted(keys):
-            try:
-                await asyncio.to_thread(state.run, namespace, name)
-            except NotLeaderError as exc:
-                log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
-                state.queue.put_later((namespace, name), state.config.retry_seconds)
-            except Exception:
-                log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name,
-                              state.config.retry_seconds)
-                state.queue.put_later((namespace, name), state.config.retry_seconds)
+        await asyncio.gather(*(_pass(state, key, workers) for key in sorted(keys)))
         if resync:
             # What a test or a dashboard waits on to know every deployment had one more pass.
             RESYNCS.inc()
+
+
+async def _pass(state: State, key: tuple[str, str], workers: asyncio.Semaphore) -> None:
+    namespace, name = key
+    async with workers:
+        try:
+            await asyncio.to_thread(state.run, namespace, name)
+        except NotLeaderError as exc:
+            log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
+            state.queue.put_later(key, state.config.retry_seconds)
+        except Exception:
+            log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name, state.config.retry_seconds)
+            state.queue.put_later(key, state.config.retry_seconds)

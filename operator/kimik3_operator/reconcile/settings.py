@@ -18,6 +18,8 @@ class OperatorConfig:
     """Every deployment is reconciled at least this often (drift repair, node changes)."""
     retry_seconds: float = 10.0
     """Delay before retrying a pass that failed on an API error."""
+    workers: int = 4
+    """Deployments reconciled at once by the resync worker (each pass mostly waits on the API server)."""
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; all when empty."""
     metrics_port: int | None = None
@@ -36,6 +38,7 @@ class OperatorConfig:
         return cls(
             resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
+            workers=max(1, int(os.environ.get("KIMIK3_WORKERS", cls.workers))),
             tools_image=os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,
