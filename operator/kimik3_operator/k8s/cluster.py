@@ -28,14 +28,10 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from ..api import GROUP, KIND, VERSION
-from ..contract.kinds import CHILD_KINDS
 from ..contract.names import (
     ANNOTATION_HASH,
     AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
-    LABEL_DEPLOYMENT,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
 )
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from .cache import ClusterCache, Observation
@@ -141,7 +137,7 @@ class Cluster:
     """Typed-dict access to the few resources the operator reads and writes. With a `guard`
     (leader election), writes are sent only while it allows them. With a `cache`, a pass reads
     from its informers (`observe`) and what our writes return goes into it, so the next pass sees
-    them even before their watch events arrive; without one (tools, tests) `observe` lists."""
+    them even before their watch events arrive."""
 
     def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None,
                  cache: ClusterCache | None = None) -> None:
@@ -156,15 +152,11 @@ class Cluster:
     # ---- reads --------------------------------------------------------------------------------
 
     def observe(self, namespace: str, name: str, label: str, body: dict[str, Any] | None = None) -> Observation:
-        """Everything a pass of deployment `name` reads (see ClusterCache.observe)."""
-        if self.cache is not None:
-            return self.cache.observe(namespace, name, label, body)
-        body = body if body is not None else self.get_deployment(namespace, name)
-        if body is None:
-            return Observation(deployment=None)
-        ours = f"{LABEL_DEPLOYMENT}={label},{MANAGED_BY_LABEL}={MANAGED_BY}"
-        return Observation(deployment=body, nodes=self.list_nodes(), active_pods=self.list_active_pods(),
-                           children=self.list_children(namespace, ours), pods=self.list_pods(namespace, ours))
+        """Everything a pass of deployment `name` reads (ClusterCache.observe): from the informers,
+        never a list per pass."""
+        if self.cache is None:
+            raise RuntimeError("a reconcile pass reads from a ClusterCache: construct Cluster(api, guard, cache)")
+        return self.cache.observe(namespace, name, label, body)
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -174,33 +166,8 @@ class Cluster:
         except NotFoundError:
             return None
 
-    def list_deployments(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-        """(namespace, name) of every KimiK3Deployment, or of those in `namespaces`."""
-        res = self._resource(f"{GROUP}/{VERSION}", KIND)
-        lists = [res.get(namespace=ns).items for ns in namespaces] if namespaces else [res.get().items]
-        return [(o.metadata.namespace, o.metadata.name) for items in lists for o in items]
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        """Pods of every namespace that hold (or wait for) resources, for GPU capacity."""
-        items = self._resource("v1", "Pod").get(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
-        return [p.to_dict() for p in items]
-
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return [p.to_dict() for p in self._resource("v1", "Pod").get(
-            namespace=namespace, label_selector=label_selector).items]
-
-    def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for child in CHILD_KINDS:
-            try:
-                res = self._resource(child.api_version, child.kind)
-            except ResourceNotFoundError:
-                continue  # e.g. the LWS CRD is not installed: nothing of that kind exists
-            out += [o.to_dict() for o in res.get(namespace=namespace, label_selector=label_selector).items]
-        return out
 
     # ---- writes -------------------------------------------------------------------------------
 
