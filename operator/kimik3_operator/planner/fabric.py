@@ -68,6 +68,12 @@ def expert_group(layout: Layout) -> int:
 
 
 def expert_group_crosses(layout: Layout, nvlink_gpus: int) -> bool:
+    """The EP group of one pipeline stage leaves the NVLink domain. vLLM orders ranks data-major,
+    then pipeline, then tensor, and an EP group is data x tensor ranks of one stage
+    (distributed/parallel_state.py:2149-2160, :2326-2337), so with both pipeline stages and
+    data ranks a stage's EP group is strided over the whole replica."""
+    if layout.expert and layout.pipeline > 1 and layout.data > 1:
+        return layout.gpus > nvlink_gpus
     return expert_group(layout) > nvlink_gpus
 
 

@@ -103,9 +103,9 @@ def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
             if result.fits:
                 return layout
             smallest = smallest or (layout, result)
+    pinned = (f"; interconnect NVLink keeps every expert group inside one NVLink domain of {fabric.nvlink_gpus} "
+              "GPUs (Auto or RDMA allows DEP over RDMA)") if fabric.pinned else ""
     if smallest is None:
-        pinned = (f" with every expert group inside one NVLink domain of {fabric.nvlink_gpus} GPUs "
-                  "(interconnect NVLink; Auto or RDMA allows DEP over RDMA)") if fabric.pinned else ""
         raise PlanningError(HARDWARE_UNSUPPORTED,
                             f"no {role} layout of whole {fabric.gpus_per_node}-GPU nodes suits "
                             f"{fabric.gpu.product}{pinned}")
@@ -113,7 +113,7 @@ def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
     raise PlanningError(
         HARDWARE_UNSUPPORTED,
         f"Kimi K3 does not fit {fabric.gpu.product} at up to {MAX_GPUS_PER_REPLICA} GPUs per replica: "
-        f"{shortfall_text(fabric, layout, result)}",
+        f"{shortfall_text(fabric, layout, result)}{pinned}",
     )
 
 
