@@ -12,7 +12,17 @@ from typing import Any
 
 from ..contract.kinds import COMPUTE_DOMAIN
 from ..planner import PoolPlan, RolePlan
-from .names import MAX_WORKLOAD_NAME, Owner, bounded, object_meta, workload_name
+from ..planner.facts import CLIQUE_LABEL
+from .names import (
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    MAX_WORKLOAD_NAME,
+    Owner,
+    bounded,
+    deployment_label,
+    object_meta,
+    workload_name,
+)
 
 CLAIM_NAME = "compute-domain-channel"
 KV_DOMAIN = "kv"
@@ -55,3 +65,13 @@ def compute_domain(owner: Owner, pool: PoolPlan, role: RolePlan) -> dict[str, An
 
 def pod_claims(owner: Owner, pool: PoolPlan, role: RolePlan) -> list[dict[str, Any]]:
     return [{"name": CLAIM_NAME, "resourceClaimTemplateName": channel_template_name(owner, pool, role)}]
+
+
+def kv_domain_affinity(owner: Owner) -> dict[str, Any]:
+    """Every prefill and decode pod of the shared KV domain lands in one NVLink clique (the
+    planner proved the nodes sit in one, or assumed it ahead of them; this holds it)."""
+    return {
+        "labelSelector": {"matchLabels": {LABEL_DEPLOYMENT: deployment_label(owner)},
+                          "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": ["prefill", "decode"]}]},
+        "topologyKey": CLIQUE_LABEL,
+    }

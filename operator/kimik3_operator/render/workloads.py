@@ -13,7 +13,7 @@ from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
 from ..planner import Plan, PoolPlan, RolePlan
-from .compute_domain import CLAIM_NAME, pod_claims
+from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
 from .rdma import fabric_env
@@ -102,12 +102,15 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
         spec["tolerations"] = [dict(t) for t in pool.tolerations]
     if role.compute_domain:
         spec["resourceClaims"] = pod_claims(owner, pool, role)
+    terms = [kv_domain_affinity(owner)] if role.shared_compute_domain else []
     if role.group_topology_key:
-        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        terms.append({
             "labelSelector": {"matchLabels": {LWS_NAME_LABEL: lws_name}},
             "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
             "topologyKey": role.group_topology_key,
-        }]}}
+        })
+    if terms:
+        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
     return {"metadata": {"labels": pod_labels}, "spec": spec}
 
 
