@@ -16,6 +16,10 @@ What each setting is for, and whose recipe it follows:
   NVSHMEM_HCA_LIST/NVSHMEM_IB_GID_INDEX (llm-d guides/wide-ep-lws/manifests/modelserver/base/
   decode.yaml). `deepep_v2` rides NCCL's GPU-initiated networking (vLLM 0.33.0
   distributed/device_communicators/all2all.py:1040-1105), so the NCCL settings cover it.
+- Per-rank NIC pinning is left to the libraries' topology discovery: vLLM 0.33.0's own
+  (VLLM_GPU_NIC_PCIE_MAPPING + VLLM_NIC_SELECTION_VARS, v1/executor/vllm_net_devices.py, envs.py:
+  2263-2269) needs the node's PCI addresses, which differ per node; a user who has them sets both in
+  engine.env (vLLM validates them).
 - The user's own values win: `engine.env` and `pools[].rdma.env` (NCCL_*, UCX_*, NVSHMEM_*, NIXL_*,
   GLOO_* only, so no VLLM_* can reach the container from here) replace a default of the same name.
 """
