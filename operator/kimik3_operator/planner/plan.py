@@ -186,7 +186,6 @@ class PoolPlan:
     tolerations: tuple[Mapping[str, Any], ...]
     image: str
     roles: tuple[RolePlan, ...]
-    rdma_resource: str | None = None
     rdma: RdmaPlan = RdmaPlan()
     vendor: str = "nvidia"
     arch: str = "amd64"

@@ -143,7 +143,6 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         tolerations=tuple(t.wire() for t in pool.tolerations),
         image=pool.image or spec.engine.image or serving_image(gpu),
         roles=roles,
-        rdma_resource=rdma.resource,
         rdma=rdma,
         vendor=gpu.vendor,
         arch=facts.arch or gpu.arch,
