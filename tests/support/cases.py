@@ -108,6 +108,10 @@ INVALID["revision is a branch, tag or commit, not a flag: it must not start with
     lambda d: d["spec"]["model"].update(revision="--dest=/cache/other"))
 INVALID["autoscaling: minReplicas must not exceed maxReplicas"] = _edit(
     lambda d: _pool(d)["aggregated"].update(autoscaling={"minReplicas": 3, "maxReplicas": 2, "mode": "HPA"}))
+INVALID["maxNumBatchedTokens must be at least maxNumSeqs (vLLM refuses fewer)"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}))
+INVALID["eplb.redundantExperts needs eplb.enabled (vLLM keeps redundant experts only with EPLB)"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(engine={"eplb": {"enabled": False, "redundantExperts": 16}}))
 INVALID["prefillDecodeRatio: min must not exceed max"] = _edit(
     lambda d: d["spec"].update(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}))
 

@@ -227,9 +227,11 @@ class Engine(SpecModel):
     """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
     max_model_len: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] | None = None
     """--kv-cache-dtype for the MLA layers: auto (BF16), fp8 (= fp8_e4m3) or fp8_ds_mla; fp8 halves
-    KV memory. Prefill and decode always share it (it enters vLLM's NIXL compatibility hash)."""
+    KV memory. When omitted, fp8 where every pool is an NVIDIA Blackwell GPU (as peers' Kimi K3
+    recipes serve it), else auto; status shows the value used. Prefill and decode always share it
+    (it enters vLLM's NIXL compatibility hash)."""
     kda_state_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """--mamba-ssm-cache-dtype for the KDA recurrent state: auto (float32) or bfloat16, which
     halves the state and the block size vLLM aligns to."""
@@ -345,7 +347,17 @@ class Eplb(SpecModel):
     """Turn EPLB on (needs expert parallelism) or off."""
     redundant_experts: Annotated[int, Field(ge=0, le=4096)] | None = None
     """Redundant experts per MoE layer across the expert group (num_redundant_experts); one per
-    expert-parallel rank when omitted. 896 plus it must divide by the expert-parallel size."""
+    expert-parallel rank when omitted and they fit in memory. 896 plus it must divide by the
+    expert-parallel size."""
+
+    rules = (
+        Rule(
+            cel="self.enabled || !has(self.redundantExperts)",
+            message="eplb.redundantExperts needs eplb.enabled (vLLM keeps redundant experts only with EPLB)",
+            check=lambda e: e.enabled or e.redundant_experts is None,
+            field_path=".redundantExperts",
+        ),
+    )
 
 
 class RoleEngine(SpecModel):

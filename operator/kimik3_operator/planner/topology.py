@@ -22,7 +22,7 @@ from .autoscale import with_autoscaling
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
-from .engine_settings import engine_settings
+from .engine_settings import default_kv_cache_dtype, engine_settings
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
@@ -39,7 +39,8 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     """Plan every pool; raise PlanningError naming the first pool that cannot be planned.
     `staged` maps "model"/"draft" to the commit its staging Job reported; `prometheus_url` is the
     operator's default for the scalers (spec.autoscaling.prometheusUrl wins)."""
-    engine = engine_settings(spec)
+    gpus = [pool_gpu(pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools]
+    engine = engine_settings(spec, default_kv_cache_dtype(gpus))
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
     pools = with_autoscaling(spec, assign_replicas(spec, engine, pools, omitted))
