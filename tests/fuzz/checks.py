@@ -92,6 +92,8 @@ def _check_shapes(cr: KimiK3Deployment, plan: Plan, children: list[dict[str, Any
             assert shape.max_cudagraph_capture_size >= shape.max_num_seqs * (1 + k), (shape, k)
         if role.role == "decode" and not (override and override.max_num_batched_tokens):
             assert shape.max_num_batched_tokens >= shape.max_num_seqs * (1 + k), shape
+        limit = plan.engine.max_model_len
+        assert not (limit and shape.long_prefill_token_threshold and shape.long_prefill_token_threshold > limit), shape
         if shape.eplb_redundant_experts is not None:
             ep = role.layout.tensor * role.layout.data
             assert role.layout.expert and ep > 1 and (896 + shape.eplb_redundant_experts) % ep == 0, shape

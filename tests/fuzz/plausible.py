@@ -104,7 +104,7 @@ def _role_engine(draw: Draw) -> dict[str, Any]:
         out["longPrefillTokenThreshold"] = draw(st.sampled_from((0, 2048, 8192)))
     if maybe(draw, 30):
         out["eplb"] = {"enabled": draw(st.booleans())}
-        if maybe(draw, 50):
+        if out["eplb"]["enabled"] and maybe(draw, 50):
             out["eplb"]["redundantExperts"] = draw(st.sampled_from((0, 16, 32)))
     return out
 
@@ -318,8 +318,10 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
         if maybe(draw, 70):
             w["requestsPerSecond"] = draw(st.one_of(st.sampled_from((0.1, 1.0, 5.0, 50.0, 1000.0)),
                                                     st.floats(0.001, 100000)))
-        if maybe(draw, 20):
-            w["acceptanceLength"] = draw(st.floats(1, 17))
+        if maybe(draw, 20):  # mostly within what the drafts allow (1 + k); sometimes past it (refused)
+            speculative = spec.get("engine", {}).get("speculative")
+            most = 1 + speculative.get("numSpeculativeTokens", 7) if speculative and maybe(draw, 85) else 17
+            w["acceptanceLength"] = draw(st.floats(1, most))
         spec["workload"] = w
     if maybe(draw, 20):
         slo: dict[str, Any] = {}

@@ -103,3 +103,25 @@ def test_overrides_win_and_the_capture_follows_an_overridden_batch(role: str) ->
                 **COMMON)
     assert off.eplb_redundant_experts is None and off.max_num_batched_tokens == 2048
     assert off.max_cudagraph_capture_size == 64
+
+
+@pytest.mark.parametrize(("engine", "reason_text"), [
+    ({"maxNumSeqs": 64, "maxNumBatchedTokens": 32}, "maxNumBatchedTokens must be at least maxNumSeqs"),
+    ({"longPrefillTokenThreshold": 8192}, "exceeds engine.maxModelLen 4096"),
+    ({"eplb": {"enabled": True}}, "EPLB needs expert parallelism"),
+])
+def test_what_vllm_would_refuse_is_refused_before_rendering(engine: dict, reason_text: str) -> None:
+    from pydantic import ValidationError
+
+    from kimik3_operator.api import KimiK3Deployment
+    from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
+    from tests.support.cases import base_deployment
+    from tests.support.nodes import gb300_rack
+
+    body = base_deployment()
+    body["spec"]["engine"] = {"maxModelLen": 4096}
+    body["spec"]["pools"][0]["aggregated"] = {"replicas": 1, "parallelism": {"tensor": 8}, "engine": engine}
+    with pytest.raises((PlanningError, ValidationError)) as info:
+        spec = KimiK3Deployment.model_validate(body).spec
+        plan_deployment(spec, {p.name: pool_facts(p.node_selector, gb300_rack()) for p in spec.pools})
+    assert reason_text in str(info.value)

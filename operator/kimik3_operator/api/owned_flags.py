@@ -59,6 +59,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--max-cudagraph-capture-size": "pools[].<role>.engine.maxCudagraphCaptureSize",
     "--long-prefill-token-threshold": "pools[].<role>.engine.longPrefillTokenThreshold",
     "--enable-eplb": "pools[].<role>.engine.eplb", "--no-enable-eplb": "pools[].<role>.engine.eplb",
+    "--disable-eplb": "pools[].<role>.engine.eplb",
     "--eplb-config": "pools[].<role>.engine.eplb",
 }
 

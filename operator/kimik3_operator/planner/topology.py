@@ -81,19 +81,24 @@ def with_shapes(spec: KimiK3DeploymentSpec, engine: EngineSettings,
                        batch_at_slo=role.predicted.get("decodeBatchAtSlo"), input_tokens=input_tokens,
                        max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype, overrides=overrides)
-        check_shape(f"pool {pool.name} role {role.role}", role, result)
+        check_shape(f"pool {pool.name} role {role.role}", role, result, engine.max_model_len)
         return dataclasses.replace(role, shape=result)
 
     return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
 
 
-def check_shape(where: str, role: RolePlan, result: EngineShape) -> None:
+def check_shape(where: str, role: RolePlan, result: EngineShape, max_model_len: int | None) -> None:
     """What vLLM 0.33.0 would refuse at start-up, refused at planning: a token budget below the
-    sequence count (config/scheduler.py:331-336), EPLB without a data-parallel expert group
+    sequence count (config/scheduler.py:331-336), a long-prefill threshold past the context
+    (:355-360), EPLB without a data-parallel expert group
     (config/parallel.py:563-583) or with experts that do not spread evenly (fused_moe/layer.py:274)."""
     if result.max_num_batched_tokens < result.max_num_seqs:
         raise PlanningError(INVALID_SPEC, f"{where}: maxNumBatchedTokens {result.max_num_batched_tokens} is below "
                                           f"maxNumSeqs {result.max_num_seqs}; vLLM refuses that")
+    threshold = result.long_prefill_token_threshold
+    if threshold and max_model_len and threshold > max_model_len:
+        raise PlanningError(INVALID_SPEC, f"{where}: longPrefillTokenThreshold {threshold} exceeds "
+                                          f"engine.maxModelLen {max_model_len}; vLLM refuses that")
     if result.eplb_redundant_experts is None:
         return
     ep = role.layout.tensor * role.layout.data
