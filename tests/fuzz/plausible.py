@@ -217,7 +217,8 @@ def _engine(draw: Draw) -> dict[str, Any]:
         e["maxModelLen"] = draw(st.one_of(st.sampled_from((4096, 8192, 32768, 131072, 262144, MAX_MODEL_LEN)),
                                           st.integers(1, MAX_MODEL_LEN)))
     if maybe(draw, 30):
-        e["kvCacheDtype"] = draw(st.sampled_from(_enum(get_args(v1.Engine.model_fields["kv_cache_dtype"].annotation)[0])))
+        dtypes = get_args(v1.Engine.model_fields["kv_cache_dtype"].annotation)[0]  # Literal[...] | None
+        e["kvCacheDtype"] = draw(st.sampled_from(_enum(dtypes)))
     if maybe(draw, 25):
         e["kdaStateDtype"] = draw(st.sampled_from(_enum(v1.Engine.model_fields["kda_state_dtype"].annotation)))
     for key in ("rustFrontend", "toolCalling", "reasoning"):

@@ -113,7 +113,8 @@ def test_the_point_prediction_uses_the_workloads_acceptance_else_the_calibrated_
 
 
 def test_a_higher_acceptance_fits_more_sequences_under_the_itl_target() -> None:
-    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}}, "slo": {"itlMilliseconds": 20}}
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}},
+            "slo": {"itlMilliseconds": 20}}
     low = _roles(_plan({**spec, "workload": {"acceptanceLength": 2}}, PD))["decode"].predicted
     high = _roles(_plan({**spec, "workload": {"acceptanceLength": 6}}, PD))["decode"].predicted
     assert low["decodeBatchAtSlo"] < high["decodeBatchAtSlo"]
@@ -121,7 +122,8 @@ def test_a_higher_acceptance_fits_more_sequences_under_the_itl_target() -> None:
 
 
 def test_an_acceptance_beyond_the_drafts_is_refused() -> None:
-    spec = {"engine": {"speculative": {"method": "MTP", "numSpeculativeTokens": 2}}, "workload": {"acceptanceLength": 3.5}}
+    spec = {"engine": {"speculative": {"method": "MTP", "numSpeculativeTokens": 2}},
+            "workload": {"acceptanceLength": 3.5}}
     with pytest.raises(PlanningError) as info:
         _plan(spec, PD)
     assert info.value.reason == "InvalidSpec" and "exceeds 1 + numSpeculativeTokens (3)" in info.value.message

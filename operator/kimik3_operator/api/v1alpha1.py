@@ -379,7 +379,8 @@ class RoleEngine(SpecModel):
 
     rules = (
         Rule(
-            cel="!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens >= self.maxNumSeqs",
+            cel="!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) "
+                "|| self.maxNumBatchedTokens >= self.maxNumSeqs",
             message="maxNumBatchedTokens must be at least maxNumSeqs (vLLM refuses fewer)",
             check=lambda e: e.max_num_seqs is None or e.max_num_batched_tokens is None
             or e.max_num_batched_tokens >= e.max_num_seqs,

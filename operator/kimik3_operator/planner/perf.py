@@ -35,14 +35,14 @@ from dataclasses import dataclass
 
 from ..kimi_k3 import (
     BF16_ACTIVE_BYTES,
-    HIDDEN_SIZE,
-    LAYERS,
     BF16_GFLOP_PER_TOKEN,
     BYTES_PER_EXPERT,
     DECODE_REPLICATED_BYTES,
     EXPERT_GFLOP_PER_TOKEN,
     GB,
+    HIDDEN_SIZE,
     KDA_STATE_BYTES,
+    LAYERS,
     MLA_BYTES_PER_TOKEN_LAYER,
     MLA_HEADS,
     MLA_LAYERS,
