@@ -92,6 +92,8 @@ def _check_shapes(cr: KimiK3Deployment, plan: Plan, children: list[dict[str, Any
             assert shape.max_cudagraph_capture_size >= shape.max_num_seqs * (1 + k), (shape, k)
         if role.role == "decode" and not (override and override.max_num_batched_tokens):
             assert shape.max_num_batched_tokens >= shape.max_num_seqs * (1 + k), shape
+        # the rate a replica is credited with is one its schedulers admit
+        assert role.predicted.get("decodeBatchAtSlo", 0) <= role.layout.data * shape.max_num_seqs, (role, shape)
         limit = plan.engine.max_model_len
         assert not (limit and shape.long_prefill_token_threshold and shape.long_prefill_token_threshold > limit), shape
         if shape.eplb_redundant_experts is not None:

@@ -121,6 +121,19 @@ def test_a_higher_acceptance_fits_more_sequences_under_the_itl_target() -> None:
     assert low["decodeItlMsAtSlo"] <= 20 and high["decodeItlMsAtSlo"] <= 20
 
 
+@pytest.mark.parametrize("seqs", [None, 3, 40])
+def test_the_credited_batch_is_one_the_engine_admits(seqs: int | None) -> None:
+    """A decode replica is credited with no more sequences than its DP ranks' max-num-seqs: the
+    spec's, else the CUDA-graph bound of 1024 tokens over 1 + k on Blackwell."""
+    pools = [{**PD[0], "decode": {"engine": {"maxNumSeqs": seqs}} if seqs else {}}]
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}}}
+    decode = _roles(_plan(spec, pools))["decode"]
+    assert decode.shape is not None and decode.shape.max_num_seqs == (seqs or decode.shape.max_num_seqs) <= 1024 // 8
+    assert decode.predicted["decodeBatchAtSlo"] <= decode.layout.data * decode.shape.max_num_seqs
+    if seqs:  # below the KV-bound batch of 101: the engine's limit is the one credited
+        assert decode.predicted["decodeBatchAtSlo"] == decode.layout.data * seqs
+
+
 def test_an_acceptance_beyond_the_drafts_is_refused() -> None:
     spec = {"engine": {"speculative": {"method": "MTP", "numSpeculativeTokens": 2}},
             "workload": {"acceptanceLength": 3.5}}

@@ -34,6 +34,7 @@ from .perf import (
     replicas_for,
 )
 from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
+from .shaping import decode_seqs
 
 DEFAULT_REPLICAS = {"aggregated": 1, "prefill": 1, "decode": 2}
 DEFAULT_WORKLOAD = Workload()
@@ -61,8 +62,11 @@ def acceptance(engine: EngineSettings, workload: Workload) -> float:
 
 
 def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Workload,
-            itl_ms: float | None) -> dict[str, float]:
-    """Per-replica predictions for one role at the workload's shape."""
+            itl_ms: float | None, max_num_seqs: int | None = None) -> dict[str, float]:
+    """Per-replica predictions for one role at the workload's shape. The decode batch is also held
+    to what the engine will run: `max_num_seqs` per data-parallel rank when the spec sets it, else
+    the shaping's CUDA-graph bound (shaping.decode_seqs), so the rate a replica is credited with is
+    one its scheduler admits."""
     gpu = CATALOG[pool.gpu_product] if pool.gpu_product else None
     if gpu is None:
         return {}
@@ -86,6 +90,7 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
             out["speculativeAcceptanceLow"], out["speculativeAcceptanceHigh"] = low, high
         batch = max_decode_batch(gpu, layout, rdma, _context(workload), kv, k, itl_ms, engine.max_model_len,
                                  acceptance=accept)
+        batch = min(batch, layout.data * (max_num_seqs or decode_seqs(None, layout.data, k, gpu)))
         if batch:
             step = decode_step_ms(gpu, layout, rdma, batch, _context(workload), kv, spec_tokens=k)
             out["decodeBatchAtSlo"] = float(batch)
@@ -125,7 +130,9 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
     workload = spec.workload or DEFAULT_WORKLOAD
     ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None
     itl_ms = spec.slo.itl_milliseconds if spec.slo else None
-    predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms) for p in pools for r in p.roles}
+    given = {(p.name, name): r.engine.max_num_seqs if r.engine else None for p in spec.pools for name, r in p.roles()}
+    predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms, given.get((p.name, r.role)))
+                 for p in pools for r in p.roles}
     for pool in pools:
         for role in pool.roles:
             _check_slo(f"pool {pool.name} role {role.role}", role, predicted[(pool.name, role.role)], ttft_ms, itl_ms)
