@@ -15,6 +15,8 @@ from pydantic import ValidationError
 from .api import KimiK3Deployment, first_error
 from .api.crd import CHART_CRD_PATH, CRD_FILENAME, chart_crd_template, crd_yaml
 from .planner import PlanningError, plan_deployment, pool_facts
+from .planner.capacity import gpus_used, pool_capacity
+from .render.names import LABEL_DEPLOYMENT, Owner, deployment_label
 from .render.report import plan_report, plan_table
 
 
@@ -35,21 +37,30 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_nodes(path: str | None) -> list[dict[str, Any]]:
+NOT_FITTING = 3
+"""`kimik3 plan`'s exit code when the spec plans but the nodes lack room for it now (2: it cannot plan)."""
+
+
+def _load_cluster(path: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes and the pods holding GPUs on them: from the live cluster, or the nodes of a file
+    (whose GPUs then all count as free)."""
     if path is None:
         from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
 
-        return Cluster(api_client()).list_nodes()
+        cluster = Cluster(api_client())
+        return cluster.list_nodes(), cluster.list_active_pods()
     doc = yaml.safe_load(Path(path).read_text()) or {}
-    return list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]
+    return (list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]), []
 
 
 def _plan(args: argparse.Namespace) -> int:
     try:
         body = yaml.safe_load(Path(args.file).read_text())
-        spec = KimiK3Deployment.model_validate(body).spec
-        nodes = _load_nodes(args.nodes)
-        plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+        cr = KimiK3Deployment.model_validate(body)
+        spec = cr.spec
+        nodes, pods = _load_cluster(args.nodes)
+        facts = {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools}
+        plan = plan_deployment(spec, facts)
     except ValidationError as exc:
         print(f"InvalidSpec: {first_error(exc)}", file=sys.stderr)
         return 2
@@ -59,11 +70,20 @@ def _plan(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    # The deployment's own pods (a re-plan of a running one) leave their GPUs to it.
+    owner = Owner(name=cr.metadata.name, namespace=cr.metadata.namespace, uid="")
+    capacity = pool_capacity(plan, facts, gpus_used(pods, lambda p: _owned_by(p, owner)))
     if args.output == "json":
-        print(json.dumps(plan_report(plan), indent=2))
+        print(json.dumps({**plan_report(plan), "capacity": capacity}, indent=2))
     else:
-        print(plan_table(plan))
-    return 0
+        print(plan_table(plan, capacity))
+    return 0 if capacity["fits"] else NOT_FITTING
+
+
+def _owned_by(pod: dict[str, Any], owner: Owner) -> bool:
+    meta = pod.get("metadata") or {}
+    return (meta.get("namespace") == owner.namespace
+            and (meta.get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
 
 
 def _run(args: argparse.Namespace) -> int:
