@@ -72,14 +72,16 @@ def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
-    healthy = None
+    healthy, services = None, []
     if args.webhook_port is not None:
-        from .webhook import serve_webhook
+        from .webhook import CertificateFiles, WebhookServer
 
         if not (args.webhook_cert and args.webhook_key):
             print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
             return 2
-        healthy = serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key).alive
+        webhook = WebhookServer(args.webhook_host, args.webhook_port,
+                                CertificateFiles(args.webhook_cert, args.webhook_key))
+        healthy, services = webhook.alive, [webhook]
     # In a pod, another replica may always exist (scaling, a stuck old pod): elect unless told
     # not to. On a workstation `kimik3 run` is one developer's process: act at once, no Lease RBAC.
     elect = args.leader_elect if args.leader_elect is not None else "KUBERNETES_SERVICE_HOST" in os.environ
@@ -88,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
                                      lease=lease, prometheus_url=args.prometheus_url)
     return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"),
-                        healthy=healthy)
+                        healthy=healthy, services=services)
 
 
 def parser() -> argparse.ArgumentParser:
