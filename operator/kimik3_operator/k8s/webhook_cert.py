@@ -115,8 +115,8 @@ class CertificateKeeper:
                                     "labels": {"app.kubernetes.io/managed-by": "kimik3-operator"}}
         if secret is None:
             metadata["ownerReferences"] = self._owner()
-        else:
-            metadata = {**{k: v for k, v in secret["metadata"].items() if k != "managedFields"}}
+        else:  # as read, resourceVersion included: a PUT after another replica's write fails (409)
+            metadata = {k: v for k, v in secret["metadata"].items() if k != "managedFields"}
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
                 "data": material.secret_data()}
         try:
