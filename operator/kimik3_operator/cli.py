@@ -113,7 +113,8 @@ def _certificate_keeper(args: argparse.Namespace) -> Any:
 
     directory = Path(tempfile.mkdtemp(prefix="kimik3-webhook-"))  # 0700, in the pod's /tmp emptyDir
     return CertificateKeeper(api_client(), default_lease_namespace(), args.webhook_cert_secret,
-                             args.webhook_configuration, frozenset(args.webhook_cert_host), directory)
+                             args.webhook_configuration, frozenset(args.webhook_cert_host), directory,
+                             check_seconds=args.webhook_cert_check_seconds)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -146,6 +147,9 @@ def parser() -> argparse.ArgumentParser:
                      help="with --webhook-cert-secret: the ValidatingWebhookConfiguration whose caBundle to keep")
     run.add_argument("--webhook-cert-host", action="append",
                      help="with --webhook-cert-secret: a DNS name or IP address the certificate is for (repeatable)")
+    run.add_argument("--webhook-cert-check-seconds", type=float, default=300.0,
+                     help="with --webhook-cert-secret: how often the Secret and the caBundle are checked "
+                          "(renewed near expiry, set back when changed)")
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="act only while holding a Lease, so replicas take turns "
                           "(default: on in a pod, off elsewhere)")

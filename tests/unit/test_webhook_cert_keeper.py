@@ -18,7 +18,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kimik3_operator.k8s.webhook_cert import CertificateKeeper
-from kimik3_operator.webhook_certs import Material, inspect
+from kimik3_operator.webhook_certs import CertificateError, Material, inspect
 
 NAMESPACE, SECRET, CONFIG = "kimik3-system", "op-webhook-cert", "op"
 HOSTS = frozenset({"op-webhook", "op-webhook.kimik3-system.svc"})
@@ -159,3 +159,15 @@ def test_api_errors_other_than_conflicts_propagate(tmp_path: Path) -> None:
     api.read_namespaced_secret = forbidden  # type: ignore[method-assign]
     with pytest.raises(ApiException):
         keeper(api, tmp_path).ensure()
+
+
+def test_no_secret_is_made_without_the_webhook_configuration(tmp_path: Path) -> None:
+    api = FakeApi()
+
+    def missing(*_: Any, **__: Any) -> Response:
+        raise ApiException(status=404)
+
+    api.read_validating_webhook_configuration = missing  # type: ignore[method-assign]
+    with pytest.raises(CertificateError):
+        keeper(api, tmp_path).ensure()
+    assert not api.secrets, "an uninstalled release's Secret was made again"

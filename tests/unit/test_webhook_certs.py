@@ -99,3 +99,13 @@ def test_garbage_is_no_certificate() -> None:
     assert inspect(Material(b"x", b"y", b"z", b"w")) is None
     action, material = renewed(Material(b"x", b"y", b"z", b"w"), HOSTS, datetime.now(UTC))
     assert action is Action.NEW_CA and material is not None
+
+
+def test_the_ca_served_as_the_certificate_is_renewed_under_the_same_ca(fresh: Material) -> None:
+    """What the e2e test does to the Secret: the CA's own certificate and key in tls.crt/tls.key
+    verify and match, but name no host."""
+    tampered = replace(fresh, cert=fresh.ca_cert, key=fresh.ca_key)
+    facts = inspect(tampered)
+    assert facts is not None and facts.hosts == frozenset()
+    action, material = renewed(tampered, HOSTS, datetime.now(UTC))
+    assert action is Action.RENEW and material is not None and material.ca_bundle == fresh.ca_bundle

@@ -10,8 +10,10 @@ drift), and every replica, at start and then every `check_seconds`:
 3. writes the serving certificate and key to files the webhook server reloads when they change.
 
 The Secret is owned by the ValidatingWebhookConfiguration, so uninstalling the chart removes it
-(a namespaced object may have a cluster-scoped owner). Like cert-controller and kopf's self-signed
-server, without cert-manager; unlike helm's genCA, nothing in the chart changes on each render.
+(a namespaced object may have a cluster-scoped owner), and it is made only while that
+configuration exists, so a replica still running after an uninstall leaves none behind. Like
+cert-controller and kopf's self-signed server, without cert-manager; unlike helm's genCA, nothing
+in the chart changes on each render.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class CertificateKeeper:
 
     def __init__(self, api: client.ApiClient, namespace: str, secret: str, configuration: str,
                  hosts: frozenset[str], directory: Path, policy: Policy = DEFAULT_POLICY,
-                 check_seconds: float = 3600.0, retry_seconds: float = 10.0) -> None:
+                 check_seconds: float = 300.0, retry_seconds: float = 10.0) -> None:
         self._core, self._admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
         self.namespace, self.secret, self.configuration, self.hosts = namespace, secret, configuration, hosts
         self.directory, self.policy = directory, policy
@@ -103,8 +105,8 @@ class CertificateKeeper:
             config = _json(self._admission.read_validating_webhook_configuration(
                 self.configuration, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
-            if exc.status == 404:
-                return []  # not installed (yet): the Secret stays after an uninstall
+            if exc.status == 404:  # uninstalled (or not yet installed): no Secret to leave behind
+                raise CertificateError(f"no ValidatingWebhookConfiguration {self.configuration}") from exc
             raise
         return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
                  "name": self.configuration, "uid": config["metadata"]["uid"]}]
