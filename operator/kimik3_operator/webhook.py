@@ -133,7 +133,9 @@ class _JsonErrors(RequestHandler):
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
-            status, message = 431, f"request headers over {exc}"
+            limits = self._manager.limits if isinstance(self._manager, _Server) else Limits()
+            status, message = 431, (f"request headers over {limits.max_headers} lines of "
+                                    f"{limits.max_header_line} bytes")
         if status >= 500:
             log.error("Webhook: answering %s failed", request.remote, exc_info=exc)
         else:
@@ -142,6 +144,10 @@ class _JsonErrors(RequestHandler):
 
 
 class _Server(web.Server):
+    def __init__(self, handler: Any, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.limits = limits
+
     def __call__(self) -> RequestHandler:
         return _JsonErrors(self, loop=self._loop, **self._kwargs)
 
@@ -189,7 +195,7 @@ class WebhookServer:
         self._sock: socket.socket | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._handshaking = 0
         self._decoding: asyncio.Semaphore | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.limits.decoding, thread_name_prefix="webhook")
@@ -203,7 +209,7 @@ class WebhookServer:
     async def start(self) -> None:
         self.listening = asyncio.Event()
         self._decoding = asyncio.Semaphore(self.limits.decoding)
-        self._server = _Server(self._handle, loop=asyncio.get_running_loop(), access_log=None,
+        self._server = _Server(self._handle, self.limits, loop=asyncio.get_running_loop(), access_log=None,
                                keepalive_timeout=self.limits.header_seconds, tcp_keepalive=False,
                                max_line_size=self.limits.max_header_line,
                                max_field_size=self.limits.max_header_line, max_headers=self.limits.max_headers,
@@ -215,7 +221,7 @@ class WebhookServer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for task in list(self._connections):
+        for task in list(self._handshakes):
             task.cancel()
         if self._server is not None:
             self._server.pre_shutdown()
@@ -234,14 +240,19 @@ class WebhookServer:
             self.listening.set()
         try:
             while True:
-                conn, address = await loop.sock_accept(self._sock)
+                try:
+                    conn, address = await loop.sock_accept(self._sock)
+                except OSError as exc:  # e.g. out of file descriptors: the loop must go on
+                    log.warning("Webhook: accept failed: %s", exc)
+                    await asyncio.sleep(0.1)
+                    continue
                 if self._handshaking + len(self._server.connections if self._server else ()) >= self.limits.connections:
                     self._refuse(conn, address)
                     continue
                 self._handshaking += 1  # now: the next accept may come before the task starts
                 task = asyncio.create_task(self._connect(conn, address))
-                self._connections.add(task)
-                task.add_done_callback(self._connections.discard)
+                self._handshakes.add(task)
+                task.add_done_callback(self._handshakes.discard)
         finally:
             reloading.cancel()
             self._sock.close()
