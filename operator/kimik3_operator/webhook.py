@@ -288,7 +288,7 @@ class WebhookServer:
             elif not waiting:
                 log.info("Webhook: waiting for its certificate %s", self.certificate.certfile)
             waiting = True
-            await asyncio.sleep(self.limits.reload_seconds)
+            await asyncio.sleep(min(self.limits.reload_seconds, 0.2))  # a stat: listen soon after the keeper wrote
 
     async def _reload(self) -> None:
         while True:

@@ -5,6 +5,7 @@ the same CA with a PUT guarded by the resourceVersion."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import json
@@ -15,6 +16,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from kimik3_operator.k8s.webhook_cert import CertificateKeeper
@@ -150,24 +152,52 @@ def test_new_hosts_renew_the_certificate_under_the_same_ca(tmp_path: Path) -> No
     assert facts is not None and "127.0.0.1" in facts.hosts
 
 
+def answering(status: int) -> Any:
+    def call(*_: Any, **__: Any) -> Response:
+        raise ApiException(status=status)
+
+    return call
+
+
 def test_api_errors_other_than_conflicts_propagate(tmp_path: Path) -> None:
     api = FakeApi()
-
-    def forbidden(*_: Any, **__: Any) -> Response:
-        raise ApiException(status=403)
-
-    api.read_namespaced_secret = forbidden  # type: ignore[method-assign]
+    api.read_namespaced_secret = answering(403)  # type: ignore[method-assign]
     with pytest.raises(ApiException):
         keeper(api, tmp_path).ensure()
 
 
 def test_no_secret_is_made_without_the_webhook_configuration(tmp_path: Path) -> None:
     api = FakeApi()
-
-    def missing(*_: Any, **__: Any) -> Response:
-        raise ApiException(status=404)
-
-    api.read_validating_webhook_configuration = missing  # type: ignore[method-assign]
+    api.read_validating_webhook_configuration = answering(404)  # type: ignore[method-assign]
     with pytest.raises(CertificateError):
         keeper(api, tmp_path).ensure()
     assert not api.secrets, "an uninstalled release's Secret was made again"
+
+
+def test_the_keeper_goes_on_after_an_api_outage(tmp_path: Path) -> None:
+    api = FakeApi()
+    real = api.read_namespaced_secret
+    outages = [urllib3.exceptions.MaxRetryError(None, "/api", "refused"), ApiException(status=500)]  # type: ignore[arg-type]
+
+    def flaky(*args: Any, **kwargs: Any) -> Response:
+        if outages:
+            raise outages.pop(0)
+        return real(*args, **kwargs)
+
+    api.read_namespaced_secret = flaky  # type: ignore[method-assign]
+    kept = keeper(api, tmp_path)
+    kept.retry_seconds = 0.05
+
+    async def run() -> bool:
+        await kept.start()
+        try:
+            for _ in range(200):
+                if kept.certfile.exists():
+                    return True
+                await asyncio.sleep(0.05)
+            return False
+        finally:
+            await kept.stop()
+
+    assert asyncio.run(run()), "no certificate after two failed rounds"
+    assert not outages

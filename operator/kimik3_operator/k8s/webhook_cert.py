@@ -32,6 +32,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from ..webhook_certs import DEFAULT_POLICY, CertificateError, Material, Policy, renewed
+from .cluster import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class CertificateKeeper:
             try:
                 await asyncio.to_thread(self.ensure)
                 pause = self.check_seconds
-            except (ApiException, CertificateError, OSError) as exc:
+            except (ApiException, CertificateError, OSError, *UNREACHABLE) as exc:
                 log.warning("Webhook certificate: %s; trying again in %ss", _brief(exc), self.retry_seconds)
                 pause = self.retry_seconds
             await asyncio.sleep(pause)
