@@ -92,14 +92,27 @@ def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
-    healthy = None
+    healthy, services = None, []
     if args.webhook_port is not None:
-        from .webhook import serve_webhook
+        from .webhook import CertificateFiles, WebhookServer
 
-        if not (args.webhook_cert and args.webhook_key):
-            print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
+        if bool(args.webhook_cert and args.webhook_key) == bool(args.webhook_cert_secret):
+            print("error: --webhook-port needs either --webhook-cert and --webhook-key (files, e.g. from "
+                  "cert-manager) or --webhook-cert-secret (a certificate the operator keeps)", file=sys.stderr)
             return 2
-        healthy = serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key).alive
+        if args.webhook_cert_secret:
+            if not (args.webhook_configuration and args.webhook_cert_host):
+                print("error: --webhook-cert-secret needs --webhook-configuration and --webhook-cert-host",
+                      file=sys.stderr)
+                return 2
+            keeper = _certificate_keeper(args)
+            files = CertificateFiles(keeper.certfile, keeper.keyfile)
+            services.append(keeper)
+        else:
+            files = CertificateFiles(args.webhook_cert, args.webhook_key)
+        webhook = WebhookServer(args.webhook_host, args.webhook_port, files)
+        healthy = webhook.alive
+        services.append(webhook)
     # In a pod, another replica may always exist (scaling, a stuck old pod): elect unless told
     # not to. On a workstation `kimik3 run` is one developer's process: act at once, no Lease RBAC.
     elect = args.leader_elect if args.leader_elect is not None else "KUBERNETES_SERVICE_HOST" in os.environ
@@ -108,7 +121,20 @@ def _run(args: argparse.Namespace) -> int:
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
                                      lease=lease, prometheus_url=args.prometheus_url)
     return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"),
-                        healthy=healthy)
+                        healthy=healthy, services=services)
+
+
+def _certificate_keeper(args: argparse.Namespace) -> Any:
+    import tempfile
+
+    from .k8s import api_client
+    from .k8s.lease import default_lease_namespace
+    from .k8s.webhook_cert import CertificateKeeper
+
+    directory = Path(tempfile.mkdtemp(prefix="kimik3-webhook-"))  # 0700, in the pod's /tmp emptyDir
+    return CertificateKeeper(api_client(), default_lease_namespace(), args.webhook_cert_secret,
+                             args.webhook_configuration, frozenset(args.webhook_cert_host), directory,
+                             check_seconds=args.webhook_cert_check_seconds)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,6 +160,16 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
     run.add_argument("--webhook-cert", help="PEM certificate (chain) of the webhook")
     run.add_argument("--webhook-key", help="PEM private key of the webhook")
+    run.add_argument("--webhook-cert-secret",
+                     help="instead of files: keep the webhook's CA and certificate in this Secret of the "
+                          "operator's namespace ($POD_NAMESPACE), made and renewed by the operator")
+    run.add_argument("--webhook-configuration",
+                     help="with --webhook-cert-secret: the ValidatingWebhookConfiguration whose caBundle to keep")
+    run.add_argument("--webhook-cert-host", action="append",
+                     help="with --webhook-cert-secret: a DNS name or IP address the certificate is for (repeatable)")
+    run.add_argument("--webhook-cert-check-seconds", type=float, default=300.0,
+                     help="with --webhook-cert-secret: how often the Secret and the caBundle are checked "
+                          "(renewed near expiry, set back when changed)")
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="act only while holding a Lease, so replicas take turns "
                           "(default: on in a pod, off elsewhere)")

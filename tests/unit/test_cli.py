@@ -115,3 +115,14 @@ def test_every_example_plans_cleanly(example: Path, nodes_file: Path, capsys: py
     code = main(["plan", "-f", str(example), "--nodes", str(nodes_file), "-o", "json"])
     capacity = json.loads(capsys.readouterr().out)["capacity"]
     assert code == (0 if capacity["fits"] else 3)
+
+
+@pytest.mark.parametrize("flags", [
+    [],  # no certificate at all
+    ["--webhook-cert", "c", "--webhook-key", "k", "--webhook-cert-secret", "s"],  # files and a Secret
+    ["--webhook-cert-secret", "s"],  # a Secret but no configuration or host
+    ["--webhook-cert-secret", "s", "--webhook-configuration", "c"],
+])
+def test_the_webhook_needs_one_certificate_source(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--webhook-port", "9443", *flags]) == 2
+    assert "error: --webhook" in capsys.readouterr().err
