@@ -28,6 +28,9 @@
 #                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
 #                      later calls need no variables.
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
+#   KIMIK3_NODE_GRACE_SECONDS  KCM's --node-monitor-grace-period (its default when unset): a fleet of
+#                      1,000 fake nodes on 2 cores renews some node Leases late, and nodes that
+#                      flap to Unknown mark their pods NotReady (bench/control_plane.sh sets 600)
 #
 # In $KIMIK3_STATE: kubeconfig (the admin, O=system:masters; `up` prints its path),
 # kubeconfigs/operator.kubeconfig (also system:masters, user "kimik3-e2e:operator", so that audit
@@ -507,7 +510,8 @@ command_of() {
         --secure-port="${PORT[KCM_PORT]}" --leader-elect=false --cluster-name=kimik3-e2e
         --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key"
         --use-service-account-credentials=false
-        --horizontal-pod-autoscaler-sync-period=5s --horizontal-pod-autoscaler-downscale-stabilization=15s)
+        --horizontal-pod-autoscaler-sync-period=5s --horizontal-pod-autoscaler-downscale-stabilization=15s
+        ${KIMIK3_NODE_GRACE_SECONDS:+--node-monitor-grace-period=${KIMIK3_NODE_GRACE_SECONDS}s})
       ;;
     kube-scheduler)
       CMD=("${BINARY[kube-scheduler]}" --kubeconfig="$kc" "${secure[@]}"

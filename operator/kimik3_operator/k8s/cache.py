@@ -49,6 +49,8 @@ class Observation:
 
     deployment: dict[str, Any] | None
     nodes: Sequence[dict[str, Any]] = ()
+    nodes_revision: int | None = None
+    """Equal while the nodes are unchanged (Informer.revision): what node facts may be remembered by."""
     active_pods: Sequence[dict[str, Any]] = ()
     """Every namespace's pods that hold (or wait for) resources: GPU capacity."""
     children: Sequence[dict[str, Any]] = ()
@@ -145,8 +147,9 @@ class ClusterCache:
             return Observation(deployment=None)
         mark = (namespace, label)
         children = [o for group in self.children.values() for inf in group for o in inf.indexed(mark)]
+        nodes, revision = self.nodes.items_at()
         return Observation(
-            deployment=copy.deepcopy(body), nodes=self.nodes.items(), active_pods=self.active_pods.items(),
+            deployment=copy.deepcopy(body), nodes=nodes, nodes_revision=revision, active_pods=self.active_pods.items(),
             children=copy.deepcopy(children), pods=copy.deepcopy(self.own_pods.indexed(mark)))
 
     # ---- our own writes -------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class Informer:
         self.last_error: str | None = None
         self.lists = 0
         """Full lists made: the first, and one after each watch gap."""
+        self.revision = 0
+        """Goes up with every change to the store: equal revisions, equal contents (a memo's key)."""
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,6 +107,11 @@ class Informer:
     def items(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._store.values())
+
+    def items_at(self) -> tuple[list[dict[str, Any]], int]:
+        """The objects and the revision they are at, read together."""
+        with self._lock:
+            return list(self._store.values()), self.revision
 
     def indexed(self, value: Hashable) -> list[dict[str, Any]]:
         with self._lock:
@@ -277,6 +284,7 @@ class Informer:
         return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
     def _put(self, obj: dict[str, Any]) -> None:
+        self.revision += 1
         key = key_of(obj)
         self._drop(key)
         self._store[key] = obj
@@ -284,6 +292,7 @@ class Informer:
             self._index.setdefault(value, {})[key] = obj
 
     def _drop(self, key: Key) -> None:
+        self.revision += 1
         old = self._store.pop(key, None)
         if old is not None and self._index_of is not None and (value := self._index_of(old)) is not None:
             bucket = self._index.get(value) or {}
@@ -296,6 +305,7 @@ class Informer:
         with self._lock:
             before = self._store
             self._store, self._index = {}, {}
+            self.revision += 1
             for obj in objects.values():
                 self._put(obj)
         if not tell:

@@ -7,7 +7,7 @@ the same code serves the operator, `kimik3 plan --nodes` and table tests.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,10 +103,13 @@ def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]]) -> PoolFacts:
-    """Facts of the GPU nodes that `selector` picks (nodes without GPUs are ignored)."""
-    picked = tuple(f for f in map(node_facts, nodes)
-                   if f.gpu_resource and f.schedulable and selects(selector, f.labels))
+def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]],
+               facts_of: Callable[[Mapping[str, Any]], NodeFacts] = node_facts) -> PoolFacts:
+    """Facts of the GPU nodes that `selector` picks (nodes without GPUs are ignored). `facts_of`
+    may remember each node's facts between passes (reconcile's NodeFactsMemo): the selector is
+    checked on the raw labels first, so unpicked nodes cost a label lookup, not their facts."""
+    candidates = (n for n in nodes if selects(selector, (n.get("metadata") or {}).get("labels") or {}))
+    picked = tuple(f for f in map(facts_of, candidates) if f.gpu_resource and f.schedulable)
     if not picked:
         return PoolFacts()
     products = Counter(f.product for f in picked if f.product)

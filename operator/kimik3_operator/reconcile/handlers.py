@@ -33,6 +33,7 @@ from ..metrics import (
     PhaseBook,
 )
 from .autoscaler import SloScaler
+from .node_memo import FactsMemo
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
 from .settings import OperatorConfig
@@ -60,6 +61,7 @@ class State:
         self.cluster = Cluster(api_client(), guard, self.cache)
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
+        self.node_facts = FactsMemo()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self.worker: asyncio.Task[None] | None = None
@@ -81,7 +83,7 @@ class State:
             api_seconds()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
-                                    scaler=self.scaler, body=body)
+                                    scaler=self.scaler, body=body, facts_of=self.node_facts)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

@@ -20,13 +20,14 @@ from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_er
 from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
 from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..k8s import Cluster, MissingApiError, RejectedApiError
-from ..planner import PlanningError, plan_deployment, pool_facts, with_staged
+from ..planner import PlanningError, plan_deployment, with_staged
 from ..planner.capacity import gpus_used, shortfalls
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
+from .node_memo import FactsMemo
 from .pairing import leader_endpoints, serving_hash
 from .status import compute_status, transitions
 from .weights_status import weights_state
@@ -64,8 +65,9 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
               tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
-              body: dict[str, Any] | None = None) -> Outcome:
-    """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache."""
+              body: dict[str, Any] | None = None, facts_of: FactsMemo | None = None) -> Outcome:
+    """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
+    `facts_of` the node facts remembered from earlier passes."""
     outcome = Outcome()
     seen = cluster.observe(namespace, name, deployment_label(Owner(name=name, namespace=namespace, uid="")), body)
     body = seen.deployment
@@ -86,7 +88,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
         return fail(PlanningError(INVALID_SPEC, first_error(exc)))
-    facts = {pool.name: pool_facts(pool.node_selector, seen.nodes) for pool in cr.spec.pools}
+    memo = facts_of or FactsMemo()
+    facts = {pool.name: memo.pool(pool.node_selector, seen.nodes, seen.nodes_revision) for pool in cr.spec.pools}
     own_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
     try:
