@@ -20,7 +20,7 @@ import kopf
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..contract.kinds import CHILD_KINDS
 from ..k8s import UNREACHABLE, Cluster, NotLeaderError, TransientApiError, WriteGuard, api_client
-from ..metrics import APPLIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
+from ..metrics import APPLIES, DEPLOYMENT_SERIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
 from ..render.names import MANAGED_BY
 from .autoscaler import SloScaler
 from .queue import WorkQueue
@@ -49,10 +49,11 @@ class State:
         self.worker: asyncio.Task[None] | None = None
 
     def forget_all_but(self, keys: set[tuple[str, str]]) -> None:
-        """Drop what is kept per deployment (its lock, its phase) for deployments that are gone."""
+        """Drop what is kept per deployment (its lock, its phase, its series) for deployments that are gone."""
         with self._guard:
             self._locks = {k: v for k, v in self._locks.items() if k in keys or v.locked()}
         self.phases.keep_only(keys)
+        DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
 
     def run(self, namespace: str, name: str) -> Outcome:
