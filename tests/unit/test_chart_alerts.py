@@ -28,15 +28,17 @@ def _alert(name: str, at: str, labels: dict[str, str], severity: str) -> dict[st
     return {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": {**labels, "severity": severity}}]}
 
 
+def _substituted(text: str, labels: dict[str, str]) -> str:
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+
+
 def _with_annotations(tests: list[dict[str, Any]], rules: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """`tests` with each expected alert's annotations: its rule's, with the labels substituted."""
     for test in tests:
         for case in test["alert_rule_test"]:
             for alert in case["exp_alerts"]:
-                labels = alert["exp_labels"]
-                alert["exp_annotations"] = {
-                    key: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
-                    for key, text in rules[case["alertname"]].get("annotations", {}).items()}
+                alert["exp_annotations"] = {key: _substituted(text, alert["exp_labels"])
+                                            for key, text in rules[case["alertname"]].get("annotations", {}).items()}
     return tests
 
 
