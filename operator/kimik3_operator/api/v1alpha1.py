@@ -98,6 +98,12 @@ class ModelCache(SpecModel):
     """StorageClass of the ReadWriteMany claim; the cluster default when omitted."""
     size: Quantity = "2Ti"
     """Requested size of the claim."""
+    retention_policy: Literal["Retain", "Delete"] = "Retain"
+    """What happens to the claim (<name>-model-cache) and the staged weights when the deployment is
+    deleted, as StatefulSet's persistentVolumeClaimRetentionPolicy: Retain keeps it (no owner
+    reference; a deployment re-created under the same name adopts it and verifies what is staged
+    instead of downloading again; delete it by hand to free the space), Delete lets garbage
+    collection remove it with the deployment, and prunes it once no checkpoint needs it."""
 
 
 class ModelSource(SpecModel):
