@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .conftest import CHART, CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_VALUES, helm
-from .kube import ROOT, get_json, kubectl
+from .kube import ROOT, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -139,3 +139,30 @@ def test_the_helm_test_check_passes_as_its_own_service_account(operator: Path, t
         assert kubectl("get", "k3", "kimik3-install-check", "-n", CHART_NAMESPACE, check=False).returncode != 0
     finally:
         kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(grants), check=False)
+
+
+def test_namespace_users_get_deployments_through_view_and_edit(chart: str, namespace: str) -> None:
+    """The chart's aggregated ClusterRoles reach Kubernetes' default roles (the controller manager
+    aggregates them): view reads KimiK3Deployments, edit also writes them, neither their status."""
+    for user, role in (("e2e-viewer", "view"), ("e2e-editor", "edit")):
+        kubectl("-n", namespace, "create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}")
+
+    def can(user: str, verb: str, *subresource: str) -> bool:
+        got = kubectl("auth", "can-i", verb, "kimik3deployments.serving.kimik3.dev", *subresource, "-n", namespace,
+                      f"--as={user}", check=False)
+        return got.stdout.strip() == "yes"
+
+    wait_for("view and edit to aggregate the chart's roles",
+             lambda: can("e2e-viewer", "list") and can("e2e-editor", "create"), timeout=60)
+    assert can("e2e-viewer", "watch") and not can("e2e-viewer", "create") and not can("e2e-viewer", "delete")
+    assert can("e2e-editor", "patch") and can("e2e-editor", "delete")
+    assert not can("e2e-editor", "patch", "--subresource=status")
+
+
+def test_the_installed_replicas_have_a_disruption_budget(chart: str) -> None:
+    budget = get_json("poddisruptionbudget", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    assert budget["spec"]["minAvailable"] == 1
+    selector = budget["spec"]["selector"]["matchLabels"]
+    deploy = get_json("deployment", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert "podAntiAffinity" in deploy["spec"]["template"]["spec"]["affinity"]
