@@ -12,7 +12,6 @@ Three checks, each one line of the report:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api import GROUP, KIND, PLURAL, VERSION
 from ..api.reasons import INSUFFICIENT_MEMORY
+from .cluster import _api_message  # the Status message the API server sent, as the operator reads it
 
 PROBE_NAME = "kimik3-install-check"
 
@@ -50,19 +50,12 @@ class Check:
         return f"{'ok' if self.ok else 'FAILED'}  {self.name}: {self.detail}"
 
 
-def _message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
-
-
 def crd_served(custom: client.CustomObjectsApi) -> Check:
     name = "CRD served"
     try:
         resources = custom.get_api_resources(GROUP, VERSION).resources or []
     except ApiException as exc:
-        return Check(name, False, f"{GROUP}/{VERSION} is not served: {_message(exc)}")
+        return Check(name, False, f"{GROUP}/{VERSION} is not served: {_api_message(exc)}")
     served = any(r.name == PLURAL for r in resources)
     return Check(name, served, f"{PLURAL}.{GROUP}/{VERSION}" + ("" if served else " missing from discovery"))
 
@@ -73,7 +66,7 @@ def webhook_answers(custom: client.CustomObjectsApi, namespace: str) -> Check:
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, refused_body(namespace),
                                                dry_run="All")
     except ApiException as exc:
-        message = _message(exc)
+        message = _api_message(exc)
         return Check(name, "denied the request" in message and INSUFFICIENT_MEMORY in message, message)
     return Check(name, False, "a spec the webhook refuses was admitted: no replica answered "
                               "(failurePolicy Ignore) or the webhook is not registered")
@@ -84,7 +77,7 @@ def operator_ready(apps: client.AppsV1Api, namespace: str, deployment: str) -> C
     try:
         status = apps.read_namespaced_deployment(deployment, namespace).status
     except ApiException as exc:
-        return Check(name, False, f"deployment {namespace}/{deployment}: {_message(exc)}")
+        return Check(name, False, f"deployment {namespace}/{deployment}: {_api_message(exc)}")
     ready = status.ready_replicas or 0
     available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
     return Check(name, ready >= 1 and available,
