@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
                                      lease=lease, prometheus_url=args.prometheus_url,
                                      resync_seconds=args.resync_seconds, retry_seconds=args.retry_seconds,
-                                     tools_image=args.tools_image)
+                                     workers=args.workers, tools_image=args.tools_image)
     return run_operator(config, liveness=args.liveness, log_level=log_level, log_format=log_format,
                         healthy=healthy)
 
@@ -170,6 +170,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-seconds", type=positive, default=None,
                      help="retry a pass that failed on an API error after this delay (default: "
                           "$KIMIK3_RETRY_SECONDS, else 10)")
+    run.add_argument("--workers", type=int, choices=range(1, 65), metavar="N", default=None,
+                     help="deployments reconciled at once (default: $KIMIK3_WORKERS, else 4)")
     run.add_argument("--tools-image", default=None,
                      help="image of the staging Jobs and the serving pods' weights wait: the operator's own "
                           "(default: $KIMIK3_TOOLS_IMAGE, else the image of this version)")

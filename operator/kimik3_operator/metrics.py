@@ -11,9 +11,18 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from . import __version__
 from .api import KimiK3DeploymentStatus
 
+PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RECONCILE_SECONDS = Histogram(
     "kimik3_operator_reconcile_duration_seconds", "Duration of one reconcile pass", ["result"],
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    buckets=PASS_BUCKETS,
+)
+RECONCILE_API_SECONDS = Histogram(
+    "kimik3_operator_reconcile_api_seconds", "Time one reconcile pass waited on the API server (its writes: "
+    "reads come from the informers)", buckets=PASS_BUCKETS,
+)
+RECONCILE_PURE_SECONDS = Histogram(
+    "kimik3_operator_reconcile_pure_seconds", "Time one reconcile pass spent in the operator itself (planning, "
+    "rendering, drift checks, status): its duration less its API time", buckets=PASS_BUCKETS,
 )
 RECONCILE_ERRORS = Counter(
     "kimik3_operator_reconcile_errors_total", "Reconcile passes that ended in an error", ["reason"],

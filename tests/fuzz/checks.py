@@ -9,11 +9,12 @@ from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.owned_flags import flag_name, owned_flag
+from kimik3_operator.api.v1alpha1 import OWNED_ENV, RDMA_ENV_PREFIXES
 from kimik3_operator.contract.stager import S3_SECRET_KEYS
-from kimik3_operator.planner import Plan
+from kimik3_operator.planner import Plan, PoolPlan, RolePlan
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.kubelet import literals
-from kimik3_operator.render.names import LABEL_POOL, LABEL_ROLE, labels
+from kimik3_operator.render.names import LABEL_POOL, LABEL_ROLE, labels, workload_name
 
 SECRET_REF_PATH = ("valueFrom", "secretKeyRef", "name")
 
@@ -61,13 +62,60 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
         assert ours.items() <= meta["labels"].items()
         if meta["labels"].get("app.kubernetes.io/component") == "router":
             _check_router(child)
-        elif child["kind"] in SERVING_KINDS:
+        elif child["kind"] in SERVING_KINDS and not _shared_domain(plan, child):
             assert LABEL_POOL in meta["labels"] and LABEL_ROLE in meta["labels"], keys
         assert len(meta["name"]) <= 63, meta["name"]
         _check_secret(cr, child)
         if child["kind"] == "LeaderWorkerSet":
             _check_workload(cr, child)
+    _check_fabric(cr, plan, owner, children)
     return children
+
+
+def _shared_domain(plan: Plan, child: dict[str, Any]) -> bool:
+    """The one ComputeDomain prefill and decode share (labelled with neither's pool or role)."""
+    return child["kind"] == "ComputeDomain" and any(r.shared_compute_domain for _, r in plan.role_plans())
+
+
+def _pods(owner: Owner, pool: PoolPlan, role: RolePlan,
+          children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (lws,) = [c for c in children if c["kind"] == "LeaderWorkerSet"
+              and c["metadata"]["name"] == workload_name(owner, pool.name, role.role)]
+    group = lws["spec"]["leaderWorkerTemplate"]
+    return [group[t]["spec"] for t in ("leaderTemplate", "workerTemplate") if t in group]
+
+
+def _check_fabric(cr: KimiK3Deployment, plan: Plan, owner: Owner, children: list[dict[str, Any]]) -> None:
+    """MegaMoE never spans RDMA; NIXL between NVLink domains has NICs, IPC_LOCK and UCX over RDMA,
+    inside one it shares the paired role's ComputeDomain; no pod env carries a VLLM_* variable
+    that is neither the operator's nor the user's engine.env (rdma.env holds none)."""
+    user_env = {e.name for e in cr.spec.engine.env}
+    spec_pools = {p.name: p for p in cr.spec.pools}
+    fabric_user = {e.name for p in cr.spec.pools if p.rdma for e in p.rdma.env} | user_env
+    domains: dict[str, set[str]] = {}
+    for pool, role in plan.role_plans():
+        layout = role.layout
+        if role.moe_backend == "deep_gemm_mega_moe" and role.crosses_rdma:
+            # the replica crosses RDMA: only the pipeline may; each stage's EP group sits in one pod
+            assert layout.data == 1 and layout.tensor <= role.gpus_per_pod, (pool.name, role.role, layout)
+        rdma = spec_pools[pool.name].rdma
+        assert not [e.name for e in (rdma.env if rdma else []) if not e.name.startswith(RDMA_ENV_PREFIXES)]
+        for pod in _pods(owner, pool, role, children):
+            (c,) = pod["containers"]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert pod["enableServiceLinks"] is False  # no <SERVICE>_* variable from the namespace
+            unknown = {n for n in env if n.startswith("VLLM_")} - set(OWNED_ENV) - user_env
+            assert not unknown, f"{pool.name}/{role.role}: VLLM_* variables nobody owns: {sorted(unknown)}"
+            claims = {cl["resourceClaimTemplateName"] for cl in pod.get("resourceClaims", [])}
+            if role.kv_transport == "NVLink":
+                domains.setdefault("kv", set()).update(claims)
+                assert claims and ("UCX_CUDA_IPC_ENABLE_MNNVL" in fabric_user
+                                   or env.get("UCX_CUDA_IPC_ENABLE_MNNVL") == "y"), (pool.name, role.role)
+            elif role.role in ("prefill", "decode") and pool.rdma.resource is not None:
+                nics = int(c["resources"]["requests"].get(pool.rdma.resource, "0"))
+                assert nics >= 1 and "IPC_LOCK" in c["securityContext"]["capabilities"]["add"], (pool.name, role.role)
+                assert "UCX_TLS" in fabric_user or "rc" in env["UCX_TLS"].split(","), env.get("UCX_TLS")
+    assert len(domains.get("kv", set())) <= 1, f"paired roles claim different ComputeDomains: {domains}"
 
 
 def _check_router(child: dict[str, Any]) -> None:

@@ -261,7 +261,8 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
                                  "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",
-                                 "slo-mode-needs-target", "served-name-flag", "revision-flag")))
+                                 "slo-mode-needs-target", "served-name-flag", "revision-flag",
+                                 "rdma-env-prefix", "xgmi-is-amd", "nvlink-is-nvidia")))
     if rule == "interval-needs-tokens":
         _engine_of(body)["prefixCaching"] = {"retention": {"policy": "Interval"}}
     elif rule == "tokens-need-interval":
@@ -296,6 +297,18 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     elif rule in ("served-name-flag", "revision-flag"):
         key = "servedName" if rule == "served-name-flag" else "revision"
         spec["model"][key] = draw(st.sampled_from(FLAG_LIKE)) + draw(st.text("abc-=", max_size=8))
+    elif rule == "rdma-env-prefix":
+        env = list(pool.setdefault("rdma", {}).get("env") or [])
+        name = draw(st.sampled_from(("VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_PORT", "LD_PRELOAD", "nccl_ib_hca",
+                                     "CUDA_VISIBLE_DEVICES", "PATH")))
+        env.insert(draw(st.integers(0, len(env))), {"name": name, "value": "x"})
+        pool["rdma"]["env"] = list({e["name"]: e for e in env}.values())
+    elif rule == "xgmi-is-amd":
+        pool["interconnect"] = "xGMI"
+        pool["gpu"] = {**pool.get("gpu", {}), "product": draw(st.sampled_from(("GB300", "B200", "H200", "H100")))}
+    elif rule == "nvlink-is-nvidia":
+        pool["interconnect"] = "NVLink"
+        pool["gpu"] = {**pool.get("gpu", {}), "product": "MI355X"}
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

@@ -148,6 +148,8 @@ def _pool(draw: Draw, name: str, roles: tuple[str, ...]) -> dict[str, Any]:
         pool["gpu"] = gpu
     if maybe(draw, 20):
         pool["interconnect"] = draw(st.sampled_from(_enum(v1.Interconnect)))
+    if maybe(draw, 15):
+        pool["rdma"] = _rdma(draw)
     if maybe(draw, 8):
         backends: dict[str, Any] = {}
         if maybe(draw, 60):
@@ -164,6 +166,30 @@ def _pool(draw: Draw, name: str, roles: tuple[str, ...]) -> dict[str, Any]:
     if maybe(draw, 20):
         pool["mode"] = "Aggregated" if "aggregated" in roles else "Disaggregated"
     return pool
+
+
+RDMA_RESOURCES = ("rdma/ib", "rdma/rdma_shared_device_a", "nvidia.com/hostdev")
+RDMA_ENV = {"NCCL_IB_TIMEOUT": ("22",), "UCX_TLS": ("rc,cuda_copy", "rc_x,cuda_copy,cuda_ipc"),
+            "NVSHMEM_QP_DEPTH": ("1024",), "NCCL_IB_GID_INDEX": ("3",), "GLOO_SOCKET_IFNAME": ("eth0",),
+            "NIXL_LOG_LEVEL": ("INFO",)}
+"""Fabric variables users set per pool (rdma.env takes no other prefix)."""
+
+
+def _rdma(draw: Draw) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if maybe(draw, 40):
+        out["resource"] = draw(st.sampled_from(RDMA_RESOURCES))
+    if maybe(draw, 30):
+        out["nicsPerGpu"] = draw(st.sampled_from((1, 1, 2, 4)))
+    if maybe(draw, 40):
+        out["hcas"] = draw(st.lists(st.sampled_from(("mlx5_0", "mlx5_1", "mlx5_2:1", "ibp0", "bnxt_re0")),
+                                    min_size=1, max_size=4, unique=True))
+    if maybe(draw, 30):
+        out["gidIndex"] = draw(st.sampled_from((0, 3, 255)))
+    if maybe(draw, 30):
+        names = draw(st.lists(st.sampled_from(sorted(RDMA_ENV)), min_size=1, max_size=3, unique=True))
+        out["env"] = [{"name": n, "value": draw(st.sampled_from(RDMA_ENV[n]))} for n in names]
+    return out
 
 
 SHAPES = ("aggregated", "pd-same-pool", "pd-split", "mixed", "free")

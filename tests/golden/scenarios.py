@@ -28,6 +28,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         engine=DSPARK),
     "b200-dep16-disaggregated": _deployment("k3-b200", [
         {"name": "b200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
+         "rdma": {"hcas": [f"mlx5_{i}" for i in range(8)], "gidIndex": 3,
+                  "env": [{"name": "NCCL_IB_QPS_PER_CONNECTION", "value": "2"}]},
          "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}},
          "decode": {"replicas": 2, "parallelism": {"tensor": 8, "data": 2, "expert": True}}}],
         engine={"prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}},
@@ -43,6 +45,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         {"name": "rack-b", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.b"},
          "decode": {"replicas": 3, "parallelism": {"tensor": 8}}}],
         engine=DSPARK),
+    "gb300-pd-one-clique": _deployment("k3-clique", [
+        {"name": "rack-a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
+         "prefill": {"replicas": 2, "parallelism": {"tensor": 4, "data": 2, "expert": True}},
+         "decode": {"replicas": 2, "parallelism": {"tensor": 8}}}]),
 }
 
 
@@ -55,6 +61,8 @@ LEADER_IPS: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
     "mi355x-tp8": {("mi355x", "aggregated"): ("10.244.4.7",)},
     "gb300-prefill-rack-a-decode-rack-b": {("rack-a", "prefill"): ("10.244.5.40",),
                                            ("rack-b", "decode"): ("10.244.6.3", "10.244.6.11", "10.244.6.7")},
+    "gb300-pd-one-clique": {("rack-a", "prefill"): ("10.244.7.5", "10.244.7.9"),
+                            ("rack-a", "decode"): ("10.244.7.20", "10.244.7.14")},
 }
 """Pod IPs of each scenario's ready leader pods, one per replica, listed out of order: the router
 arguments show them sorted."""

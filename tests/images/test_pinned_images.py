@@ -4,8 +4,9 @@ Images: the constants of planner/images.py, every `image` in the objects the ren
 the golden scenarios, the operator image of the Helm chart (values and templates, when charts/
 exists), and in images/*/Dockerfile every FROM, `--from=` and `# syntax=` frontend. Pinned means a
 digest, or a tag holding an exact version (x.y.z) that is not a floating name like latest/main.
-Packages in the Dockerfiles: pip installs only `name==version`, local wheels, or requirement files
-whose every line is `==` (with hashes when --require-hashes); apt installs only `name=version`;
+Packages in the Dockerfiles: pip installs only `name==version`, local wheels, a bare name that a
+`-c` file of the same command pins, or requirement files whose every line is `==` (with hashes when
+--require-hashes); apt installs only `name=version`;
 git sources (ADD ...git#ref) only at a full commit hash.
 """
 
@@ -230,6 +231,12 @@ def copied_files(steps: list[tuple[str, str]]) -> dict[str, str]:
     return copies
 
 
+def pinned_versions(path: Path) -> dict[str, str]:
+    """Canonical name -> version of the ``name==version`` lines of a requirement or constraints file."""
+    return {canonicalize_name(m.group(1)): m.group(2)
+            for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", path.read_text(), re.MULTILINE)}
+
+
 def requirement_file_problems(path: Path, *, hashes: bool) -> list[str]:
     problems = []
     text = re.sub(r"\\\n", " ", path.read_text())
@@ -266,6 +273,7 @@ def package_problems(dockerfile: Path) -> Iterator[str]:
                 continue
             packages = words[words.index("install") + 1:]
             require_hashes = "--require-hashes" in packages
+            constrained: set[str] = set()  # names a -c file of this command pins
             i = 0
             while i < len(packages):
                 word = packages[i]
@@ -279,13 +287,16 @@ def package_problems(dockerfile: Path) -> Iterator[str]:
                             yield f"pip {word} {path}: missing"
                         elif path is not None:
                             yield from requirement_file_problems(path, hashes=require_hashes and word.startswith("-r"))
+                            if word in ("-c", "--constraint"):
+                                constrained |= set(pinned_versions(path))
                     i += 2
                     continue
                 if word in ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-t", "--target"):
                     i += 2
                     continue
-                if not word.startswith("-") and not word.endswith(".whl") and not PINNED_REQUIREMENT.match(word):
-                    yield f"pip install {word}: not name==version (nor a local wheel)"
+                if (not word.startswith("-") and not word.endswith(".whl") and not PINNED_REQUIREMENT.match(word)
+                        and canonicalize_name(word) not in constrained):
+                    yield f"pip install {word}: not name==version (nor a local wheel, nor pinned by a -c file)"
                 i += 1
 
 
@@ -303,11 +314,8 @@ def test_dockerfile_packages_are_pinned(dockerfile: Path) -> None:
     assert not problems, f"{dockerfile.relative_to(ROOT)}:\n" + "\n".join(problems)
 
 
-def test_constraints_pin_the_operators_whole_runtime_closure() -> None:
-    """The operator image installs its wheel with -c constraints.txt: every package the wheel pulls
-    in, transitively, must be pinned there, or that package would float."""
-    pinned = {canonicalize_name(line.split("==")[0]) for line in (ROOT / "constraints.txt").read_text().splitlines()
-              if "==" in line and not line.startswith("#")}
+def runtime_closure() -> set[str]:
+    """Every package the operator's wheel pulls in, transitively (this venv's markers: Linux, 3.11)."""
     todo, seen = ["kimik3-operator"], set()
     while todo:
         name = canonicalize_name(todo.pop())
@@ -318,8 +326,28 @@ def test_constraints_pin_the_operators_whole_runtime_closure() -> None:
             requirement = Requirement(spec)
             if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
                 todo.append(requirement.name)
-    missing = sorted(seen - pinned - {"kimik3-operator"})
+    return seen - {"kimik3-operator"}
+
+
+def test_constraints_pin_the_operators_whole_runtime_closure() -> None:
+    """CI installs the operator with -c constraints.txt: every package it pulls in, transitively,
+    must be pinned there, or that package would float."""
+    missing = sorted(runtime_closure() - set(pinned_versions(ROOT / "constraints.txt")))
     assert not missing, f"constraints.txt does not pin {missing}"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_operator_image_lock_is_what_ci_tests(arch: str) -> None:
+    """The operator image installs images/operator/requirements-<arch>.txt with --require-hashes
+    --no-deps: it must hold the wheel's whole runtime closure, nothing else, at constraints.txt's
+    versions (re-lock with `python images/lock.py operator` after changing either)."""
+    lock = pinned_versions(ROOT / f"images/operator/requirements-{arch}.txt")
+    constraints = pinned_versions(ROOT / "constraints.txt")
+    closure = runtime_closure()
+    assert set(lock) == closure, f"locked only: {sorted(set(lock) - closure)}, unlocked: {sorted(closure - set(lock))}"
+    differ = {name: (version, constraints.get(name)) for name, version in lock.items()
+              if constraints.get(name) != version}
+    assert not differ, f"lock version != constraints.txt version: {differ}"
 
 
 # ---------------------------------------------------------------- the checks themselves

@@ -12,15 +12,23 @@ byte), ``page_size`` (keys per listing page); and for the security tests, what a
 ``oversize`` (per key: append this many bytes to what GetObject sends), ``listed_size`` (per key: the
 ``<Size>`` text of the listing), ``part1_size`` (per key: the Content-Length of ``HEAD ?partNumber=1``),
 ``redirect_to`` (answer every object request with a 307 to this base URL).
+
+What S3 sends that a client may rely on, it sends too (obstore, for one, refuses a listing without
+``LastModified``): ``LastModified`` and quoted ``ETag`` in listings, ``Last-Modified`` and ``ETag`` on
+objects, ``Content-Range`` on a 206 and ``bytes */<size>`` on a 416, an ``x-amz-request-id`` on every
+answer and a ``RequestId`` in every error body.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import re
 import threading
+import time
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -41,6 +49,17 @@ class Obj:
     part_size: int = 0  # multipart upload with this part size
     sse: str = ""  # "aws:kms": ETag is not an MD5
     checksum_sha256: str = ""  # base64, full object
+    modified: int = field(default_factory=lambda: int(time.time()))  # epoch seconds (S3 keeps no finer)
+
+    @property
+    def last_modified_iso(self) -> str:
+        """As ListObjectsV2 spells it: ``2026-12-01T15:50:28.000Z``."""
+        return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(self.modified))
+
+    @property
+    def last_modified_http(self) -> str:
+        """As the ``Last-Modified`` header spells it (RFC 9110 IMF-fixdate)."""
+        return formatdate(self.modified, usegmt=True)
 
 
 @dataclass
@@ -72,6 +91,7 @@ class FakeS3:
     part1_size: dict[str, int] = field(default_factory=dict)
     redirect_to: str = ""
     bodies: list[bytes] = field(default_factory=list)  # request bodies received (POST)
+    _request_ids: itertools.count[int] = field(default_factory=itertools.count)
     log: list[Logged] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -123,10 +143,19 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, entry: Logged, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
                   ctype: str = "application/xml") -> None:
+            headers = headers or {}
+            if "x-amz-request-id" not in headers:
+                headers = {**self._request_id(), **headers}
             send(self, entry, status, body, headers, ctype)
 
-        def _err(self, entry: Logged, status: int, code: str) -> None:
-            self._send(entry, status, f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode())
+        def _request_id(self) -> dict[str, str]:
+            return {"x-amz-request-id": f"{next(s3._request_ids):016X}"}
+
+        def _err(self, entry: Logged, status: int, code: str, headers: dict[str, str] | None = None) -> None:
+            rid = self._request_id()
+            body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{code}</Message>'
+                    f"<RequestId>{rid['x-amz-request-id']}</RequestId></Error>")
+            self._send(entry, status, body.encode(), {**rid, **(headers or {})})
 
         def _check_sig(self) -> str:
             """'' when the request is signed correctly (or anonymous allowed), else the S3 error code."""
@@ -217,7 +246,8 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
                 "continuation-token") else 0
             page = keys[start:start + s3.page_size]
             truncated = start + s3.page_size < len(keys)
-            items = "".join(f"<Contents><Key>{escape(k)}</Key><Size>{s3.listed_size.get(k, len(objs[k].data))}</Size>"
+            items = "".join(f"<Contents><Key>{escape(k)}</Key><LastModified>{objs[k].last_modified_iso}</LastModified>"
+                            f"<Size>{s3.listed_size.get(k, len(objs[k].data))}</Size>"
                             f"<ETag>&quot;{objs[k].etag}&quot;</ETag><StorageClass>STANDARD</StorageClass></Contents>"
                             for k in page)
             nxt = ""
@@ -234,14 +264,15 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
             data = obj.data
             if key in s3.corrupt and data:
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
-            headers = {"ETag": f'"{obj.etag}"', "Accept-Ranges": "bytes"}
+            headers = {"ETag": f'"{obj.etag}"', "Last-Modified": obj.last_modified_http, "Accept-Ranges": "bytes",
+                       **self._request_id()}
             if obj.sse:
                 headers["x-amz-server-side-encryption"] = obj.sse
             if obj.checksum_sha256 and self.headers.get("x-amz-checksum-mode") == "ENABLED":
                 headers["x-amz-checksum-sha256"] = obj.checksum_sha256
                 headers["x-amz-checksum-type"] = "FULL_OBJECT"
             im = self.headers.get("If-Match")
-            if im is not None and im.strip('"') != obj.etag:
+            if im is not None and im.strip() != "*" and obj.etag not in {t.strip().strip('"') for t in im.split(",")}:
                 return self._err(entry, 412, "PreconditionFailed")
             status = 200
             start = 0
@@ -260,9 +291,9 @@ def _handler(s3: FakeS3) -> type[BaseHTTPRequestHandler]:
             elif rng := self.headers.get("Range"):
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
                 if m is None or int(m.group(1)) >= len(data):
-                    return self._err(entry, 416, "InvalidRange")
+                    return self._err(entry, 416, "InvalidRange", {"Content-Range": f"bytes */{len(obj.data)}"})
                 start = int(m.group(1))
-                end = int(m.group(2)) + 1 if m.group(2) else len(data)
+                end = min(int(m.group(2)) + 1, len(data)) if m.group(2) else len(data)
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(obj.data)}"
                 data = data[start:end]
                 status = 206

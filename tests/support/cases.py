@@ -108,6 +108,14 @@ INVALID["revision is a branch, tag or commit, not a flag: it must not start with
     lambda d: d["spec"]["model"].update(revision="--dest=/cache/other"))
 INVALID["autoscaling: minReplicas must not exceed maxReplicas"] = _edit(
     lambda d: _pool(d)["aggregated"].update(autoscaling={"minReplicas": 3, "maxReplicas": 2, "mode": "HPA"}))
+INVALID["rdma.env takes only NCCL_*, UCX_*, NVSHMEM_*, NIXL_*, GLOO_* variables (never VLLM_*: the engines "
+        "refuse unknown ones)"] = _edit(
+    lambda d: _pool(d).update(rdma={"env": [{"name": "NCCL_IB_HCA", "value": "mlx5"},
+                                            {"name": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "value": "60"}]}))
+INVALID["interconnect xGMI is AMD Instinct's fabric: it needs gpu.product MI355X (or Auto)"] = _edit(
+    lambda d: _pool(d).update(interconnect="xGMI", gpu={"product": "GB300"}))
+INVALID["interconnect NVLink is NVIDIA's fabric: MI355X boards use xGMI"] = _edit(
+    lambda d: _pool(d).update(interconnect="NVLink", gpu={"product": "MI355X"}))
 INVALID["prefillDecodeRatio: min must not exceed max"] = _edit(
     lambda d: d["spec"].update(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}))
 

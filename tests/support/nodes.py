@@ -6,7 +6,10 @@ from typing import Any
 
 
 def node(name: str, product: str, gpus: int, *, clique: str | None = None, rdma: str | None = None,
-         arch: str = "amd64", resource: str = "nvidia.com/gpu", unschedulable: bool = False) -> dict[str, Any]:
+         rdma_count: int | None = None, arch: str = "amd64", resource: str = "nvidia.com/gpu",
+         unschedulable: bool = False) -> dict[str, Any]:
+    """A schedulable GPU node; `rdma` names its NIC resource, `rdma_count` units (one NIC per GPU
+    when omitted, as HGX and GB300 trays have)."""
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/arch": arch}
     if resource == "nvidia.com/gpu":
         labels["nvidia.com/gpu.product"] = product
@@ -16,7 +19,7 @@ def node(name: str, product: str, gpus: int, *, clique: str | None = None, rdma:
         labels["nvidia.com/gpu.clique"] = clique
     capacity = {"cpu": "128", "memory": "2Ti", resource: str(gpus)}
     if rdma:
-        capacity[rdma] = "8"
+        capacity[rdma] = str(gpus if rdma_count is None else rdma_count)
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels},
@@ -26,7 +29,7 @@ def node(name: str, product: str, gpus: int, *, clique: str | None = None, rdma:
 
 
 def gb300_rack(rack: str = "a", trays: int = 18) -> list[dict[str, Any]]:
-    return [node(f"gb300-{rack}-{i}", "NVIDIA-GB300", 4, clique=f"cluster.{rack}", arch="arm64")
+    return [node(f"gb300-{rack}-{i}", "NVIDIA-GB300", 4, clique=f"cluster.{rack}", rdma="rdma/ib", arch="arm64")
             for i in range(trays)]
 
 

@@ -162,7 +162,7 @@ def test_the_cluster_repairs_a_hand_edit_made_in_the_second_of_its_apply() -> No
     desired = {"apiVersion": "v1", "kind": "Service", **DESIRED,
                "metadata": {**DESIRED["metadata"], "name": "s", "namespace": "n"}}
     cluster = Cluster.__new__(Cluster)  # no API server: the client is the fake
-    cluster._dyn, cluster._applied = _ApplyingClient(applied), {}  # type: ignore[assignment]
+    cluster._dyn, cluster._applied, cluster.cache = _ApplyingClient(applied), {}, None  # type: ignore[assignment]
     assert cluster.apply(desired, None).written
     assert not cluster.apply(desired, applied).written
     assert cluster.apply(desired, edited).written

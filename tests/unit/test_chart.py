@@ -141,10 +141,10 @@ def test_the_helm_test_pod_checks_the_install_with_the_least_rights() -> None:
 
 
 def test_the_operator_gets_its_settings_as_flags_that_kimik3_run_accepts() -> None:
-    args = _operator_args(rendered("--set", "logFormat=json,logLevel=DEBUG,resyncSeconds=60,retrySeconds=5"))
+    args = _operator_args(rendered("--set", "logFormat=json,logLevel=DEBUG,resyncSeconds=60,retrySeconds=5,workers=2"))
     parsed = parser().parse_args(args)
-    settings = (parsed.log_format, parsed.log_level, parsed.resync_seconds, parsed.retry_seconds)
-    assert settings == ("json", "DEBUG", 60, 5)
+    settings = (parsed.log_format, parsed.log_level, parsed.resync_seconds, parsed.retry_seconds, parsed.workers)
+    assert settings == ("json", "DEBUG", 60, 5, 2)
     assert parsed.tools_image == "ghcr.io/kimik3-operator/kimik3-operator:0.1.0"
     env = _one(rendered(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert [e["name"] for e in env] == ["POD_NAME", "POD_NAMESPACE"]

@@ -39,6 +39,8 @@ NOT_CHILDREN: set[Triple] = {
     ("", "events", "create"),
     ("", "nodes", "list"),
     ("", "pods", "list"),
+    ("", "nodes", "watch"),
+    ("", "pods", "watch"),
 }
 """Everything the operator may do that is not about a child (the leader election Lease is in a
 namespaced Role of its own)."""

@@ -145,6 +145,7 @@ def test_run_help_documents_every_setting_with_its_environment_variable_and_defa
     text = " ".join(capsys.readouterr().out.split())
     for flag, env, default in (("--resync-seconds", "KIMIK3_RESYNC_SECONDS", f"{OperatorConfig.resync_seconds:g}"),
                                ("--retry-seconds", "KIMIK3_RETRY_SECONDS", f"{OperatorConfig.retry_seconds:g}"),
+                               ("--workers", "KIMIK3_WORKERS", f"{OperatorConfig.workers}"),
                                ("--log-level", "KIMIK3_LOG_LEVEL", "INFO"),
                                ("--log-format", "KIMIK3_LOG_FORMAT", "text"),
                                ("--tools-image", "KIMIK3_TOOLS_IMAGE", "the image of this version")):

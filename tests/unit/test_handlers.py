@@ -19,8 +19,8 @@ from kimik3_operator.reconcile.queue import WorkQueue
 from kimik3_operator.reconcile.settings import OperatorConfig
 
 
-class _Cluster:
-    def list_deployments(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+class _Cache:
+    def deployment_keys(self) -> list[tuple[str, str]]:
         return [("ns", "broken"), ("ns", "fine")]
 
 
@@ -28,7 +28,7 @@ class _State:
     def __init__(self) -> None:
         self.config = OperatorConfig(resync_seconds=0.2, retry_seconds=0.02)
         self.queue = WorkQueue()
-        self.cluster = _Cluster()
+        self.cache = _Cache()
         self.runs: Counter[str] = Counter()
         self.phases = PhaseBook()
         self.scaler = SloScaler(None)
@@ -58,11 +58,11 @@ def test_a_failing_deployment_does_not_starve_the_resync() -> None:
 
 def test_an_unreachable_api_server_is_a_prompt_retry() -> None:
     class Refused:
-        def run(self, namespace: str, name: str) -> Any:
+        def run(self, namespace: str, name: str, body: Any = None) -> Any:
             raise urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())  # type: ignore[arg-type]
 
     with pytest.raises(kopf.TemporaryError) as caught:
-        on_deployment(namespace="ns", name="k3", memo=kopf.Memo(state=Refused()))
+        on_deployment(namespace="ns", name="k3", body={}, memo=kopf.Memo(state=Refused()))
     assert caught.value.delay == 5
 
 
@@ -83,10 +83,24 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
 
 def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
     """The router's Deployment included: its readiness is part of the deployment's, and a router
-    deleted or edited by hand is repaired at once, not at the next resync."""
+    deleted or edited by hand is repaired at once, not at the next resync. The informers call the
+    queue; kopf watches only KimiK3Deployments (no second watch per child kind)."""
     from kimik3_operator.contract.kinds import CHILD_KINDS
+    from kimik3_operator.k8s.cache import ClusterCache
 
-    watching = {(h.selector.group, h.selector.version, h.selector.any_name)
-                for h in kopf.get_default_registry()._watching.get_all_handlers()}
-    assert watching == {(k.group, k.version, k.plural) for k in CHILD_KINDS if k.watched}
-    assert ("apps", "v1", "deployments") in watching
+    started: list[tuple[str, str]] = []
+    cache = ClusterCache.__new__(ClusterCache)  # no API client: only the wiring is under test
+    cache._on_child = lambda namespace, name: started.append((namespace, name))
+    owned = {"metadata": {"namespace": "ns", "name": "k3-router", "ownerReferences": [
+        {"apiVersion": "serving.kimik3.dev/v1alpha1", "kind": "KimiK3Deployment", "name": "k3", "uid": "u"}]}}
+    foreign = {"metadata": {"namespace": "ns", "name": "x", "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "k3", "uid": "u"}]}}
+    listening = set()
+    for kind in CHILD_KINDS:
+        if (listen := cache._listener(kind)) is not None:
+            listening.add(kind.kind)
+            listen("MODIFIED", owned)
+            listen("DELETED", foreign)
+    assert listening == {k.kind for k in CHILD_KINDS if k.watched} >= {"Deployment", "LeaderWorkerSet", "Job"}
+    assert started == [("ns", "k3")] * len(listening)
+    assert {h.selector.any_name for h in kopf.get_default_registry()._watching.get_all_handlers()} == set()

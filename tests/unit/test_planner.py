@@ -35,7 +35,7 @@ def test_pool_facts_read_labels_and_capacity() -> None:
     facts = pool_facts({"nvidia.com/gpu.product": "NVIDIA-GB300"}, nodes)
     assert (facts.product, facts.gpus_per_node, facts.gpu_resource) == ("GB300", 4, "nvidia.com/gpu")
     assert facts.cliques == {"cluster.a": 3, "cluster.b": 2}
-    assert facts.rdma_resource is None
+    assert (facts.rdma_resource, facts.rdma_per_node) == ("rdma/ib", 4)
     b200 = pool_facts({"nvidia.com/gpu.product": "NVIDIA-B200"}, nodes)
     assert (b200.product, b200.gpus_per_node, b200.rdma_resource, b200.cliques) == ("B200", 8, "rdma/ib", {})
 

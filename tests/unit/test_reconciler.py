@@ -17,12 +17,18 @@ from kimik3_operator.api.reasons import (
     NO_MATCHING_NODES,
     WEIGHTS_STAGING,
 )
-from kimik3_operator.contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
+from kimik3_operator.contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_DEPLOYMENT
 from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
+from kimik3_operator.k8s.cache import Observation
 from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.reconcile.reconciler import reconcile
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
+
+
+def _labelled(pod: dict[str, Any], namespace: str, label: str) -> bool:
+    meta = pod["metadata"]
+    return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(LABEL_DEPLOYMENT) == label
 
 
 class MemoryCluster:
@@ -37,6 +43,9 @@ class MemoryCluster:
         self.nodes = nodes
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
+        """This deployment's pods that no longer hold resources (finished staging pods)."""
+        self.active: list[dict[str, Any]] = []
+        """Pods of every namespace that hold resources."""
         self.writes: list[str] = []
         self.applied: dict[str, str] = {}
         self.seconds = 0
@@ -56,7 +65,8 @@ class MemoryCluster:
                 record = json.dumps({"phase": "Complete", "commit": commit, "filesDone": 3, "filesTotal": 3})
                 owner = {"kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
                 self.pods.append({"metadata": {"name": f"{name}-x", "creationTimestamp": "2026-11-30T00:00:00Z",
-                                               "labels": {"batch.kubernetes.io/job-name": name},
+                                               "labels": {**job["spec"]["template"]["metadata"]["labels"],
+                                                          "batch.kubernetes.io/job-name": name},
                                                "ownerReferences": [owner]},
                                   "status": {"phase": "Succeeded", "containerStatuses": [
                                       {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
@@ -64,20 +74,12 @@ class MemoryCluster:
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         self.writes.append(f"event {type_} {reason}")
 
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.pods)
-
-    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.deployment)
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return self.nodes
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        return []
-
-    def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for o in self.objects.values()]
+    def observe(self, namespace: str, name: str, label: str, body: dict[str, Any] | None = None) -> Observation:
+        """What the informers would hold: this deployment's objects, its pods, the nodes, and the
+        pods of every namespace that hold resources (`active`, ours among them)."""
+        return Observation(deployment=copy.deepcopy(body or self.deployment), nodes=self.nodes,
+                           active_pods=self.active, children=[copy.deepcopy(o) for o in self.objects.values()],
+                           pods=copy.deepcopy(self.pods + [p for p in self.active if _labelled(p, namespace, label)]))
 
     def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
         key = (desired["kind"], desired["metadata"]["name"])
@@ -280,7 +282,7 @@ def test_a_pool_whose_nodes_went_away_keeps_its_serving_children() -> None:
     assert reconcile(cluster, "ns", "k3").error is None
     before = copy.deepcopy(cluster.objects)
     cluster.nodes = []  # relabelled, cordoned or deleted
-    cluster.list_active_pods = lambda: [_pod("b200", "b200-0"), _pod("b200", "b200-1")]  # type: ignore[method-assign]
+    cluster.active = [_pod("b200", "b200-0"), _pod("b200", "b200-1")]
     outcome = reconcile(cluster, "ns", "k3")
     assert outcome.error is not None and outcome.error.reason == NO_MATCHING_NODES
     assert outcome.error.depends_on_nodes
@@ -290,7 +292,7 @@ def test_a_pool_whose_nodes_went_away_keeps_its_serving_children() -> None:
 
 def test_a_pool_without_running_pods_is_still_planned_ahead_of_its_nodes() -> None:
     cluster = MemoryCluster(_b200_ahead_of_nodes(), [])
-    cluster.list_active_pods = lambda: [_pod("b200", None)]  # type: ignore[method-assign]
+    cluster.active = [_pod("b200", None)]
     outcome = reconcile(cluster, "ns", "k3")
     assert outcome.error is None and outcome.applied
 
@@ -344,7 +346,7 @@ def _lists(cluster: MemoryCluster, name: str = "k3-router") -> dict[str, Any]:
 
 def _serving_pd(pods: list[dict[str, Any]]) -> MemoryCluster:
     cluster = _staged(MemoryCluster(_pd(), NODES))
-    cluster.list_active_pods = lambda: pods  # type: ignore[method-assign]
+    cluster.active = pods
     return cluster
 
 

@@ -187,8 +187,8 @@ def test_pd_pods_carry_nixl_side_channel_settings() -> None:
         assert [p["containerPort"] for p in c["ports"] if p["name"].startswith("nixl-")] == [5600, 5601]
         config = c["command"][c["command"].index("--kv-transfer-config") + 1]
         assert '"kv_role":"kv_producer"' in config and '"kv_connector":"NixlConnector"' in config
-        # NIXL over the B200 NICs: the RDMA device and the capability to pin memory
-        assert c["resources"]["limits"]["rdma/ib"] == "1"
+        # NIXL over the B200 NICs: one per GPU (the nodes advertise 8) and the capability to pin memory
+        assert c["resources"]["limits"]["rdma/ib"] == "8"
         assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     decode = lws["k3-pd-gb300-decode-decode"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
     config = decode["command"][decode["command"].index("--kv-transfer-config") + 1]
@@ -287,11 +287,13 @@ def test_rollout_surges_by_default_and_can_update_in_place() -> None:
 
 @pytest.mark.parametrize("example", [p.name for p in EXAMPLES])
 def test_every_variable_the_renderer_sets_is_owned(example: str) -> None:
-    """engine.env may not repeat these (Kubernetes would take the user's silently)."""
+    """engine.env may not repeat these (Kubernetes would take the user's silently); the fabric
+    defaults (render/rdma.py) are the exception: the user's value replaces them."""
     from kimik3_operator.api.v1alpha1 import OWNED_ENV
+    from kimik3_operator.render.rdma import FABRIC_VARIABLES
 
     for lws in _by_kind(_render(_example(example)), "LeaderWorkerSet").values():
         for template in lws["spec"]["leaderWorkerTemplate"].values():
             if isinstance(template, dict) and "spec" in template:
                 for c in template["spec"]["containers"]:
-                    assert {e["name"] for e in c["env"]} - set(OWNED_ENV) == set(), example
+                    assert {e["name"] for e in c["env"]} - set(OWNED_ENV) - FABRIC_VARIABLES == set(), example

@@ -13,9 +13,13 @@ NO_MATCHING_NODES = "NoMatchingNodes"
 SLO_UNATTAINABLE = "SLOUnattainable"
 AUTOSCALING_TARGET_UNKNOWN = "AutoscalingTargetUnknown"
 AUTOSCALING_UNCONFIGURED = "AutoscalingUnconfigured"
+RDMA_UNAVAILABLE = "RdmaUnavailable"
+"""Traffic of a role must leave its NVLink domain (a replica over RDMA, or P/D KV between cliques or
+HGX nodes) but the pool's nodes advertise no RDMA NIC and pools[].rdma.resource names none."""
 
 PLANNING = frozenset({INVALID_SPEC, HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, KNOWN_ISSUE, PD_INCOMPATIBLE,
-                      NO_MATCHING_NODES, SLO_UNATTAINABLE, AUTOSCALING_TARGET_UNKNOWN, AUTOSCALING_UNCONFIGURED})
+                      NO_MATCHING_NODES, SLO_UNATTAINABLE, AUTOSCALING_TARGET_UNKNOWN, AUTOSCALING_UNCONFIGURED,
+                      RDMA_UNAVAILABLE})
 """What planning a deployment may fail with."""
 
 # ---- the cluster refused or lacks what the plan needs -------------------------------------------

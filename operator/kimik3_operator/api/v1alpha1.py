@@ -388,6 +388,47 @@ class Toleration(SpecModel):
     """How long a NoExecute taint is tolerated."""  # bounds a float64 holds exactly, as the API server compares them
 
 
+RDMA_ENV_PREFIXES = ("NCCL_", "UCX_", "NVSHMEM_", "NIXL_", "GLOO_")
+"""What `pools[].rdma.env` may set: the fabric libraries' own variables. Never VLLM_*: the serving
+pods run --fail-on-environ-validation, so an unknown VLLM_* variable would stop every engine."""
+_RDMA_ENV_CEL = " || ".join(f"e.name.startsWith('{p}')" for p in RDMA_ENV_PREFIXES)
+HcaName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.=^-]+(:[0-9]+)?$")]
+
+
+class Rdma(SpecModel):
+    """How the pool's pods reach the RDMA NICs (multi-node replicas and P/D KV transfer over RDMA).
+    Omitted values come from the nodes (the RDMA extended resource they advertise, and how many
+    units per GPU) and from NCCL's, NVSHMEM's and UCX's own device discovery."""
+
+    resource: Annotated[str, Field(max_length=253, pattern=r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$")] | None = None
+    """Extended resource of the NICs (e.g. rdma/ib, nvidia.com/hostdev); the one every node of the
+    pool advertises when omitted."""
+    nics_per_gpu: Annotated[int, Field(ge=1, le=4)] | None = None
+    """NICs a pod requests per GPU it requests (HGX and GB300 nodes have one per GPU); when omitted,
+    the node's count divided by its GPUs when that is 1-2 whole NICs per GPU, else the resource is
+    taken as a shared device (k8s-rdma-shared-dev-plugin) and each pod requests one unit."""
+    hcas: Annotated[list[HcaName], Field(max_length=32)] = []
+    """HCA device names, optionally with a port (mlx5_0, mlx5_1:1): NCCL_IB_HCA (which reads each as
+    a prefix), NVSHMEM_HCA_LIST and UCX_NET_DEVICES (port 1 when none is given); each library picks
+    its own devices when empty."""
+    gid_index: Annotated[int, Field(ge=0, le=255)] | None = None
+    """RoCE GID index (the address type, e.g. 3 for RoCE v2 over IPv4 on most NICs):
+    NCCL_IB_GID_INDEX, NVSHMEM_IB_GID_INDEX and UCX_IB_GID_INDEX; unset on InfiniBand."""
+    env: Annotated[list[EnvVar], Field(max_length=32), list_map("name")] = []
+    """Further fabric settings for the pool's RDMA pods, NCCL_*, UCX_*, NVSHMEM_*, NIXL_* or GLOO_*
+    only; they win over the operator's defaults of the same name."""
+
+    rules = (
+        Rule(
+            cel=f"!has(self.env) || self.env.all(e, {_RDMA_ENV_CEL})",
+            message="rdma.env takes only " + ", ".join(f"{p}*" for p in RDMA_ENV_PREFIXES)
+                    + " variables (never VLLM_*: the engines refuse unknown ones)",
+            check=lambda r: all(e.name.startswith(RDMA_ENV_PREFIXES) for e in r.env),
+            field_path=".env",
+        ),
+    )
+
+
 class Pool(SpecModel):
     """A set of alike GPU nodes and the roles served on them."""
 
@@ -402,7 +443,13 @@ class Pool(SpecModel):
     gpu: Gpu = Gpu()
     """GPU product and count per node."""
     interconnect: Interconnect = "Auto"
-    """Fabric inside one replica: Auto | NVLink | RDMA | xGMI."""
+    """Fabric inside one replica. Auto: NVLink (or xGMI) inside the NVLink domain (the node on HGX
+    and MI355X boards, the clique on NVL72 racks), RDMA beyond it. NVLink: tensor and expert groups
+    must stay inside the NVLink domain (a node on HGX; multi-node NVLink on GB300/GB200 racks), a
+    layout that would cross RDMA is refused. RDMA: the NVLink domain ends at the node even on NVL72
+    racks. xGMI: AMD Instinct (MI355X) only, like NVLink on its 8-GPU board."""
+    rdma: Rdma | None = None
+    """RDMA NIC resources and fabric settings; from the nodes when omitted."""
     backends: Backends | None = None
     """Kernel overrides."""
     mode: PoolMode | None = None
@@ -434,6 +481,20 @@ class Pool(SpecModel):
             cel="!has(self.mode) || self.mode != 'Disaggregated' || !has(self.aggregated)",
             message="mode Disaggregated takes prefill and/or decode roles, not aggregated",
             check=lambda p: p.mode != "Disaggregated" or p.aggregated is None,
+        ),
+        Rule(
+            cel="!has(self.interconnect) || self.interconnect != 'xGMI' || !has(self.gpu) "
+                "|| !has(self.gpu.product) || self.gpu.product in ['Auto', 'MI355X']",
+            message="interconnect xGMI is AMD Instinct's fabric: it needs gpu.product MI355X (or Auto)",
+            check=lambda p: p.interconnect != "xGMI" or p.gpu.product in ("Auto", "MI355X"),
+            field_path=".interconnect",
+        ),
+        Rule(
+            cel="!has(self.interconnect) || self.interconnect != 'NVLink' || !has(self.gpu) "
+                "|| !has(self.gpu.product) || self.gpu.product != 'MI355X'",
+            message="interconnect NVLink is NVIDIA's fabric: MI355X boards use xGMI",
+            check=lambda p: p.interconnect != "NVLink" or p.gpu.product != "MI355X",
+            field_path=".interconnect",
         ),
     )
 
@@ -749,6 +810,15 @@ class RoleStatus(StatusModel):
     """vLLM's --moe-backend."""
     compute_domain: bool | None = None
     """The replica's nodes share an NVIDIA ComputeDomain (multi-node NVLink, IMEX channels)."""
+    expert_dispatch: str | None = None
+    """How tokens really reach the experts: the all-to-all backend, or the MoE kernel when it
+    dispatches itself (deep_gemm_mega_moe: DeepGEMM's symmetric memory over NVLink, whatever
+    --all2all-backend says); none without expert parallelism across data-parallel ranks."""
+    kv_transport: str | None = None
+    """Prefill/decode roles: the fabric NIXL moves KV and KDA state over, NVLink (multi-node NVLink,
+    one ComputeDomain for the pair) or RDMA."""
+    rdma_nics: str | None = None
+    """The RDMA NICs each pod requests, e.g. "8 x rdma/ib" (pods whose traffic leaves the node)."""
     block_size: int | None = None
     """The KV block size vLLM will use for this role."""
     replicas_source: Literal["spec", "workload", "default"] | None = None

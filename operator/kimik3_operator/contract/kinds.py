@@ -34,7 +34,8 @@ class ChildKind:
     same name: garbage collection removes it with the deployment, and the operator holds no
     delete permission for it."""
     watched: bool = False
-    """Its events start a pass (a kopf watch), rather than the periodic resync finding changes."""
+    """Its events start a pass of its owner, rather than the periodic resync finding changes (every
+    child kind is followed by an informer; this says whether a change is worth a pass at once)."""
     missing_hint: str = ""
     """What to install when the cluster does not serve this kind (empty: every cluster does)."""
 
@@ -57,11 +58,10 @@ class ChildKind:
         return {"apiVersion": self.api_version, "kind": self.kind}
 
     def verbs(self) -> frozenset[str]:
-        """What the operator does to objects of this kind: list them (prune, status), server-side
-        apply them (a PATCH, which the API server also authorizes as create when the object is
-        new: create-only kinds are created that way too), delete and watch them as flagged."""
-        return frozenset({"list", "create", "patch"} | ({"delete"} if self.pruned else set())
-                         | ({"watch"} if self.watched else set()))
+        """What the operator does to objects of this kind: list and watch them (its informer: prune,
+        status), server-side apply them (a PATCH, which the API server also authorizes as create
+        when the object is new: create-only kinds are created that way too), delete them as flagged."""
+        return frozenset({"list", "watch", "create", "patch"} | ({"delete"} if self.pruned else set()))
 
 
 PERSISTENT_VOLUME_CLAIM = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", WEIGHTS)
@@ -69,8 +69,8 @@ SERVICE_ACCOUNT = ChildKind("v1", "ServiceAccount", "serviceaccounts", WEIGHTS, 
 ROLE = ChildKind("rbac.authorization.k8s.io/v1", "Role", "roles", WEIGHTS, pruned=False)
 ROLE_BINDING = ChildKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", WEIGHTS, pruned=False)
 CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps", WEIGHTS)
-"""A staging Job's progress, the only object its pod may write (contract/stager.py). Not watched:
-a watch would stream every ConfigMap of the cluster to the operator; the Job's own events and the
+"""A staging Job's progress, the only object its pod may write (contract/stager.py). Its events
+start no pass: progress changes every few seconds while a Job runs; the Job's own events and the
 resync refresh the progress status shows."""
 JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=True)
 """A Job's pod template is immutable and its name already says what it stages: once created it is

@@ -19,6 +19,13 @@ main apply can leave the field out without the API server resetting it)."""
 ANNOTATION_HASH = f"{GROUP}/desired-hash"
 """Carries the hash of the object as rendered: an apply is skipped while it matches."""
 
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kimik3-operator"
+"""Every child and every pod of a child carries MANAGED_BY_LABEL=MANAGED_BY: what the operator's
+informers select (server-side, so a watch never streams the cluster's other objects)."""
+LABEL_DEPLOYMENT = f"{GROUP}/deployment"
+"""Names the deployment (render.names.deployment_label) on every child and pod of it."""
+
 
 SERIES_LABELS = {f"{GROUP}/deployment": "kimik3_deployment", f"{GROUP}/pool": "kimik3_pool",
                  f"{GROUP}/role": "kimik3_role"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,9 +28,13 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from ..api import GROUP, KIND, VERSION
-from ..contract.kinds import CHILD_KINDS
-from ..contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
+from ..contract.names import (
+    ANNOTATION_HASH,
+    AUTOSCALER_FIELD_MANAGER,
+    FIELD_MANAGER,
+)
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
+from .cache import ClusterCache, Observation
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
 
@@ -109,15 +115,34 @@ class _GuardedClient(DynamicClient):  # type: ignore[misc]  # the client is unty
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         if self._guard is not None and method.upper() != "GET":
             self._guard.check()
-        return super().request(method, path, body=body, **params)
+        started = time.monotonic()
+        try:
+            return super().request(method, path, body=body, **params)
+        finally:
+            _spent.seconds = getattr(_spent, "seconds", 0.0) + time.monotonic() - started
+
+
+_spent = threading.local()
+
+
+def api_seconds() -> float:
+    """Seconds this thread spent waiting on the API server since it last asked: a pass's API time,
+    the rest of its duration being the operator's own work."""
+    spent = getattr(_spent, "seconds", 0.0)
+    _spent.seconds = 0.0
+    return float(spent)
 
 
 class Cluster:
     """Typed-dict access to the few resources the operator reads and writes. With a `guard`
-    (leader election), writes are sent only while it allows them."""
+    (leader election), writes are sent only while it allows them. With a `cache`, a pass reads
+    from its informers (`observe`) and what our writes return goes into it, so the next pass sees
+    them even before their watch events arrive."""
 
-    def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None) -> None:
+    def __init__(self, api: client.ApiClient, guard: WriteGuard | None = None,
+                 cache: ClusterCache | None = None) -> None:
         self._dyn = _GuardedClient(api, guard)
+        self.cache = cache
         # uid -> the writes to the object as our last apply left them (`writes_digest`).
         self._applied: dict[str, str] = {}
 
@@ -125,6 +150,13 @@ class Cluster:
         return self._dyn.resources.get(api_version=api_version, kind=kind)
 
     # ---- reads --------------------------------------------------------------------------------
+
+    def observe(self, namespace: str, name: str, label: str, body: dict[str, Any] | None = None) -> Observation:
+        """Everything a pass of deployment `name` reads (ClusterCache.observe): from the informers,
+        never a list per pass."""
+        if self.cache is None:
+            raise RuntimeError("a reconcile pass reads from a ClusterCache: construct Cluster(api, guard, cache)")
+        return self.cache.observe(namespace, name, label, body)
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -134,33 +166,8 @@ class Cluster:
         except NotFoundError:
             return None
 
-    def list_deployments(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-        """(namespace, name) of every KimiK3Deployment, or of those in `namespaces`."""
-        res = self._resource(f"{GROUP}/{VERSION}", KIND)
-        lists = [res.get(namespace=ns).items for ns in namespaces] if namespaces else [res.get().items]
-        return [(o.metadata.namespace, o.metadata.name) for items in lists for o in items]
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        """Pods of every namespace that hold (or wait for) resources, for GPU capacity."""
-        items = self._resource("v1", "Pod").get(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
-        return [p.to_dict() for p in items]
-
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return [p.to_dict() for p in self._resource("v1", "Pod").get(
-            namespace=namespace, label_selector=label_selector).items]
-
-    def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for child in CHILD_KINDS:
-            try:
-                res = self._resource(child.api_version, child.kind)
-            except ResourceNotFoundError:
-                continue  # e.g. the LWS CRD is not installed: nothing of that kind exists
-            out += [o.to_dict() for o in res.get(namespace=namespace, label_selector=label_selector).items]
-        return out
 
     # ---- writes -------------------------------------------------------------------------------
 
@@ -188,9 +195,14 @@ class Cluster:
             raise translated from exc
         meta = result.get("metadata") or {}
         self._applied[meta.get("uid", "")] = writes_digest(result)
+        self._noted(result)
         log.info("Applied %s %s/%s", desired["kind"], desired["metadata"]["namespace"],
                  desired["metadata"]["name"])
         return ApplyResult(result, written=True)
+
+    def _noted(self, written: dict[str, Any]) -> None:
+        if self.cache is not None:
+            self.cache.note(written)
 
     def _server_side_apply(self, res: Any, desired: dict[str, Any]) -> dict[str, Any]:
         obj = self._dyn.server_side_apply(res, body=desired, field_manager=FIELD_MANAGER, force_conflicts=True)
@@ -234,6 +246,7 @@ class Cluster:
         except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
         log.info("Set %s %s/%s replicas to %d", workload["kind"], meta["namespace"], meta["name"], replicas)
+        self._noted(out)
         return out
 
     def delete(self, obj: dict[str, Any]) -> None:
@@ -244,10 +257,13 @@ class Cluster:
             res.delete(name=meta["name"], namespace=meta["namespace"],
                        body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
         except NotFoundError:
-            return
+            pass  # gone already
         except (ApiException, DynamicApiError) as exc:
             raise _translate(exc) from exc
-        log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        else:
+            log.info("Deleted %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
+        if self.cache is not None:
+            self.cache.forget(obj)
 
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
@@ -273,9 +289,10 @@ class Cluster:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
         try:
-            self._dyn.server_side_apply(res.subresources["status"], body=body, name=name,
-                                        namespace=namespace, field_manager=FIELD_MANAGER,
-                                        force_conflicts=True)
+            written = self._dyn.server_side_apply(res.subresources["status"], body=body, name=name,
+                                                  namespace=namespace, field_manager=FIELD_MANAGER,
+                                                  force_conflicts=True)
+            self._noted(written.to_dict())
         except NotFoundError:
             return  # deleted meanwhile: nothing to report on
         except (ApiException, DynamicApiError) as exc:

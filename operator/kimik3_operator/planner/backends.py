@@ -4,10 +4,12 @@ All-to-all (only meaningful when expert parallelism spans data-parallel ranks; v
 then, config/parallel.py): `flashinfer_nvlink_one_sided` while the expert-parallel group stays in
 one NVLink domain, `deepep_v2` when it crosses RDMA (the recipe's choice; it needs GPU-initiated
 RDMA on the NICs, which is why the override exists). On AMD the MORI kernels play these parts.
-MoE kernel: `deep_gemm_mega_moe` for expert parallel layouts (it requires
---enable-expert-parallel and SM100-family Blackwell), `flashinfer_trtllm` for tensor parallel
-Blackwell, Marlin W4A16 on Hopper (no FP4 tensor cores; triton cannot run K3's SiTU experts),
-AITER on MI355X (with VLLM_ROCM_USE_AITER=1, without which vLLM falls back to emulation).
+MoE kernel: `deep_gemm_mega_moe` for expert parallel layouts whose expert group stays inside one
+NVLink domain (it requires --enable-expert-parallel, SM100-family Blackwell and CUDA peer access to
+every rank of the group), `deep_gemm` behind DeepEP v2 when the group crosses RDMA (fabric.py says
+why both), `flashinfer_trtllm` for tensor parallel Blackwell, Marlin W4A16 on Hopper (no FP4
+tensor cores; triton cannot run K3's SiTU experts), AITER on MI355X (with VLLM_ROCM_USE_AITER=1,
+without which vLLM falls back to emulation).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from ..api.reasons import INVALID_SPEC
 from .catalog import GpuSpec
+from .fabric import MEGA_MOE, RDMA_MOE, check_megamoe, check_nvlink_all2all, expert_group_crosses
 from .plan import Layout, PlanningError
 
 
@@ -78,20 +81,23 @@ def uses_all2all(layout: Layout) -> bool:
     return layout.expert and layout.data > 1
 
 
-def default_all2all(gpu: GpuSpec, layout: Layout, crosses_rdma: bool) -> str | None:
+def default_all2all(gpu: GpuSpec, layout: Layout, nvlink_gpus: int) -> str | None:
     if not uses_all2all(layout):
         return None
+    crosses_rdma = expert_group_crosses(layout, nvlink_gpus)
     if gpu.vendor == "amd":
         return "mori_high_throughput" if crosses_rdma else "mori_low_latency"
     return "deepep_v2" if crosses_rdma else "flashinfer_nvlink_one_sided"
 
 
-def default_moe(gpu: GpuSpec, layout: Layout) -> str:
+def default_moe(gpu: GpuSpec, layout: Layout, nvlink_gpus: int) -> str:
     if gpu.vendor == "amd":
         return "aiter"
     if gpu.generation == "hopper":
         return "marlin"
-    return "deep_gemm_mega_moe" if layout.expert else "flashinfer_trtllm"
+    if not layout.expert:
+        return "flashinfer_trtllm"
+    return RDMA_MOE if expert_group_crosses(layout, nvlink_gpus) else MEGA_MOE
 
 
 def _check(kind: str, name: str, rule: BackendRule | None, gpu: GpuSpec, layout: Layout) -> None:
@@ -109,9 +115,10 @@ def _check(kind: str, name: str, rule: BackendRule | None, gpu: GpuSpec, layout:
                                            "(parallelism.expert: true)")
 
 
-def choose_backends(gpu: GpuSpec, layout: Layout, crosses_rdma: bool,
+def choose_backends(gpu: GpuSpec, layout: Layout, nvlink_gpus: int,
                     all2all: str | None, moe: str | None) -> tuple[str | None, str]:
-    """(all2all, moe) for one role: overrides validated against the hardware, else defaults."""
+    """(all2all, moe) for one role: overrides validated against the hardware and the NVLink domain
+    (`nvlink_gpus` GPUs), else defaults."""
     if all2all is not None:
         if not uses_all2all(layout):
             raise PlanningError(
@@ -119,9 +126,22 @@ def choose_backends(gpu: GpuSpec, layout: Layout, crosses_rdma: bool,
                 f"all2all backend {all2all} has no effect: expert parallelism does not span data-parallel "
                 f"ranks in this layout (tensor {layout.tensor}, data {layout.data}, expert {layout.expert})")
         _check("all2all", all2all, ALL2ALL_RULES.get(all2all), gpu, layout)
+        check_nvlink_all2all(all2all, layout, nvlink_gpus)
     if moe is not None:
         if moe in UNSUPPORTED_MOE:
             raise PlanningError(INVALID_SPEC, f"moe backend {moe} {UNSUPPORTED_MOE[moe]}")
         _check("moe", moe, MOE_RULES.get(moe), gpu, layout)
-    return (all2all if all2all is not None else default_all2all(gpu, layout, crosses_rdma),
-            moe if moe is not None else default_moe(gpu, layout))
+        check_megamoe(moe, layout, nvlink_gpus)
+    chosen_moe = moe if moe is not None else default_moe(gpu, layout, nvlink_gpus)
+    chosen_all2all = all2all if all2all is not None else default_all2all(gpu, layout, nvlink_gpus)
+    if all2all is None and chosen_moe == RDMA_MOE and chosen_all2all in NVLINK_A2A_REFUSED_BY_DEEP_GEMM:
+        chosen_all2all = "deepep_v2"  # DeepEP v2 also runs inside one NVLink domain
+    if chosen_moe == RDMA_MOE and chosen_all2all in NVLINK_A2A_REFUSED_BY_DEEP_GEMM:
+        raise PlanningError(INVALID_SPEC, f"moe backend {RDMA_MOE} does not run behind all2all {chosen_all2all} "
+                                          "(vLLM 0.33.0 fused_moe/experts/deep_gemm_moe.py:508-512)")
+    return chosen_all2all, chosen_moe
+
+
+NVLINK_A2A_REFUSED_BY_DEEP_GEMM = frozenset({"flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided",
+                                             "flashinfer_all2allv"})
+"""DeepGemmFP4Experts._supports_parallel_config refuses FlashInfer's NVLink all-to-all kernels."""

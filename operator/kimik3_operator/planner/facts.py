@@ -50,6 +50,8 @@ class PoolFacts:
     """NVLink clique id -> number of nodes in it (NVL72 racks)."""
     rdma_resource: str | None = None
     """An RDMA device resource every node advertises, if any."""
+    rdma_per_node: int | None = None
+    """Units of `rdma_resource` the nodes advertise (the smallest count)."""
     memory_mib: int | None = None
     """GPU memory the nodes' labels report (the smallest), when they report it."""
     arch: str | None = None
@@ -116,6 +118,7 @@ def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]]) 
         gpus_per_node=min(f.gpus for f in picked),
         cliques=dict(Counter(f.clique for f in picked if f.clique)),
         rdma_resource=min(rdma_common) if rdma_common else None,
+        rdma_per_node=min(f.rdma_resources[min(rdma_common)] for f in picked) if rdma_common else None,
         memory_mib=min((f.memory_mib for f in picked if f.memory_mib), default=None),
         arch=Counter(f.arch for f in picked if f.arch).most_common(1)[0][0] if any(f.arch for f in picked) else None,
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..api.reasons import HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, INVALID_SPEC
 from ..kimi_k3 import KDA_HEADS, NUM_EXPERTS
 from .catalog import GpuSpec
+from .fabric import check_pinned_layout, expert_group_crosses
 from .memory import MemoryFit, gb, memory_fit
 from .plan import Layout, PlanningError
 
@@ -35,6 +36,11 @@ class Fabric:
     gpus_per_node: int
     nvlink_gpus: int
     """GPUs in one NVLink domain: the node on HGX, the clique (trays x GPUs) on NVL72."""
+    pinned: bool = False
+    """interconnect NVLink/xGMI: no tensor or expert group may leave the NVLink domain (fabric.py)."""
+
+    def allows(self, layout: Layout) -> bool:
+        return not (self.pinned and expert_group_crosses(layout, self.nvlink_gpus))
 
 
 @dataclass(frozen=True)
@@ -92,19 +98,22 @@ def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
     """The smallest layout that fits; PlanningError naming the shortfall when none does."""
     smallest: tuple[Layout, MemoryFit] | None = None
     for count in range(8, MAX_GPUS_PER_REPLICA + 1, 8):
-        for layout in candidates(role, count, fabric):
+        for layout in filter(fabric.allows, candidates(role, count, fabric)):
             result = fit(fabric, layout, mem)
             if result.fits:
                 return layout
             smallest = smallest or (layout, result)
+    pinned = (f"; interconnect NVLink keeps every expert group inside one NVLink domain of {fabric.nvlink_gpus} "
+              "GPUs (Auto or RDMA allows DEP over RDMA)") if fabric.pinned else ""
     if smallest is None:
         raise PlanningError(HARDWARE_UNSUPPORTED,
-                            f"no {role} layout of whole {fabric.gpus_per_node}-GPU nodes suits {fabric.gpu.product}")
+                            f"no {role} layout of whole {fabric.gpus_per_node}-GPU nodes suits "
+                            f"{fabric.gpu.product}{pinned}")
     layout, result = smallest
     raise PlanningError(
         HARDWARE_UNSUPPORTED,
         f"Kimi K3 does not fit {fabric.gpu.product} at up to {MAX_GPUS_PER_REPLICA} GPUs per replica: "
-        f"{shortfall_text(fabric, layout, result)}",
+        f"{shortfall_text(fabric, layout, result)}{pinned}",
     )
 
 
@@ -117,6 +126,8 @@ def shortfall_text(fabric: Fabric, layout: Layout, result: MemoryFit) -> str:
 def check_layout(role: str, disaggregated: bool, layout: Layout, fabric: Fabric, mem: MemoryInputs) -> None:
     """Reject an explicit layout that vLLM would refuse or that cannot fit; say why."""
     node, domain = fabric.gpus_per_node, fabric.nvlink_gpus
+    if fabric.pinned:
+        check_pinned_layout(layout, domain, node, multi_node=domain > node)
     if layout.tensor > domain:
         raise PlanningError(
             INVALID_SPEC,

@@ -108,6 +108,25 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class RdmaPlan:
+    """How a pool's pods reach its RDMA NICs (fabric.py): spec.pools[].rdma over the nodes' facts."""
+
+    resource: str | None = None
+    """The NICs' extended resource; None when neither the spec nor the nodes name one."""
+    nics_per_gpu: int = 1
+    shared: bool = False
+    """A shared RDMA device (one unit grants every HCA of the node): each pod requests one."""
+    hcas: tuple[str, ...] = ()
+    gid_index: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    """pools[].rdma.env, in the spec's order."""
+
+    def nics(self, gpus: int) -> int:
+        """Units a pod holding `gpus` GPUs requests."""
+        return 0 if self.resource is None else 1 if self.shared else self.nics_per_gpu * gpus
+
+
+@dataclass(frozen=True)
 class RolePlan:
     role: RoleName
     replicas: int
@@ -124,6 +143,16 @@ class RolePlan:
     """Node label every pod of one replica must share (the NVLink clique on NVL72 racks)."""
     crosses_rdma: bool = False
     """The replica's GPUs talk over RDMA between nodes (HGX multi-node)."""
+    expert_dispatch: str | None = None
+    """What really moves tokens to the experts: the all-to-all backend, or the MoE kernel when it
+    dispatches itself (deep_gemm_mega_moe)."""
+    kv_transport: str | None = None
+    """Prefill/decode: NVLink (multi-node NVLink, a ComputeDomain shared with the paired role) or RDMA."""
+    shared_compute_domain: bool = False
+    """The role claims the deployment's one KV ComputeDomain instead of its own."""
+    rdma_nics: int = 0
+    """RDMA NIC units each pod requests (0: the pod's traffic stays on NVLink)."""
+    rdma_resource: str | None = None
     block_size: int | None = None
     """The KV block size vLLM aligns to for this role's tensor parallel size (blocks.py)."""
     replicas_source: str = "spec"
@@ -135,6 +164,15 @@ class RolePlan:
     @property
     def gpus_per_replica(self) -> int:
         return self.layout.gpus
+
+    @property
+    def uses_rdma(self) -> bool:
+        """The pod's traffic leaves its NVLink domain: a replica over RDMA, or KV over RDMA."""
+        return self.crosses_rdma or self.kv_transport == "RDMA"
+
+    @property
+    def rdma_request(self) -> str | None:
+        return f"{self.rdma_nics} x {self.rdma_resource}" if self.rdma_nics and self.rdma_resource else None
 
 
 @dataclass(frozen=True)
@@ -148,7 +186,7 @@ class PoolPlan:
     tolerations: tuple[Mapping[str, Any], ...]
     image: str
     roles: tuple[RolePlan, ...]
-    rdma_resource: str | None = None
+    rdma: RdmaPlan = RdmaPlan()
     vendor: str = "nvidia"
     arch: str = "amd64"
 

@@ -22,6 +22,7 @@ from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
 from .engine_settings import engine_settings
+from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
@@ -39,6 +40,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     operator's default for the scalers (spec.autoscaling.prometheusUrl wins)."""
     engine = engine_settings(spec)
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
+    pools = with_kv_transport(pools, {p.name: p for p in spec.pools}, facts)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
     pools = with_autoscaling(spec, assign_replicas(spec, engine, pools, omitted))
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
@@ -108,7 +110,10 @@ def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
 
 
 def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:
+    """The NVLink domain; `interconnect: NVLink | xGMI` pins tensor and expert groups inside it."""
+    check_interconnect(pool, gpu)
     per_node = pool.gpu.per_node or facts.gpus_per_node or gpu.gpus_per_node
+    pinned = pool.interconnect in ("NVLink", "xGMI")
     if pool.interconnect == "RDMA" or not gpu.multi_node_nvlink:
         nvlink = per_node  # the NVLink domain ends at the node
     elif facts.cliques:
@@ -117,7 +122,7 @@ def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:
         nvlink = per_node  # NVL72 GPUs without clique labels: no proof of a multi-node domain
     else:
         nvlink = gpu.nvlink_domain  # planning ahead of the nodes: a full rack
-    return Fabric(gpu=gpu, gpus_per_node=per_node, nvlink_gpus=nvlink)
+    return Fabric(gpu=gpu, gpus_per_node=per_node, nvlink_gpus=nvlink, pinned=pinned)
 
 
 def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, facts: PoolFacts) -> PoolPlan:
@@ -127,6 +132,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
+    rdma = rdma_plan(pool, facts, fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,
         gpu_product=gpu.product,
@@ -137,7 +143,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         tolerations=tuple(t.wire() for t in pool.tolerations),
         image=pool.image or spec.engine.image or serving_image(gpu),
         roles=roles,
-        rdma_resource=facts.rdma_resource,
+        rdma=rdma,
         vendor=gpu.vendor,
         arch=facts.arch or gpu.arch,
     )
@@ -160,7 +166,7 @@ def plan_role(pool: Pool, name: str, role: Role, fabric: Fabric, disaggregated: 
             layout = Layout(tensor=p.tensor, pipeline=p.pipeline, data=p.data, expert=p.expert)
             check_layout(name, disaggregated, layout, fabric, mem)
         crosses_rdma = layout.gpus > fabric.nvlink_gpus
-        all2all, moe = choose_backends(fabric.gpu, layout, crosses_rdma,
+        all2all, moe = choose_backends(fabric.gpu, layout, fabric.nvlink_gpus,
                                        pool.backends.all2all if pool.backends else None,
                                        pool.backends.moe if pool.backends else None)
     except PlanningError as exc:
@@ -176,6 +182,7 @@ def plan_role(pool: Pool, name: str, role: Role, fabric: Fabric, disaggregated: 
         nodes_per_replica=nodes,
         all2all_backend=all2all,
         moe_backend=moe,
+        expert_dispatch=expert_dispatch(layout, all2all, moe),
         compute_domain=multi_node_nvlink,
         group_topology_key=CLIQUE_LABEL if multi_node_nvlink else None,
         crosses_rdma=crosses_rdma,

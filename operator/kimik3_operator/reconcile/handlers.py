@@ -2,14 +2,16 @@
 
 Create, spec update and resume run the pass in the handler, so kopf's retry semantics apply
 (PermanentError for a spec that cannot be served as written, TemporaryError for API trouble).
-Child events and the periodic resync go through a de-duplicating queue drained by one worker,
-so a burst of LeaderWorkerSet updates costs one pass. There is no kopf timer: timers make kopf
+Child events (from the informers every pass reads from, k8s/cache.py) and the periodic resync
+go through a de-duplicating queue drained by one worker, so a burst of LeaderWorkerSet updates
+costs one pass. There is no kopf timer: timers make kopf
 add a finalizer, which would block deleting a deployment while the operator is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -17,11 +19,20 @@ from typing import Any
 
 import kopf
 
-from ..api import GROUP, KIND, PLURAL, VERSION
-from ..contract.kinds import CHILD_KINDS
+from ..api import GROUP, PLURAL, VERSION
 from ..k8s import UNREACHABLE, Cluster, NotLeaderError, TransientApiError, WriteGuard, api_client
-from ..metrics import APPLIES, DEPLOYMENT_SERIES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESYNCS, PhaseBook
-from ..render.names import MANAGED_BY
+from ..k8s.cache import CacheNotSynced, ClusterCache
+from ..k8s.cluster import api_seconds
+from ..metrics import (
+    APPLIES,
+    DEPLOYMENT_SERIES,
+    RECONCILE_API_SECONDS,
+    RECONCILE_ERRORS,
+    RECONCILE_PURE_SECONDS,
+    RECONCILE_SECONDS,
+    RESYNCS,
+    PhaseBook,
+)
 from .autoscaler import SloScaler
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -29,7 +40,7 @@ from .settings import OperatorConfig
 
 log = logging.getLogger(__name__)
 
-RETRYABLE: tuple[type[Exception], ...] = (TransientApiError, *UNREACHABLE)
+RETRYABLE: tuple[type[Exception], ...] = (TransientApiError, CacheNotSynced, *UNREACHABLE)
 """A pass cut short by the API server (throttled, restarting, unreachable): retried soon."""
 RETRY_SOON: tuple[type[Exception], ...] = (*RETRYABLE, NotLeaderError)
 """Those, and a pass stopped because this replica may not write (it exits or renews within seconds)."""
@@ -38,10 +49,16 @@ RETRY_SOON: tuple[type[Exception], ...] = (*RETRYABLE, NotLeaderError)
 class State:
     """What the handlers share, kept in kopf's memo rather than module globals."""
 
-    def __init__(self, config: OperatorConfig, guard: WriteGuard | None = None) -> None:
+    def __init__(self, config: OperatorConfig, guard: WriteGuard | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.config = config
-        self.cluster = Cluster(api_client(), guard)
         self.queue = WorkQueue()
+        on_child = None
+        if loop is not None:
+            def on_child(namespace: str, name: str) -> None:  # from an informer's thread
+                loop.call_soon_threadsafe(self.queue.put, (namespace, name))
+        self.cache = ClusterCache(api_client(), config.namespaces, on_child).start()
+        self.cluster = Cluster(api_client(), guard, self.cache)
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -56,21 +73,26 @@ class State:
         DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
 
-    def run(self, namespace: str, name: str) -> Outcome:
-        """Reconcile one deployment; passes for the same deployment never overlap."""
+    def run(self, namespace: str, name: str, body: dict[str, Any] | None = None) -> Outcome:
+        """Reconcile one deployment (`body`: kopf's copy, fresher than the cache's); passes for the
+        same deployment never overlap."""
         with self._guard:
             lock = self._locks.setdefault((namespace, name), threading.Lock())
         with lock:
             started, result = time.monotonic(), "error"
+            api_seconds()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
-                                    scaler=self.scaler)
+                                    scaler=self.scaler, body=body)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
-                RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
+                took, waited = time.monotonic() - started, api_seconds()
+                RECONCILE_SECONDS.labels(result).observe(took)
+                RECONCILE_API_SECONDS.observe(waited)
+                RECONCILE_PURE_SECONDS.observe(max(0.0, took - waited))
             self.phases.record((namespace, name), outcome.phase)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
@@ -89,7 +111,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     config = memo.get("config") or OperatorConfig.from_env()
     config.apply(settings)
     # API discovery blocks: keep it off the loop. The guard is the leader election's, if any.
-    state = await asyncio.to_thread(State, config, memo.get("guard"))
+    state = await asyncio.to_thread(State, config, memo.get("guard"), asyncio.get_running_loop())
     memo["state"] = state
     state.worker = asyncio.create_task(_drain(state), name="kimik3-resync")
 
@@ -99,14 +121,16 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     state = memo.get("state")
     if state is not None and state.worker is not None:
         state.worker.cancel()
+    if state is not None:
+        state.cache.stop()
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+def on_deployment(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:
-        outcome = _state(memo).run(namespace, name)
+        outcome = _state(memo).run(namespace, name, copy.deepcopy(dict(body)))
     except RETRY_SOON as exc:
         # kopf's own delay for other exceptions is 60 s: a pass cut by an API server restart
         # would hold back the next spec change that long.
@@ -117,31 +141,19 @@ def on_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         raise kopf.PermanentError(f"{outcome.error.reason}: {outcome.error.message}")
 
 
-def _on_watched_children(handler: Any) -> Any:
-    """`handler` for the events of our objects of every watched child kind."""
-    for child in CHILD_KINDS:
-        if child.watched:
-            handler = kopf.on.event(child.group, child.version, child.plural,
-                                    labels={"app.kubernetes.io/managed-by": MANAGED_BY})(handler)
-    return handler
-
-
-@_on_watched_children
-async def on_child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    for ref in body.metadata.get("ownerReferences") or []:
-        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            _state(memo).queue.put((body.metadata["namespace"], ref["name"]))
-
-
 async def _drain(state: State) -> None:
     """Reconcile queued deployments; every resync interval, all of them.
 
     The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
     failing (requeued every retry interval) or a steady stream of child events would otherwise
-    postpone every other deployment's drift repair and node re-plan forever.
+    postpone every other deployment's drift repair and node re-plan forever. Up to
+    `config.workers` deployments are reconciled at once (never one deployment twice at once:
+    State.run's lock): a pass mostly waits on the API server, and a fleet's passes one after the
+    other were slower than kubectl applying the same objects (bench/control_plane.py).
     """
     loop = asyncio.get_running_loop()
     due = loop.time() + state.config.resync_seconds
+    workers = asyncio.Semaphore(state.config.workers)
     while True:
         scaler_wait, _ = state.scaler.next_due()
         keys = await state.queue.take(timeout=max(0.0, min(due - loop.time(), scaler_wait))) or set()
@@ -149,23 +161,23 @@ async def _drain(state: State) -> None:
         resync = loop.time() >= due
         if resync:
             due = loop.time() + state.config.resync_seconds
-            try:
-                listed = set(await asyncio.to_thread(state.cluster.list_deployments, state.config.namespaces))
-                state.forget_all_but(listed)
-                keys |= listed
-            except Exception:
-                log.exception("Listing KimiK3Deployments for resync failed")
-                resync = False
-        for namespace, name in sorted(keys):
-            try:
-                await asyncio.to_thread(state.run, namespace, name)
-            except NotLeaderError as exc:
-                log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
-                state.queue.put_later((namespace, name), state.config.retry_seconds)
-            except Exception:
-                log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name,
-                              state.config.retry_seconds)
-                state.queue.put_later((namespace, name), state.config.retry_seconds)
+            listed = set(state.cache.deployment_keys())
+            state.forget_all_but(listed)
+            keys |= listed
+        await asyncio.gather(*(_pass(state, key, workers) for key in sorted(keys)))
         if resync:
             # What a test or a dashboard waits on to know every deployment had one more pass.
             RESYNCS.inc()
+
+
+async def _pass(state: State, key: tuple[str, str], workers: asyncio.Semaphore) -> None:
+    namespace, name = key
+    async with workers:
+        try:
+            await asyncio.to_thread(state.run, namespace, name)
+        except NotLeaderError as exc:
+            log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
+            state.queue.put_later(key, state.config.retry_seconds)
+        except Exception:
+            log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name, state.config.retry_seconds)
+            state.queue.put_later(key, state.config.retry_seconds)

@@ -25,7 +25,7 @@ from ..planner.capacity import gpus_used, shortfalls
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
-from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label, selector
+from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .pairing import leader_endpoints, serving_hash
 from .status import compute_status, transitions
@@ -63,9 +63,12 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
-              tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None) -> Outcome:
+              tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
+              body: dict[str, Any] | None = None) -> Outcome:
+    """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache."""
     outcome = Outcome()
-    body = cluster.get_deployment(namespace, name)
+    seen = cluster.observe(namespace, name, deployment_label(Owner(name=name, namespace=namespace, uid="")), body)
+    body = seen.deployment
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return outcome  # gone or going: garbage collection removes the children
     meta = ObjectMeta.model_validate(body["metadata"])
@@ -83,27 +86,20 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         cr = KimiK3Deployment.model_validate(body)
     except ValidationError as exc:
         return fail(PlanningError(INVALID_SPEC, first_error(exc)))
-    nodes = cluster.list_nodes()
-    facts = {pool.name: pool_facts(pool.node_selector, nodes) for pool in cr.spec.pools}
-    pods: list[dict[str, Any]] | None = None
-    if any(not f.nodes for f in facts.values()):  # only then do pods matter before planning
-        pods = cluster.list_active_pods()
-
-    def own(pod: dict[str, Any]) -> bool:
-        return (pod["metadata"].get("namespace") == namespace
-                and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
+    facts = {pool.name: pool_facts(pool.node_selector, seen.nodes) for pool in cr.spec.pools}
+    own_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
     try:
-        _check_not_stranded(cr, facts, [p for p in pods or [] if own(p)])
+        _check_not_stranded(cr, facts, own_pods)
         plan = plan_deployment(cr.spec, facts, prometheus_url=scaler.prometheus_url if scaler else None)
     except PlanningError as exc:
         return fail(exc)
 
-    active_pods = cluster.list_active_pods() if pods is None else pods
-    used = gpus_used(active_pods, own)
-    own_pods = [p for p in active_pods if own(p)]
-
-    live = {_key(o): o for o in cluster.list_children(namespace, selector(owner))}
+    mine = deployment_label(owner)
+    used = gpus_used(seen.active_pods, lambda pod: (
+        pod["metadata"].get("namespace") == namespace
+        and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == mine))
+    live = {_key(o): o for o in seen.children}
     current: dict[tuple[str, str], dict[str, Any]] = {}
     try:
         # Weights first: nothing new serves until its checkpoints are staged at a known commit.
@@ -111,7 +107,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         _apply_all(cluster, desired, live, current, outcome)
         jobs = {n: o for (k, n), o in current.items() if k == JOB.kind}
         progress = {n: o for (k, n), o in current.items() if k == CONFIG_MAP.kind}
-        job_pods = cluster.list_pods(namespace, f"{selector(owner)},{COMPONENT_LABEL}=weights")
+        job_pods = [p for p in seen.pods if (p["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "weights"]
         weights = weights_state(owner, plan.weights, jobs, job_pods, progress, previous.weights if previous else ())
         wanted = {_key(o) for o in desired}
         plan = with_staged(plan, weights.commits) if weights.all_staged else plan

@@ -18,6 +18,8 @@ class OperatorConfig:
     """Every deployment is reconciled at least this often (drift repair, node changes)."""
     retry_seconds: float = 10.0
     """Delay before retrying a pass that failed on an API error."""
+    workers: int = 4
+    """Deployments reconciled at once by the resync worker (each pass mostly waits on the API server)."""
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; all when empty."""
     metrics_port: int | None = None
@@ -34,11 +36,12 @@ class OperatorConfig:
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
                  lease: LeaseConfig | None = None, prometheus_url: str | None = None,
                  resync_seconds: float | None = None, retry_seconds: float | None = None,
-                 tools_image: str | None = None) -> OperatorConfig:
+                 workers: int | None = None, tools_image: str | None = None) -> OperatorConfig:
         """The settings given (`kimik3 run`'s flags), else their environment variable, else the default."""
         return cls(
             resync_seconds=resync_seconds or float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=retry_seconds or float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
+            workers=workers or max(1, int(os.environ.get("KIMIK3_WORKERS", cls.workers))),
             tools_image=tools_image or os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,

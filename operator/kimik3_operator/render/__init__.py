@@ -9,7 +9,7 @@ from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
 from .autoscalers import scalers
-from .compute_domain import compute_domain
+from .compute_domain import compute_domain, role_domain_name
 from .names import Owner, stamp_hash
 from .router import RoleEndpoints, router_children
 from .services import leader_service
@@ -28,9 +28,11 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
     `paired_hash` (default: the plan's own), the routers list the `endpoints` (the ready leaders the
     reconciler saw). Nothing here depends on the operator's version."""
     children: list[dict[str, Any]] = []
+    domains: set[str] = set()
     for pool, role in plan.role_plans():
         children.append(leader_service(owner, pool, role, paired_hash or plan.compat_hash))
-        if role.compute_domain:
+        if role.compute_domain and (domain := role_domain_name(owner, pool, role)) not in domains:
+            domains.add(domain)  # prefill and decode may share one
             children.append(compute_domain(owner, pool, role))
         children.append(leader_worker_set(owner, plan, pool, role))
     return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, endpoints))

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import GROUP, KIND, VERSION
-from ..contract.names import ANNOTATION_HASH
+from ..contract.names import ANNOTATION_HASH, MANAGED_BY_LABEL
+from ..contract.names import LABEL_DEPLOYMENT as LABEL_DEPLOYMENT
+from ..contract.names import MANAGED_BY as MANAGED_BY
 
-MANAGED_BY = "kimik3-operator"
-LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_POOL = f"{GROUP}/pool"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPAT = f"{GROUP}/compat-hash"
@@ -80,7 +80,7 @@ def labels(owner: Owner, pool: str | None = None, role: str | None = None) -> di
     out = {
         "app.kubernetes.io/name": "kimi-k3",
         "app.kubernetes.io/instance": deployment_label(owner),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
         "app.kubernetes.io/part-of": "kimik3",
         LABEL_DEPLOYMENT: deployment_label(owner),
     }
@@ -94,7 +94,7 @@ def labels(owner: Owner, pool: str | None = None, role: str | None = None) -> di
 
 def selector(owner: Owner) -> str:
     """Label selector that finds every child of one deployment."""
-    return f"{LABEL_DEPLOYMENT}={deployment_label(owner)},app.kubernetes.io/managed-by={MANAGED_BY}"
+    return f"{LABEL_DEPLOYMENT}={deployment_label(owner)},{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 
 def object_meta(owner: Owner, name: str, pool: str | None, role: str | None) -> dict[str, Any]:

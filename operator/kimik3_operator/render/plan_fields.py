@@ -36,6 +36,9 @@ ROLE_FIELDS = {
     "all2all_backend": "all2all_backend",
     "moe_backend": "moe_backend",
     "compute_domain": "compute_domain",
+    "expert_dispatch": "expert_dispatch",
+    "kv_transport": "kv_transport",
+    "rdma_nics": "rdma_request",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
 from ..planner import Plan, PoolPlan, RolePlan
-from .compute_domain import CLAIM_NAME, pod_claims
+from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
+from .rdma import fabric_env
 from .weights import serving_mounts, serving_volumes, wait_containers
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -101,37 +102,36 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
         spec["tolerations"] = [dict(t) for t in pool.tolerations]
     if role.compute_domain:
         spec["resourceClaims"] = pod_claims(owner, pool, role)
+    terms = [kv_domain_affinity(owner)] if role.shared_compute_domain else []
     if role.group_topology_key:
-        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        terms.append({
             "labelSelector": {"matchLabels": {LWS_NAME_LABEL: lws_name}},
             "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
             "topologyKey": role.group_topology_key,
-        }]}}
+        })
+    if terms:
+        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
     return {"metadata": {"labels": pod_labels}, "spec": spec}
-
-
-def uses_rdma(pool: PoolPlan, role: RolePlan) -> bool:
-    """Traffic leaves the node over the NICs: a replica spanning HGX nodes, or NIXL KV transfer."""
-    return pool.rdma_resource is not None and (role.crosses_rdma or role.role in ("prefill", "decode"))
 
 
 def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
     engine = plan.engine
     resources = {pool.gpu_resource: str(role.gpus_per_pod)}
-    if uses_rdma(pool, role) and pool.rdma_resource:
-        resources[pool.rdma_resource] = "1"
+    if role.rdma_nics and role.rdma_resource:
+        resources[role.rdma_resource] = str(role.rdma_nics)  # planner/fabric.py rule 5
     out: dict[str, Any] = {
         "name": "vllm",
         "image": pool.image,
         "command": engine_args(role, engine, worker=worker, scale_out=plan.router_tokenizes(pool.name, role.role)),
-        "env": engine_env(role, engine, worker=worker, vendor=pool.vendor),
+        "env": engine_env(role, engine, worker=worker, vendor=pool.vendor)
+               + fabric_env(pool, role, taken=(name for name, _ in engine.env)),
         "resources": {"limits": dict(resources), "requests": dict(resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         # The endpoints controller needs a moment to stop routing here before vLLM starts draining.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
     }
     out["securityContext"] = {"allowPrivilegeEscalation": False}  # root, see pod_security
-    if uses_rdma(pool, role):
+    if role.rdma_nics:
         # RDMA registers (pins) GPU and host memory: verbs need IPC_LOCK.
         out["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
     if role.compute_domain:

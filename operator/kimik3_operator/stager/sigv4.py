@@ -5,6 +5,17 @@ Why not boto3: botocore pins ``python-dateutil<3`` while the operator's pinned `
 calls (ListObjectsV2, HeadObject, ranged GetObject, and STS for web identity), so it signs them itself.
 The signer is checked against AWS's published example (tests/stager/test_sigv4.py).
 
+Why not obstore (0.12.1, object_store 0.14.2; measured against tests/stager/fake_s3.py, 2026-12): its
+listing, ranged and conditional GETs work, but (1) it follows a 307 to another origin and sends the session
+token (``x-amz-security-token``) there: IRSA and Pod Identity credentials would leave the endpoint (attack
+5 in tests/security/test_stager_token_origin.py); no client option turns redirects off; (2) ``head``/``get``
+expose only size, ETag, Last-Modified and Content-* attributes, not ``x-amz-server-side-encryption`` nor
+``x-amz-checksum-sha256``, and there is no ``partNumber``: SSE-KMS objects and multipart ETags could no
+longer be checked (see s3.py); (3) its constructors read the process environment, ``AWS_ENDPOINT_URL`` and
+``AWS_ALLOW_HTTP`` included, which attack 3 forbids; (4) its web identity exchange refuses a plain-http
+STS endpoint even with ``allow_http`` (no loopback test of IRSA) and rejects the ``sts_endpoint`` key its
+own stubs document.
+
 Credentials, in the order boto3 uses for a pod: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
 (+ ``AWS_SESSION_TOKEN``); web identity (IRSA: ``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE``);
 container credentials (EKS Pod Identity / ECS: ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` or

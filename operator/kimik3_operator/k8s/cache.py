@@ -1,0 +1,175 @@
+"""What a reconcile pass reads, held current by one informer per kind (informer.py).
+
+Why informers of our own rather than kopf indexes: a pass runs on the resync worker, outside any
+kopf handler, where kopf's indexes are not handed over; an index also cannot tell a pass that a
+relist after a watch gap dropped an object. One informer per kind (per watched namespace for the
+children, whose rights may be a Role per namespace) gives the pass a consistent view, the relist
+diff, and write-through of our own writes, in ~250 lines on the kubernetes client.
+
+The kinds: the KimiK3Deployments (resync keys, bodies), nodes (planning facts), every namespace's
+pods that hold resources (GPU capacity: a field selector keeps finished pods out), this operator's
+own pods in every phase (a staging pod's termination message outlives its run), and every child
+kind, selected by the managed-by label and indexed by deployment. Events of the child kinds the
+registry flags `watched` start a pass of their owner (`on_child`), after the store took them in,
+so that pass sees the change that triggered it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from ..api import GROUP, KIND, VERSION
+from ..contract.kinds import BY_KIND, CHILD_KINDS, ChildKind
+from ..contract.names import LABEL_DEPLOYMENT, MANAGED_BY, MANAGED_BY_LABEL
+from .informer import Informer, Key, Watched, key_of
+
+log = logging.getLogger(__name__)
+
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+OURS = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+SYNC_SECONDS = 60.0
+"""How long a pass waits for the first lists before it gives up (retried like an API error)."""
+
+
+class CacheNotSynced(Exception):
+    """A pass needed a kind whose first list has not arrived (API server unreachable, rights missing)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one pass reads, taken once at its start."""
+
+    deployment: dict[str, Any] | None
+    nodes: Sequence[dict[str, Any]] = ()
+    active_pods: Sequence[dict[str, Any]] = ()
+    """Every namespace's pods that hold (or wait for) resources: GPU capacity."""
+    children: Sequence[dict[str, Any]] = ()
+    """This deployment's objects of every child kind."""
+    pods: Sequence[dict[str, Any]] = field(default_factory=tuple)
+    """This deployment's pods in every phase (serving, router, staging)."""
+
+
+def _deployment_index(obj: dict[str, Any]) -> Hashable | None:
+    meta = obj.get("metadata") or {}
+    value = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
+    return (meta.get("namespace") or "", value) if value else None
+
+
+def owner_of(obj: dict[str, Any]) -> Key | None:
+    """The KimiK3Deployment that controls `obj`, if one does."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return meta.get("namespace") or "", ref.get("name") or ""
+    return None
+
+
+class ClusterCache:
+    """The informers a running operator reads from. `on_child(namespace, name)` is called from an
+    informer thread when a watched child of that deployment changed."""
+
+    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...] = (),
+                 on_child: Callable[[str, str], None] | None = None, **informer_args: Any) -> None:
+        dyn = DynamicClient(api)
+        self._on_child = on_child
+        scopes: tuple[str | None, ...] = namespaces or (None,)
+
+        def informer(watched: Watched, **kw: Any) -> Informer:
+            return Informer(dyn, watched, **kw, **informer_args)
+
+        self.deployments = [informer(Watched(f"{GROUP}/{VERSION}", KIND, ns, keep_managed_fields=True))
+                            for ns in scopes]
+        self.nodes = informer(Watched("v1", "Node"))
+        self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS))
+        self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=_deployment_index)
+        self.children: dict[str, list[Informer]] = {
+            kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS, keep_managed_fields=True),
+                                 index=_deployment_index, listener=self._listener(kind)) for ns in scopes]
+            for kind in CHILD_KINDS}
+
+    def _listener(self, kind: ChildKind) -> Callable[[str, dict[str, Any]], None] | None:
+        if not kind.watched or self._on_child is None:
+            return None
+        on_child = self._on_child
+
+        def listen(_: str, obj: dict[str, Any]) -> None:
+            if (owner := owner_of(obj)) is not None:
+                on_child(*owner)
+        return listen
+
+    def informers(self) -> list[Informer]:
+        return [*self.deployments, self.nodes, self.active_pods, self.own_pods,
+                *(i for group in self.children.values() for i in group)]
+
+    def start(self) -> ClusterCache:
+        for inf in self.informers():
+            inf.start()
+        return self
+
+    def stop(self) -> None:
+        for inf in self.informers():
+            inf.stop()
+
+    def wait_synced(self, timeout: float = SYNC_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        for inf in self.informers():
+            if not inf.synced.wait(max(0.0, deadline - time.monotonic())):
+                raise CacheNotSynced(f"no list of {inf.watched.describe()} yet"
+                                     + (f": {inf.last_error}" if inf.last_error else ""))
+
+    # ---- reads ----------------------------------------------------------------------------------
+
+    def deployment_keys(self) -> list[Key]:
+        return [k for inf in self.deployments for k in inf.keys()]
+
+    def observe(self, namespace: str, name: str, label: str, body: dict[str, Any] | None = None) -> Observation:
+        """The pass's view of deployment `name`, whose children carry LABEL_DEPLOYMENT=`label`;
+        `body` when the caller holds a fresher copy (kopf's, in a create or update handler).
+        Children and this deployment's pods are copies (a pass may build on them); nodes and
+        other pods are shared and read only."""
+        self.wait_synced()
+        if body is not None:
+            # Into the store, newest wins: a later pass started by a child event must not read an
+            # older spec than this one did (and re-apply what this pass replaced).
+            self.note(body)
+        body = next((found for inf in self.deployments if (found := inf.get((namespace, name)))), None)
+        if body is None:
+            return Observation(deployment=None)
+        mark = (namespace, label)
+        children = [o for group in self.children.values() for inf in group for o in inf.indexed(mark)]
+        return Observation(
+            deployment=copy.deepcopy(body), nodes=self.nodes.items(), active_pods=self.active_pods.items(),
+            children=copy.deepcopy(children), pods=copy.deepcopy(self.own_pods.indexed(mark)))
+
+    # ---- our own writes -------------------------------------------------------------------------
+
+    def _stores(self, obj: dict[str, Any]) -> list[Informer]:
+        kind, namespace = obj.get("kind", ""), (obj.get("metadata") or {}).get("namespace")
+        if kind == KIND:
+            group = self.deployments
+        elif kind in BY_KIND:
+            group = self.children[kind]
+        else:
+            return []
+        return [i for i in group if i.watched.namespace in (None, namespace)]
+
+    def note(self, obj: dict[str, Any]) -> None:
+        for inf in self._stores(obj):
+            if not inf.served:
+                inf.wake()  # the kind is served after all: follow it from now on
+            inf.note(obj)
+
+    def forget(self, obj: dict[str, Any]) -> None:
+        for inf in self._stores(obj):
+            inf.forget(obj)
+
+
+__all__ = ["ACTIVE_PODS", "OURS", "CacheNotSynced", "ClusterCache", "Observation", "key_of", "owner_of"]
