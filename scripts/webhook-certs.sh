@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make a CA and a serving certificate for an operator that runs outside the cluster on loopback
-# (the local cluster, e2e tests, the demo), and print the CA as the chart's webhook.caBundle.
-# In a real cluster the chart makes its own (templates/webhook.yaml).
+# (the local cluster, the demo), and print the CA as the chart's webhook.caBundle.
+# In a cluster the operator keeps its own (k8s/webhook_cert.py), or cert-manager does (webhook.certManager);
+# the e2e suite has the host operator keep its own too (e2e/tests/conftest.py).
 #
 #   scripts/webhook-certs.sh DIR     -> DIR/{ca.crt,tls.crt,tls.key}; stdout: base64 of ca.crt
 set -euo pipefail

@@ -4,6 +4,7 @@ with the real helm, and the operator as a host process acting as the chart's Ser
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from .kube import CLUSTER_SH, ROOT, kubectl, wait_for
+from .kube import CLUSTER_SH, ROOT, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, free_port, prometheus_targets
 from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
 from .stager import Stager
@@ -56,6 +57,16 @@ SERVICE_ACCOUNT = "kimik3-operator"  # the chart's full name for this release na
 LEASE = SERVICE_ACCOUNT  # the chart names the leader election Lease like the release
 OPERATOR_PODS = ("kimik3-operator-a", "kimik3-operator-b")  # the chart's default: 2 replicas
 CRD = "crd/kimik3deployments.serving.kimik3.dev"
+WEBHOOK_CONFIGURATION = SERVICE_ACCOUNT  # the chart names the ValidatingWebhookConfiguration like the release
+WEBHOOK_CERT_SECRET = f"{SERVICE_ACCOUNT}-webhook-cert"  # where the operator keeps the webhook's certificate
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 WEBHOOK_VALUES: list[str] = []
@@ -89,13 +100,11 @@ def cluster() -> Iterator[dict[str, str]]:
 def chart(cluster: dict[str, str]) -> Iterator[str]:
     """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
     os.environ["KIMIK3_E2E_STARTED"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    certs = Path(os.environ.get("KIMIK3_STATE") or Path(cluster["KUBECONFIG"]).parent) / "webhook"
-    ca_bundle = subprocess.run([str(ROOT / "scripts" / "webhook-certs.sh"), str(certs)], capture_output=True,
-                               text=True, check=True).stdout.strip()
     port = free_port()
-    os.environ.update(KIMIK3_E2E_WEBHOOK_PORT=str(port), KIMIK3_E2E_WEBHOOK_CERTS=str(certs))
-    WEBHOOK_VALUES[:] = ["--set", f"webhook.url=https://127.0.0.1:{port}/validate",
-                         "--set", f"webhook.caBundle={ca_bundle}"]
+    os.environ.update(KIMIK3_E2E_WEBHOOK_PORT=str(port))
+    # No caBundle: the operator keeps the certificate (for 127.0.0.1) and sets the caBundle, as in a
+    # cluster; the chart renders the rights it needs for that.
+    WEBHOOK_VALUES[:] = ["--set", f"webhook.url=https://127.0.0.1:{port}/validate"]
     helm("upgrade", "--install", RELEASE, str(CHART), "-n", CHART_NAMESPACE, "--create-namespace")
     kubectl("wait", "--for=condition=Established", CRD, "--timeout=60s")
     yield RELEASE
@@ -132,16 +141,24 @@ def replicas(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactor
         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     # A Lease left by an earlier run on this cluster would skip the create the RBAC test expects.
     kubectl("-n", CHART_NAMESPACE, "delete", "lease", LEASE, "--ignore-not-found")
+    # Likewise the webhook certificate's Secret (the RBAC test expects its create).
+    kubectl("-n", CHART_NAMESPACE, "delete", "secret", WEBHOOK_CERT_SECRET, "--ignore-not-found")
     env = {**os.environ, "KIMIK3_RESYNC_SECONDS": "5", "KIMIK3_RETRY_SECONDS": "2"}
-    certs = Path(os.environ["KIMIK3_E2E_WEBHOOK_CERTS"])
     # The chart's webhook URL names one loopback port: the first replica serves it (in a cluster
-    # every replica does, behind the webhook Service).
+    # every replica does, behind the webhook Service), with the certificate it keeps in the Secret.
     webhook = ["--webhook-host", "127.0.0.1", "--webhook-port", os.environ["KIMIK3_E2E_WEBHOOK_PORT"],
-               "--webhook-cert", str(certs / "tls.crt"), "--webhook-key", str(certs / "tls.key")]
+               "--webhook-cert-secret", WEBHOOK_CERT_SECRET, "--webhook-configuration", WEBHOOK_CONFIGURATION,
+               "--webhook-cert-host", "127.0.0.1", "--webhook-cert-check-seconds", "2"]
     group = Replicas(folder, operator_kubeconfig, LEASE, CHART_NAMESPACE, env, free_port,
                      extra_args={OPERATOR_PODS[0]: webhook})
     try:
         group.start_all(OPERATOR_PODS)
+        # Until the caBundle is set and the webhook listens, the API server admits unchecked
+        # (failurePolicy Ignore): the webhook tests need both.
+        wait_for("the operator's caBundle on the webhook configuration",
+                 lambda: (get_json("validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)["webhooks"][0]
+                          ["clientConfig"].get("caBundle")), timeout=60)
+        wait_for("the webhook listening", lambda: _listening(int(os.environ["KIMIK3_E2E_WEBHOOK_PORT"])), timeout=60)
         yield group
     finally:
         group.stop_all()

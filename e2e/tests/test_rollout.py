@@ -43,7 +43,8 @@ def test_paired_roles_switch_revision_together_without_losing_capacity(operator:
     old = cr["status"]["engine"]["compatibilityHash"]
     assert set(_state(namespace)["selected"].values()) == {old}
 
-    body["spec"]["engine"] = {"kvCacheDtype": "fp8"}  # enters the P/D compatibility hash
+    # enters the P/D compatibility hash (fp8 is the default on these Blackwell pools)
+    body["spec"]["engine"] = {"kvCacheDtype": "auto"}
     apply(body)
     samples = []
     deadline = time.monotonic() + 240

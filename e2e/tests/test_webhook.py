@@ -1,10 +1,12 @@
-"""The validating webhook on the real API server (served by the host operator on loopback): what the
-spec alone makes impossible is refused at `kubectl apply` with the planner's reason and nothing is
-stored; what depends on the nodes is admitted and answered by a status condition."""
+"""The validating webhook on the real API server (served by the host operator on loopback, with the
+certificate it keeps itself): what the spec alone makes impossible is refused at `kubectl apply`
+with the planner's reason and nothing is stored; what depends on the nodes is admitted and
+answered by a status condition."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import yaml
 from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY, NO_MATCHING_NODES
 from tests.support.cases import base_deployment
 
+from .conftest import CHART_NAMESPACE, WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION
 from .kube import condition, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -71,3 +74,40 @@ def test_a_known_trap_is_refused_until_accepted(operator: Path, namespace: str) 
     assert code == 0, err
     stored = json.loads(kubectl("get", "kimik3deployment", "k3-trap", "-n", namespace, "-o", "json").stdout)
     assert stored["spec"]["experimental"]["acceptKnownIssues"] == ["vllm#52627"]
+
+
+def _secret_material() -> dict[str, str]:
+    return get_json("secret", WEBHOOK_CERT_SECRET, "-n", CHART_NAMESPACE)["data"]  # type: ignore[no-any-return]
+
+
+def _ca_bundle() -> str | None:
+    config = get_json("validatingwebhookconfiguration", WEBHOOK_CONFIGURATION)
+    return config["webhooks"][0]["clientConfig"].get("caBundle")  # type: ignore[no-any-return]
+
+
+def test_the_operator_keeps_the_certificate_and_the_ca_bundle(operator: Path, namespace: str) -> None:
+    """The chart renders no key material: the operator made the CA and certificate into its Secret
+    (owned by the webhook configuration, so an uninstall removes it), set the caBundle, sets it
+    back when it is changed, and renews a certificate that does not fit under the same CA, with
+    no restart (the server reloads the files)."""
+    secret = get_json("secret", WEBHOOK_CERT_SECRET, "-n", CHART_NAMESPACE)
+    assert [o["kind"] for o in secret["metadata"]["ownerReferences"]] == ["ValidatingWebhookConfiguration"]
+    data = secret["data"]
+    assert _ca_bundle() == data["ca.crt"]
+    kubectl("patch", "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION, "--type=json", "-p",
+            json.dumps([{"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": "QUJD"}]))
+    wait_for("the caBundle set back", lambda: _ca_bundle() == data["ca.crt"], timeout=30)
+    # a certificate of no use (its own key for the CA's): renewed, the CA kept
+    kubectl("patch", "secret", WEBHOOK_CERT_SECRET, "-n", CHART_NAMESPACE, "--type=merge", "-p",
+            json.dumps({"data": {"tls.crt": data["ca.crt"], "tls.key": data["ca.key"]}}))
+
+    def renewal() -> dict[str, str] | None:
+        material = _secret_material()
+        return material if material["tls.crt"] not in (data["tls.crt"], data["ca.crt"]) else None
+
+    renewed = wait_for("the certificate renewed", renewal, timeout=30)
+    assert (renewed["ca.crt"], renewed["ca.key"]) == (data["ca.crt"], data["ca.key"])
+    assert _ca_bundle() == data["ca.crt"]
+    time.sleep(6)  # the server's reload period (Limits.reload_seconds) and then some
+    code, err = _apply(_body(namespace, "k3-after-renewal", "H100"))
+    assert code != 0 and "denied the request: InsufficientMemory" in err, err

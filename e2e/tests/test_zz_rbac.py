@@ -1,7 +1,8 @@
 """Least privilege, measured: the ClusterRole the chart installs grants exactly the (group,
 resource, verb) triples the audit log shows the operator using while the e2e suite ran as the
-chart's ServiceAccount, and so does the Role in the release namespace (the leader election
-Lease). Runs after the other e2e tests (file order), before the uninstall."""
+chart's ServiceAccount, and so do the Role in the release namespace (the leader election
+Lease) and the webhook certificate's Role and ClusterRole (its Secret, the caBundle). Runs after
+the other e2e tests (file order), before the uninstall."""
 
 from __future__ import annotations
 
@@ -19,16 +20,26 @@ pytestmark = pytest.mark.e2e
 USER = f"system:serviceaccount:{CHART_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
-def used_triples(audit_log: Path, since: str, lease_role: bool = False) -> set[tuple[str, str, str]]:
+def part(ref: dict[str, str]) -> str:
+    """Which of the chart's roles grants a request on `ref`."""
+    if ref.get("namespace") == CHART_NAMESPACE and ref["resource"] in ("leases", "secrets"):
+        return "lease" if ref["resource"] == "leases" else "webhook-cert"
+    return "webhook-cert" if ref["resource"] == "validatingwebhookconfigurations" else "cluster"
+
+
+def used_triples(audit_log: Path, since: str, lease_role: bool = False,
+                 webhook_cert: bool = False) -> set[tuple[str, str, str]]:
     """What the operator did on the Leases of the release namespace (the Role's part) when
-    `lease_role`, else everything else (the ClusterRole's part)."""
+    `lease_role`, on the webhook certificate's Secret and configuration when `webhook_cert`, else
+    everything else (the ClusterRole's part)."""
+    wanted = "lease" if lease_role else "webhook-cert" if webhook_cert else "cluster"
     used = set()
     for line in audit_log.read_text().splitlines():
         event = json.loads(line)
         ref = event.get("objectRef") or {}
         if (event.get("user") or {}).get("username") != USER or not ref.get("resource"):
             continue
-        if (ref["resource"] == "leases" and ref.get("namespace") == CHART_NAMESPACE) != lease_role:
+        if part(ref) != wanted:
             continue
         if event["requestReceivedTimestamp"][:19] < since:
             continue
@@ -64,3 +75,19 @@ def test_leader_election_role_equals_what_the_operator_used(operator: Path, clus
     # reads and renewals are limited to the one Lease (create cannot be: RBAC sees no name)
     role = get_json("role", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
     assert [r.get("resourceNames") for r in role["rules"]] == [None, [SERVICE_ACCOUNT]]
+
+
+def test_webhook_certificate_roles_equal_what_the_operator_used(operator: Path, cluster: dict[str, str]) -> None:
+    audit_log = Path(cluster["KUBECONFIG"]).parent / "audit.log"
+    used = used_triples(audit_log, os.environ["KIMIK3_E2E_STARTED"], webhook_cert=True)
+    name = f"{SERVICE_ACCOUNT}-webhook-cert"
+    granted = granted_triples("role", name, "-n", CHART_NAMESPACE) | granted_triples("clusterrole", name)
+    # create (the first round), get (every round), update (the renewal test_webhook.py provokes);
+    # get and patch of the caBundle
+    assert used == granted == {("", "secrets", "create"), ("", "secrets", "get"), ("", "secrets", "update"),
+                               ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get"),
+                               ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch")}
+    # reads and writes are limited to the one Secret and the one configuration (create cannot be)
+    role = get_json("role", name, "-n", CHART_NAMESPACE)
+    assert [r.get("resourceNames") for r in role["rules"]] == [None, [name]]
+    assert [r["resourceNames"] for r in get_json("clusterrole", name)["rules"]] == [[SERVICE_ACCOUNT]]

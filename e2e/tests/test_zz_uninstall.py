@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, helm
-from .kube import kubectl
+from .conftest import CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_CERT_SECRET, helm
+from .kube import kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -18,3 +18,6 @@ def test_uninstall_keeps_the_crd(chart: str) -> None:
         assert kubectl("get", kind, SERVICE_ACCOUNT, check=False).returncode != 0
     for kind in ("deployment", "role", "rolebinding"):
         assert kubectl("-n", CHART_NAMESPACE, "get", kind, SERVICE_ACCOUNT, check=False).returncode != 0
+    # the Secret the operator made for the webhook's certificate goes with the webhook configuration
+    wait_for("the webhook certificate's Secret garbage-collected", lambda: kubectl(
+        "-n", CHART_NAMESPACE, "get", "secret", WEBHOOK_CERT_SECRET, check=False).returncode != 0, timeout=60)

@@ -15,6 +15,8 @@ from pydantic import ValidationError
 from .api import KimiK3Deployment, first_error
 from .api.crd import CHART_CRD_PATH, CRD_FILENAME, chart_crd_template, crd_yaml
 from .planner import PlanningError, plan_deployment, pool_facts
+from .planner.capacity import gpus_used, pool_capacity
+from .render.names import LABEL_DEPLOYMENT, Owner, deployment_label
 from .render.report import plan_report, plan_table
 
 
@@ -35,21 +37,30 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_nodes(path: str | None) -> list[dict[str, Any]]:
+NOT_FITTING = 3
+"""`kimik3 plan`'s exit code when the spec plans but the nodes lack room for it now (2: it cannot plan)."""
+
+
+def _load_cluster(path: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes and the pods holding GPUs on them: from the live cluster, or the nodes of a file
+    (whose GPUs then all count as free)."""
     if path is None:
         from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
 
-        return Cluster(api_client()).list_nodes()
+        cluster = Cluster(api_client())
+        return cluster.list_nodes(), cluster.list_active_pods()
     doc = yaml.safe_load(Path(path).read_text()) or {}
-    return list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]
+    return (list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]), []
 
 
 def _plan(args: argparse.Namespace) -> int:
     try:
         body = yaml.safe_load(Path(args.file).read_text())
-        spec = KimiK3Deployment.model_validate(body).spec
-        nodes = _load_nodes(args.nodes)
-        plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
+        cr = KimiK3Deployment.model_validate(body)
+        spec = cr.spec
+        nodes, pods = _load_cluster(args.nodes)
+        facts = {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools}
+        plan = plan_deployment(spec, facts)
     except ValidationError as exc:
         print(f"InvalidSpec: {first_error(exc)}", file=sys.stderr)
         return 2
@@ -59,11 +70,20 @@ def _plan(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    # The deployment's own pods (a re-plan of a running one) leave their GPUs to it.
+    owner = Owner(name=cr.metadata.name, namespace=cr.metadata.namespace, uid="")
+    capacity = pool_capacity(plan, facts, gpus_used(pods, lambda p: _owned_by(p, owner)))
     if args.output == "json":
-        print(json.dumps(plan_report(plan), indent=2))
+        print(json.dumps({**plan_report(plan), "capacity": capacity}, indent=2))
     else:
-        print(plan_table(plan))
-    return 0
+        print(plan_table(plan, capacity))
+    return 0 if capacity["fits"] else NOT_FITTING
+
+
+def _owned_by(pod: dict[str, Any], owner: Owner) -> bool:
+    meta = pod.get("metadata") or {}
+    return (meta.get("namespace") == owner.namespace
+            and (meta.get("labels") or {}).get(LABEL_DEPLOYMENT) == deployment_label(owner))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -78,14 +98,27 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    healthy = None
+    healthy, services = None, []
     if args.webhook_port is not None:
-        from .webhook import serve_webhook
+        from .webhook import CertificateFiles, WebhookServer
 
-        if not (args.webhook_cert and args.webhook_key):
-            print("error: --webhook-port needs --webhook-cert and --webhook-key", file=sys.stderr)
+        if bool(args.webhook_cert and args.webhook_key) == bool(args.webhook_cert_secret):
+            print("error: --webhook-port needs either --webhook-cert and --webhook-key (files, e.g. from "
+                  "cert-manager) or --webhook-cert-secret (a certificate the operator keeps)", file=sys.stderr)
             return 2
-        healthy = serve_webhook(args.webhook_host, args.webhook_port, args.webhook_cert, args.webhook_key).alive
+        if args.webhook_cert_secret:
+            if not (args.webhook_configuration and args.webhook_cert_host):
+                print("error: --webhook-cert-secret needs --webhook-configuration and --webhook-cert-host",
+                      file=sys.stderr)
+                return 2
+            keeper = _certificate_keeper(args)
+            files = CertificateFiles(keeper.certfile, keeper.keyfile)
+            services.append(keeper)
+        else:
+            files = CertificateFiles(args.webhook_cert, args.webhook_key)
+        webhook = WebhookServer(args.webhook_host, args.webhook_port, files)
+        healthy = webhook.alive
+        services.append(webhook)
     # In a pod, another replica may always exist (scaling, a stuck old pod): elect unless told
     # not to. On a workstation `kimik3 run` is one developer's process: act at once, no Lease RBAC.
     elect = args.leader_elect if args.leader_elect is not None else "KUBERNETES_SERVICE_HOST" in os.environ
@@ -96,7 +129,20 @@ def _run(args: argparse.Namespace) -> int:
                                      resync_seconds=args.resync_seconds, retry_seconds=args.retry_seconds,
                                      workers=args.workers, tools_image=args.tools_image)
     return run_operator(config, liveness=args.liveness, log_level=log_level, log_format=log_format,
-                        healthy=healthy)
+                        healthy=healthy, services=services)
+
+
+def _certificate_keeper(args: argparse.Namespace) -> Any:
+    import tempfile
+
+    from .k8s import api_client
+    from .k8s.lease import default_lease_namespace
+    from .k8s.webhook_cert import CertificateKeeper
+
+    directory = Path(tempfile.mkdtemp(prefix="kimik3-webhook-"))  # 0700, in the pod's /tmp emptyDir
+    return CertificateKeeper(api_client(), default_lease_namespace(), args.webhook_cert_secret,
+                             args.webhook_configuration, frozenset(args.webhook_cert_host), directory,
+                             check_seconds=args.webhook_cert_check_seconds)
 
 
 def _check_install(args: argparse.Namespace) -> int:
@@ -149,6 +195,16 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
     run.add_argument("--webhook-cert", help="PEM certificate (chain) of the webhook")
     run.add_argument("--webhook-key", help="PEM private key of the webhook")
+    run.add_argument("--webhook-cert-secret",
+                     help="instead of files: keep the webhook's CA and certificate in this Secret of the "
+                          "operator's namespace ($POD_NAMESPACE), made and renewed by the operator")
+    run.add_argument("--webhook-configuration",
+                     help="with --webhook-cert-secret: the ValidatingWebhookConfiguration whose caBundle to keep")
+    run.add_argument("--webhook-cert-host", action="append",
+                     help="with --webhook-cert-secret: a DNS name or IP address the certificate is for (repeatable)")
+    run.add_argument("--webhook-cert-check-seconds", type=float, default=300.0,
+                     help="with --webhook-cert-secret: how often the Secret and the caBundle are checked "
+                          "(renewed near expiry, set back when changed)")
     run.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                      help="act only while holding a Lease, so replicas take turns "
                           "(default: on in a pod, off elsewhere)")

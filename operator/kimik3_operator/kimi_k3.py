@@ -22,6 +22,8 @@ GB = 10**9
 # --- Shape [cfg] (perf-model.md §2.1); vllm models/kimi_k3/amd/specialized_decode/runtime/__init__.py
 # checks K3_SHAPES = (hidden 7168, experts 896, KDA heads 96, head dim 128, conv 4).
 LAYERS = 93
+HIDDEN_SIZE = 7168
+"""The residual stream: what a tensor-parallel all-reduce sums, per token, after attention and MLP."""
 KDA_LAYERS = 69
 """Linear-attention layers: each keeps a fixed-size recurrent state per sequence."""
 MLA_LAYERS = 24

@@ -25,6 +25,10 @@ Per case:
   env       every VLLM_* name must be in vllm.envs.environment_variables (the
             list vLLM's own --fail-on-environ-validation uses), and its value
             must pass vLLM's reader for it (choices, int/bool conversion).
+  config    the scheduler settings (--max-num-seqs, --max-num-batched-tokens,
+            --long-prefill-token-threshold, --max-model-len) build vLLM's own
+            SchedulerConfig, whose validation refuses a token budget below the
+            sequence count or a threshold past the context (config/scheduler.py).
   override  with "operator_args": n, argv[:n] is what the operator rendered and
             the rest are the user's extraArgs: every setting the operator's
             options set must parse to the same value with and without them
@@ -135,6 +139,23 @@ def _overridden(parser, argv: list[str], operator_args: int, args) -> list[str]:
             for d in sorted(dests) if _comparable(getattr(alone, d)) != _comparable(getattr(args, d))]
 
 
+def _scheduler_errors(args) -> list[str]:
+    """What SchedulerConfig refuses of the parsed scheduler flags (chunked prefill on, as vLLM
+    enables it by default; the checkpoint's 1M context when --max-model-len is absent)."""
+    from vllm.config import SchedulerConfig
+
+    if args.max_num_seqs is None or args.max_num_batched_tokens is None:
+        return []
+    try:
+        SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        long_prefill_token_threshold=args.long_prefill_token_threshold,
+                        max_model_len=args.max_model_len or (1 << 20), is_encoder_decoder=False,
+                        enable_chunked_prefill=True)
+    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError, vLLM's ValueError
+        return [f"config: SchedulerConfig: {e}"]
+    return []
+
+
 def check_case(case: dict) -> dict:
     from vllm import envs
     from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
@@ -177,6 +198,7 @@ def check_case(case: dict) -> dict:
                 args.model = args.model_tag
             validate_parsed_serve_args(args)
             errors.extend(_unknown_parsers(args))
+            errors.extend(_scheduler_errors(args))
             if case.get("operator_args") is not None and case["operator_args"] < len(argv):
                 errors.extend(_overridden(parser, argv, int(case["operator_args"]), args))
         except SystemExit as e:

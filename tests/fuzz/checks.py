@@ -69,6 +69,7 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
         if child["kind"] == "LeaderWorkerSet":
             _check_workload(cr, child)
     _check_fabric(cr, plan, owner, children)
+    _check_shapes(cr, plan, children)
     return children
 
 
@@ -116,6 +117,43 @@ def _check_fabric(cr: KimiK3Deployment, plan: Plan, owner: Owner, children: list
                 assert nics >= 1 and "IPC_LOCK" in c["securityContext"]["capabilities"]["add"], (pool.name, role.role)
                 assert "UCX_TLS" in fabric_user or "rc" in env["UCX_TLS"].split(","), env.get("UCX_TLS")
     assert len(domains.get("kv", set())) <= 1, f"paired roles claim different ComputeDomains: {domains}"
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def _check_shapes(cr: KimiK3Deployment, plan: Plan, children: list[dict[str, Any]]) -> None:
+    """Every role's engine shape holds what vLLM needs and what the shaping promises: a token budget
+    of at least max-num-seqs; a decode CUDA-graph capture covering max-num-seqs x (1 + k) unless the
+    user set either; EPLB only on an expert group the experts spread evenly over; the command line
+    says what the plan says, on every pod of the role."""
+    k = plan.engine.speculative_tokens
+    given = {(p.name, n): r.engine for p in cr.spec.pools for n, r in p.roles()}
+    commands = {(c["metadata"]["labels"][LABEL_POOL], c["metadata"]["labels"][LABEL_ROLE]): containers(c)
+                for c in children if c["kind"] == "LeaderWorkerSet"}
+    for pool, role in plan.role_plans():
+        shape = role.shape
+        assert shape is not None
+        assert shape.max_num_batched_tokens >= shape.max_num_seqs >= 1, shape
+        override = given[(pool.name, role.role)]
+        if role.role != "prefill" and not (override and override.max_cudagraph_capture_size):
+            assert shape.max_cudagraph_capture_size is not None
+            assert shape.max_cudagraph_capture_size >= shape.max_num_seqs * (1 + k), (shape, k)
+        if role.role == "decode" and not (override and override.max_num_batched_tokens):
+            assert shape.max_num_batched_tokens >= shape.max_num_seqs * (1 + k), shape
+        # the rate a replica is credited with is one its schedulers admit
+        assert role.predicted.get("decodeBatchAtSlo", 0) <= role.layout.data * shape.max_num_seqs, (role, shape)
+        limit = plan.engine.max_model_len
+        assert not (limit and shape.long_prefill_token_threshold and shape.long_prefill_token_threshold > limit), shape
+        if shape.eplb_redundant_experts is not None:
+            ep = role.layout.tensor * role.layout.data
+            assert role.layout.expert and ep > 1 and (896 + shape.eplb_redundant_experts) % ep == 0, shape
+        for _, c in commands[(pool.name, role.role)]:
+            argv = c["command"]
+            assert _flag(argv, "--max-num-seqs") == str(shape.max_num_seqs), argv
+            assert _flag(argv, "--max-num-batched-tokens") == str(shape.max_num_batched_tokens), argv
+            assert ("--enable-eplb" in argv) == (shape.eplb_redundant_experts is not None), argv
 
 
 def _check_router(child: dict[str, Any]) -> None:

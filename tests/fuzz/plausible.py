@@ -86,6 +86,26 @@ def _role(draw: Draw) -> dict[str, Any]:
         out["parallelism"] = _parallelism(draw)
     if maybe(draw, 15):
         out["autoscaling"] = _role_autoscaling(draw)
+    if maybe(draw, 15):
+        out["engine"] = _role_engine(draw)
+    return out
+
+
+def _role_engine(draw: Draw) -> dict[str, Any]:
+    """Per-role shaping overrides, each present or not (the planner fills the rest)."""
+    out: dict[str, Any] = {}
+    if maybe(draw, 40):
+        out["maxNumSeqs"] = draw(st.sampled_from((1, 16, 64, 256, 1024)))
+    if maybe(draw, 40):
+        out["maxNumBatchedTokens"] = draw(st.sampled_from((1024, 8192, 16384, 65536)))
+    if maybe(draw, 30):
+        out["maxCudagraphCaptureSize"] = draw(st.sampled_from((8, 256, 1024)))
+    if maybe(draw, 30):
+        out["longPrefillTokenThreshold"] = draw(st.sampled_from((0, 2048, 8192)))
+    if maybe(draw, 30):
+        out["eplb"] = {"enabled": draw(st.booleans())}
+        if out["eplb"]["enabled"] and maybe(draw, 50):
+            out["eplb"]["redundantExperts"] = draw(st.sampled_from((0, 16, 32)))
     return out
 
 
@@ -223,7 +243,8 @@ def _engine(draw: Draw) -> dict[str, Any]:
         e["maxModelLen"] = draw(st.one_of(st.sampled_from((4096, 8192, 32768, 131072, 262144, MAX_MODEL_LEN)),
                                           st.integers(1, MAX_MODEL_LEN)))
     if maybe(draw, 30):
-        e["kvCacheDtype"] = draw(st.sampled_from(_enum(v1.Engine.model_fields["kv_cache_dtype"].annotation)))
+        dtypes = get_args(v1.Engine.model_fields["kv_cache_dtype"].annotation)[0]  # Literal[...] | None
+        e["kvCacheDtype"] = draw(st.sampled_from(_enum(dtypes)))
     if maybe(draw, 25):
         e["kdaStateDtype"] = draw(st.sampled_from(_enum(v1.Engine.model_fields["kda_state_dtype"].annotation)))
     for key in ("rustFrontend", "toolCalling", "reasoning"):
@@ -324,8 +345,10 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
         if maybe(draw, 70):
             w["requestsPerSecond"] = draw(st.one_of(st.sampled_from((0.1, 1.0, 5.0, 50.0, 1000.0)),
                                                     st.floats(0.001, 100000)))
-        if maybe(draw, 20):
-            w["acceptanceLength"] = draw(st.floats(1, 17))
+        if maybe(draw, 20):  # mostly within what the drafts allow (1 + k); sometimes past it (refused)
+            speculative = spec.get("engine", {}).get("speculative")
+            most = 1 + speculative.get("numSpeculativeTokens", 7) if speculative and maybe(draw, 85) else 17
+            w["acceptanceLength"] = draw(st.floats(1, most))
         spec["workload"] = w
     if maybe(draw, 20):
         slo: dict[str, Any] = {}

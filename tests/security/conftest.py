@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kimik3_operator.webhook import Limits, WebhookServer, serve_webhook
+from kimik3_operator.webhook import Limits
 
-from .harness import HOST, client_context, make_certificate
+from .harness import RunningWebhook, client_context, make_certificate
 
 
 @pytest.fixture(scope="session")
@@ -25,16 +25,15 @@ def context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
 
 
 @pytest.fixture
-def webhook(certificate: tuple[Path, Path]) -> Iterator[Callable[..., WebhookServer]]:
+def webhook(certificate: tuple[Path, Path]) -> Iterator[Callable[..., RunningWebhook]]:
     """Start a server: webhook(**limits) -> the running server (stopped after the test)."""
-    started: list[WebhookServer] = []
+    started: list[RunningWebhook] = []
 
-    def start(**limits: Any) -> WebhookServer:
-        server = serve_webhook(HOST, 0, str(certificate[0]), str(certificate[1]), Limits(**limits))
+    def start(**limits: Any) -> RunningWebhook:
+        server = RunningWebhook(certificate[0], certificate[1], Limits(**limits))
         started.append(server)
         return server
 
     yield start
     for server in started:
         server.shutdown()
-        server.server_close()

@@ -3,17 +3,59 @@ attack it: a well-behaved review, and raw connections that send what an attacker
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kimik3_operator.webhook import CertificateFiles, Limits, WebhookServer
+
 HOST = "127.0.0.1"
+
+
+class RunningWebhook:
+    """A WebhookServer on an event loop of its own thread (the operator runs it on kopf's loop),
+    for tests that call it from plain threads."""
+
+    def __init__(self, cert: Path, key: Path, limits: Limits | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-webhook", daemon=True)
+        self._thread.start()
+        self.server = WebhookServer(HOST, 0, CertificateFiles(cert, key), limits)
+        self._call(self._start())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    async def _start(self) -> None:
+        await self.server.start()
+        assert self.server.listening is not None
+        await asyncio.wait_for(self.server.listening.wait(), 10)
+
+    @property
+    def limits(self) -> Limits:
+        return self.server.limits
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def alive(self) -> bool:
+        return self.server.alive()
+
+    def shutdown(self) -> None:
+        """Stop serving and the loop (idempotent)."""
+        if self.loop.is_running():
+            self._call(self.server.stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
 
 
 def make_certificate(directory: Path) -> tuple[Path, Path]:

@@ -11,9 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
-from kimik3_operator.webhook import WebhookServer
-
-from .harness import HOST, closed_within, post, raw_answer, raw_tls, review_body
+from .harness import HOST, RunningWebhook, closed_within, post, raw_answer, raw_tls, review_body
 
 PROMPT = 1.0
 """What "at once" means here: far below every deadline under test, far above a loopback review."""
@@ -42,12 +40,12 @@ def trickling(sock: ssl.SSLSocket, chunk: bytes, every: float) -> Iterator[None]
         thread.join(timeout=5)
 
 
-def port(server: WebhookServer) -> int:
-    return int(server.server_address[1])
+def port(server: RunningWebhook) -> int:
+    return server.port
 
 
 @contextmanager
-def silent(server: WebhookServer, count: int) -> Iterator[list[socket.socket]]:
+def silent(server: RunningWebhook, count: int) -> Iterator[list[socket.socket]]:
     """`count` TCP connections that never say a word (not even a TLS hello)."""
     with ExitStack() as stack:
         socks = [stack.enter_context(socket.create_connection((HOST, port(server)), timeout=5))
@@ -57,7 +55,7 @@ def silent(server: WebhookServer, count: int) -> Iterator[list[socket.socket]]:
 
 
 def test_silent_connections_do_not_stall_another_callers_review(
-        webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+        webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook()  # the production limits: a 5 s handshake deadline, 16 connections
     with silent(server, server.limits.connections - 1):
         answer = post(port(server), context, review_body(), timeout=server.limits.handshake_seconds)
@@ -67,7 +65,7 @@ def test_silent_connections_do_not_stall_another_callers_review(
 
 
 def test_connections_over_the_cap_are_closed_at_once_and_their_slots_come_back(
-        webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+        webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook(connections=4, handshake_seconds=1.0)
     with silent(server, 4):
         started = time.monotonic()
@@ -83,7 +81,7 @@ def test_connections_over_the_cap_are_closed_at_once_and_their_slots_come_back(
 
 
 def test_headers_that_trickle_in_are_cut_at_their_deadline(
-        webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+        webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook(header_seconds=1.0)
     with raw_tls(port(server), context) as sock:
         sock.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\n")
@@ -101,7 +99,7 @@ def test_headers_that_trickle_in_are_cut_at_their_deadline(
 
 
 def test_a_body_that_trickles_in_gets_408_at_its_deadline(
-        webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+        webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook(body_seconds=1.0)
     with raw_tls(port(server), context) as sock:
         sock.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
@@ -115,7 +113,7 @@ def test_a_body_that_trickles_in_gets_408_at_its_deadline(
 
 
 def test_a_body_over_the_limit_is_refused_without_reading_it(
-        webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+        webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook()
     for length in (server.limits.max_body + 1, 100 * 1024 * 1024, 10**12 - 1):
         with raw_tls(port(server), context) as sock:
@@ -126,7 +124,7 @@ def test_a_body_over_the_limit_is_refused_without_reading_it(
     assert post(port(server), context, review_body()).status == 200
 
 
-def test_headers_over_the_limit_are_refused(webhook: Callable[..., WebhookServer], context: ssl.SSLContext) -> None:
+def test_headers_over_the_limit_are_refused(webhook: Callable[..., RunningWebhook], context: ssl.SSLContext) -> None:
     server = webhook()
     big = "".join(f"X-Filler-{i}: {'y' * 1000}\r\n" for i in range(40))  # 40 KiB of headers
     with raw_tls(port(server), context) as sock:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimik3_operator.webhook import API_VERSION, WebhookServer, serve_webhook
+from kimik3_operator.webhook import API_VERSION
 
-from .harness import HOST, post, raw_answer, raw_tls, review_body
+from .harness import RunningWebhook, post, raw_answer, raw_tls, review_body
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -67,20 +67,19 @@ MALFORMED: dict[str, st.SearchStrategy[bytes]] = {
 
 
 @pytest.fixture(scope="module")
-def server(certificate: tuple[Path, Path]) -> Iterator[WebhookServer]:
+def server(certificate: tuple[Path, Path]) -> Iterator[RunningWebhook]:
     """One server for every example: each is a connection of its own."""
-    running = serve_webhook(HOST, 0, str(certificate[0]), str(certificate[1]))
+    running = RunningWebhook(*certificate)
     yield running
     running.shutdown()
-    running.server_close()
 
 
-def port(server: WebhookServer) -> int:
-    return int(server.server_address[1])
+def port(server: RunningWebhook) -> int:
+    return server.port
 
 
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
-def test_every_malformed_body_gets_400_with_a_json_error(kind: str, server: WebhookServer,
+def test_every_malformed_body_gets_400_with_a_json_error(kind: str, server: RunningWebhook,
                                                           context: ssl.SSLContext) -> None:
     seen: list[str] = []
 
@@ -98,32 +97,38 @@ def test_every_malformed_body_gets_400_with_a_json_error(kind: str, server: Webh
 
 @FUZZ
 @given(st.dictionaries(st.text(max_size=12), json_values, max_size=6), st.sampled_from(["CREATE", "UPDATE"]))
-def test_any_object_in_a_well_formed_review_gets_a_verdict(server: WebhookServer, context: ssl.SSLContext,
+def test_any_object_in_a_well_formed_review_gets_a_verdict(server: RunningWebhook, context: ssl.SSLContext,
                                                            obj: dict[str, Any], operation: str) -> None:
     answer = post(port(server), context, json.dumps(_review(_request(operation=operation, object=obj))).encode())
     assert answer.status == 200 and answer.body["response"]["uid"] == "u-1"
     assert isinstance(answer.body["response"]["allowed"], bool)
 
 
+HEAD = b"POST /validate HTTP/1.1\r\nHost: x\r\n"
+"""Every request but the one about it carries the Host header HTTP/1.1 requires (the API server
+sends one), so that what is refused is the malformation named, not the missing Host."""
+
 REQUESTS: dict[str, tuple[bytes, int]] = {
-    "a Content-Length that is not a number": (b"POST /validate HTTP/1.1\r\nContent-Length: abc\r\n\r\n{}", 400),
-    "a negative Content-Length": (b"POST /validate HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", 400),
-    "a signed Content-Length": (b"POST /validate HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}", 400),
-    "a Content-Length with a digit separator": (b"POST /validate HTTP/1.1\r\nContent-Length: 1_0\r\n\r\n{}", 400),
-    "two different Content-Lengths": (b"POST /validate HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
-                                      400),
-    "no Content-Length": (b"POST /validate HTTP/1.1\r\n\r\n{}", 411),
-    "a chunked body": (b"POST /validate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411),
-    "an empty body": (b"POST /validate HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),
-    "another path": (b"POST /mutate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 404),
-    "another method": (b"PUT /validate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 501),
+    "a Content-Length that is not a number": (HEAD + b"Content-Length: abc\r\n\r\n{}", 400),
+    "a negative Content-Length": (HEAD + b"Content-Length: -1\r\n\r\n{}", 400),
+    "a signed Content-Length": (HEAD + b"Content-Length: +2\r\n\r\n{}", 400),
+    "a Content-Length with a digit separator": (HEAD + b"Content-Length: 1_0\r\n\r\n{}", 400),
+    "two different Content-Lengths": (HEAD + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400),
+    "no Content-Length": (HEAD + b"\r\n", 411),
+    # without a length the request has no body: the body's bytes are the next request, not one
+    "a body but no Content-Length": (HEAD + b"\r\n{}", 400),
+    "a chunked body": (HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411),
+    "an empty body": (HEAD + b"Content-Length: 0\r\n\r\n", 400),
+    "another path": (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 404),
+    "another method": (b"PUT /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 501),
     "a garbled request line": (b"\x00\x01garbage\r\n\r\n", 400),
+    "no Host header (HTTP/1.1 requires one)": (b"POST /validate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", 400),
     "a bad HTTP version": (b"POST /validate HTTP/9\\x\r\nContent-Length: 2\r\n\r\n{}", 400),
 }
 
 
 @pytest.mark.parametrize("name", sorted(REQUESTS))
-def test_a_malformed_request_gets_a_json_error(name: str, server: WebhookServer, context: ssl.SSLContext) -> None:
+def test_a_malformed_request_gets_a_json_error(name: str, server: RunningWebhook, context: ssl.SSLContext) -> None:
     raw, expected = REQUESTS[name]
     with raw_tls(port(server), context) as sock:
         sock.sendall(raw)
@@ -132,7 +137,7 @@ def test_a_malformed_request_gets_a_json_error(name: str, server: WebhookServer,
     assert post(port(server), context, review_body()).status == 200
 
 
-def test_the_server_answered_every_attack_without_a_traceback(server: WebhookServer, context: ssl.SSLContext,
+def test_the_server_answered_every_attack_without_a_traceback(server: RunningWebhook, context: ssl.SSLContext,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG", logger="kimik3_operator.webhook")
     for body in (b"[]", b'"x"', b'{"request": 5}', b"[" * 100_000 + b"]" * 100_000):

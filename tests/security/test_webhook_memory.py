@@ -24,12 +24,18 @@ from .harness import HOST, post, raw_tls, review_body
 MiB = 1024 * 1024
 CONNECTIONS, MAX_BODY = 8, 1 * MiB
 SERVE = f"""
-import sys
-from kimik3_operator.webhook import Limits, serve_webhook
-server = serve_webhook("{HOST}", 0, sys.argv[1], sys.argv[2],
-                       Limits(connections={CONNECTIONS}, max_body={MAX_BODY}, body_seconds=20))
-print(server.server_address[1], flush=True)
-sys.stdin.read()  # until the test closes our stdin
+import asyncio, sys
+from kimik3_operator.webhook import CertificateFiles, Limits, WebhookServer
+
+async def main():
+    server = WebhookServer("{HOST}", 0, CertificateFiles(sys.argv[1], sys.argv[2]),
+                           Limits(connections={CONNECTIONS}, max_body={MAX_BODY}, body_seconds=20))
+    await server.start()
+    await server.listening.wait()
+    print(server.port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes our stdin
+
+asyncio.run(main())
 """
 
 

@@ -66,11 +66,13 @@ def test_settings_from_the_environment() -> None:
 
 
 def test_engine_config_follows_the_command_line_and_vllm_defaults() -> None:
-    config = engine_config(parse_serve(role_report("b200-dep16-disaggregated", "prefill")["command"]),
-                           SimSettings(gpu_product="NVIDIA-B200"))
+    prefill = role_report("b200-dep16-disaggregated", "prefill")
+    config = engine_config(parse_serve(prefill["command"]), SimSettings(gpu_product="NVIDIA-B200"))
     assert config.role == "prefill" and config.perf.crosses_rdma  # TP8 x DP2 spans two HGX boards
     assert config.engine_ids[1] == config.engine_ids[0][:-1] + "1" and config.engine_ids[0].endswith("_dp0")
-    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len) == (1024, 16384, 1 << 20)
+    # the role's shaping flags, as rendered; the checkpoint's context where none is given
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len) == (
+        prefill["maxNumSeqs"], prefill["maxNumBatchedTokens"], 1 << 20)
     h200 = engine_config(parse_serve(["vllm", "serve", "/m", "-tp", "8", "-pp", "2"]), SimSettings(gpu_product="H200"))
     assert h200.max_num_batched_tokens == 8192 and h200.role == "aggregated"
 

@@ -116,6 +116,10 @@ INVALID["interconnect xGMI is AMD Instinct's fabric: it needs gpu.product MI355X
     lambda d: _pool(d).update(interconnect="xGMI", gpu={"product": "GB300"}))
 INVALID["interconnect NVLink is NVIDIA's fabric: MI355X boards use xGMI"] = _edit(
     lambda d: _pool(d).update(interconnect="NVLink", gpu={"product": "MI355X"}))
+INVALID["maxNumBatchedTokens must be at least maxNumSeqs (vLLM refuses fewer)"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}))
+INVALID["eplb.redundantExperts needs eplb.enabled (vLLM keeps redundant experts only with EPLB)"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(engine={"eplb": {"enabled": False, "redundantExperts": 16}}))
 INVALID["prefillDecodeRatio: min must not exceed max"] = _edit(
     lambda d: d["spec"].update(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}))
 

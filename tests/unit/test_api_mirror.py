@@ -70,6 +70,6 @@ def test_owned_flags_are_owned_in_every_spelling_vllm_reads(arg: str) -> None:
     assert pydantic_verdict(body)[0].rules == {"extraArgs sets a flag the operator owns"}
 
 
-@pytest.mark.parametrize("arg", ["--seed=1", "-dpb", "--max-num-seqs", "64", "-1", "--enforce-eager"])
+@pytest.mark.parametrize("arg", ["--seed=1", "-dpb", "--max-logprobs", "64", "-1", "--enforce-eager"])
 def test_other_arguments_are_left_alone(arg: str) -> None:
     assert owned_flag([arg]) is None

@@ -53,9 +53,38 @@ def test_single_node_roles_have_no_worker(tmp_path: Path, capsys: pytest.Capture
     body["spec"]["pools"][0].update(nodeSelector={"x": "y"}, gpu={"product": "B300", "perNode": 8})
     empty = tmp_path / "nodes.yaml"
     empty.write_text("apiVersion: v1\nkind: List\nitems: []\n")
-    assert main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(empty), "-o", "json"]) == 0
-    (role,) = json.loads(capsys.readouterr().out)["pools"][0]["roles"]
+    assert main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(empty), "-o", "json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    (role,) = out["pools"][0]["roles"]
     assert role["worker"] is None and role["nodesPerReplica"] == 1
+    assert out["capacity"]["fits"] is False and "planned ahead of its nodes" in out["capacity"]["reason"]
+
+
+def _gpu_nodes(count: int, gpus: int, product: str = "NVIDIA-B300") -> list[dict[str, Any]]:
+    return [{"metadata": {"name": f"n{i}", "labels": {"nvidia.com/gpu.product": product}},
+             "status": {"capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)}}}
+            for i in range(count)]
+
+
+@pytest.mark.parametrize(("nodes", "replicas", "fits"), [(2, 2, True), (1, 2, False), (3, 1, True), (0, 1, False)])
+def test_capacity_verdict_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str], nodes: int,
+                                        replicas: int, fits: bool) -> None:
+    """Exit 3 and fits=false exactly when the nodes given lack room; the numbers add up per pool."""
+    body = base_deployment()
+    body["spec"]["pools"][0].update(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B300"}, gpu={"product": "B300"},
+                                    aggregated={"replicas": replicas, "parallelism": {"tensor": 8}})
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": _gpu_nodes(nodes, 8)}))
+    code = main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(path), "-o", "json"])
+    capacity = json.loads(capsys.readouterr().out)["capacity"]
+    assert code == (0 if fits else 3) and capacity["fits"] is fits
+    (pool,) = capacity["pools"]
+    assert (pool["nodesNeeded"], pool["gpusNeeded"], pool["nodes"], pool["gpusFree"]) == (
+        replicas, 8 * replicas, nodes, 8 * nodes)
+    assert (capacity["reason"] is None) is fits
+    main(["plan", "-f", str(_write(tmp_path, body)), "--nodes", str(path)])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("capacity:"))
+    assert ("does NOT fit" in line) is not fits and f"needs {replicas} nodes/{8 * replicas} GPUs" in line
 
 
 def test_table(nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,7 +111,21 @@ def test_impossible_spec_exits_2_with_one_line(tmp_path: Path, nodes_file: Path,
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_plans_cleanly(example: Path, nodes_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "-f", str(example), "--nodes", str(nodes_file), "-o", "json"]) == 0
+    """Every example plans; whether the test nodes hold it is the capacity verdict's (exit 3)."""
+    code = main(["plan", "-f", str(example), "--nodes", str(nodes_file), "-o", "json"])
+    capacity = json.loads(capsys.readouterr().out)["capacity"]
+    assert code == (0 if capacity["fits"] else 3)
+
+
+@pytest.mark.parametrize("flags", [
+    [],  # no certificate at all
+    ["--webhook-cert", "c", "--webhook-key", "k", "--webhook-cert-secret", "s"],  # files and a Secret
+    ["--webhook-cert-secret", "s"],  # a Secret but no configuration or host
+    ["--webhook-cert-secret", "s", "--webhook-configuration", "c"],
+])
+def test_the_webhook_needs_one_certificate_source(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--webhook-port", "9443", *flags]) == 2
+    assert "error: --webhook" in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -132,7 +132,7 @@ def test_retention_policy_maps_to_interval() -> None:
                                            ({"policy": "Interval", "intervalTokens": 100}, 768, 100),
                                            ({"policy": "Selective"}, 0, 0), ({"policy": "Dense"}, None, None)):
         body = base_deployment()
-        body["spec"]["engine"] = {"prefixCaching": {"retention": retention}}
+        body["spec"]["engine"] = {"kvCacheDtype": "auto", "prefixCaching": {"retention": retention}}
         engine = _plan(body, gb300_rack()).engine
         assert (engine.retention_interval, engine.retention_requested) == (interval, requested)
         assert engine.retention_granularity == 768
@@ -140,7 +140,8 @@ def test_retention_policy_maps_to_interval() -> None:
 
 def test_retention_interval_is_a_multiple_of_every_roles_block() -> None:
     body = base_deployment()
-    body["spec"]["engine"] = {"prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}}
+    body["spec"]["engine"] = {"kvCacheDtype": "auto",
+                              "prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}}
     body["spec"]["pools"] = [{"name": "p", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
                               "prefill": {"replicas": 1, "parallelism": {"tensor": 1, "data": 16, "expert": True}},
                               "decode": {"replicas": 2, "parallelism": {"tensor": 8}}}]

@@ -390,7 +390,8 @@ def _routing_pd() -> tuple[MemoryCluster, list[dict[str, Any]], str]:
 
 def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() -> None:
     cluster, pods, old = _routing_pd()
-    cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "fp8"}  # enters the compatibility hash
+    # enters the compatibility hash (fp8 is the default on these Blackwell pools)
+    cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "auto"}
     reconcile(cluster, "ns", "k3")
     new = _compat(cluster)
     assert new != old

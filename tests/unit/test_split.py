@@ -95,6 +95,53 @@ def test_speculative_predictions_at_both_published_acceptances() -> None:
     assert decode.predicted["decodeTokensPerSecondBatch1"] < low < high
 
 
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_the_point_prediction_uses_the_workloads_acceptance_else_the_calibrated_one(k: int) -> None:
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y", "numSpeculativeTokens": k}}}
+    calibrated = _roles(_plan(spec, PD))["decode"].predicted
+    assert calibrated["speculativeAcceptance"] == pytest.approx(min(CALIBRATION.implied_acceptance, 1 + k))
+    measured = {}
+    for accept in (1.0, (1 + k + 1) / 2, 1.0 + k):
+        p = _roles(_plan({**spec, "workload": {"acceptanceLength": accept}}, PD))["decode"].predicted
+        assert p["speculativeAcceptance"] == accept
+        measured[accept] = p
+    ordered = [measured[a] for a in sorted(measured)]
+    for key in ("speculativeTokensPerSecondBatch1", "decodeRequestsPerSecond"):
+        assert [p[key] for p in ordered] == sorted(p[key] for p in ordered) and ordered[0][key] < ordered[-1][key]
+    for p in ordered:  # a verify step emits its acceptance length: ITL is the step over it
+        assert p["decodeItlMsAtSlo"] == pytest.approx(p["decodeStepMsAtSlo"] / p["speculativeAcceptance"])
+
+
+def test_a_higher_acceptance_fits_more_sequences_under_the_itl_target() -> None:
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}},
+            "slo": {"itlMilliseconds": 20}}
+    low = _roles(_plan({**spec, "workload": {"acceptanceLength": 2}}, PD))["decode"].predicted
+    high = _roles(_plan({**spec, "workload": {"acceptanceLength": 6}}, PD))["decode"].predicted
+    assert low["decodeBatchAtSlo"] < high["decodeBatchAtSlo"]
+    assert low["decodeItlMsAtSlo"] <= 20 and high["decodeItlMsAtSlo"] <= 20
+
+
+@pytest.mark.parametrize("seqs", [None, 3, 40])
+def test_the_credited_batch_is_one_the_engine_admits(seqs: int | None) -> None:
+    """A decode replica is credited with no more sequences than its DP ranks' max-num-seqs: the
+    spec's, else the CUDA-graph bound of 1024 tokens over 1 + k on Blackwell."""
+    pools = [{**PD[0], "decode": {"engine": {"maxNumSeqs": seqs}} if seqs else {}}]
+    spec = {"engine": {"speculative": {"method": "DSpark", "draftModelUri": "hf://x/y"}}}
+    decode = _roles(_plan(spec, pools))["decode"]
+    assert decode.shape is not None and decode.shape.max_num_seqs == (seqs or decode.shape.max_num_seqs) <= 1024 // 8
+    assert decode.predicted["decodeBatchAtSlo"] <= decode.layout.data * decode.shape.max_num_seqs
+    if seqs:  # below the KV-bound batch of 101: the engine's limit is the one credited
+        assert decode.predicted["decodeBatchAtSlo"] == decode.layout.data * seqs
+
+
+def test_an_acceptance_beyond_the_drafts_is_refused() -> None:
+    spec = {"engine": {"speculative": {"method": "MTP", "numSpeculativeTokens": 2}},
+            "workload": {"acceptanceLength": 3.5}}
+    with pytest.raises(PlanningError) as info:
+        _plan(spec, PD)
+    assert info.value.reason == "InvalidSpec" and "exceeds 1 + numSpeculativeTokens (3)" in info.value.message
+
+
 def test_rate_matching_never_lands_on_one_prefill_one_decode() -> None:
     roles = _roles(_plan({"workload": {"requestsPerSecond": 0.1}}, PD))
     assert (roles["prefill"].replicas, roles["decode"].replicas) == (1, 2)

@@ -161,13 +161,17 @@ def test_planning_error_keeps_last_known_facts() -> None:
 def test_effective_engine_values_are_visible() -> None:
     status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, workloads={}, now=T0)
     assert status.engine is not None
-    # 32768 is not a multiple of the 768-token block TP8 aligns to: the status shows what runs.
-    assert status.engine.retention_policy == "Interval" and status.engine.retention_interval_tokens == 33024
-    assert status.engine.requested_retention_interval_tokens == 32768 and status.engine.block_size == 768
+    # All-Blackwell pools default to fp8 KV, where TP8 aligns blocks to 1536 tokens; 32768 is not a
+    # multiple of it: the status shows what runs (21 x 1536) and the dtype chosen.
+    assert status.engine.kv_cache_dtype == "fp8"
+    assert status.engine.retention_policy == "Interval" and status.engine.retention_interval_tokens == 32256
+    assert status.engine.requested_retention_interval_tokens == 32768 and status.engine.block_size == 1536
     assert status.engine.speculative_method == "dspark" and status.engine.num_speculative_tokens == 7
     assert status.engine.compatibility_hash == _plan().compat_hash
     decode = next(r for p in status.pools for r in p.roles if r.role == "decode")
-    assert decode.replicas_source == "spec" and decode.block_size == 768
+    assert decode.replicas_source == "spec" and decode.block_size == 1536
+    # DSpark's 7 drafts: the decode graph covers 8 tokens per sequence, and so does its token budget.
+    assert decode.max_num_batched_tokens == decode.max_cudagraph_capture_size >= 8 * (decode.max_num_seqs or 0) > 0
 
 
 def test_not_ready_for_lack_of_room_says_so() -> None:

@@ -55,6 +55,13 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
     "--fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
     "--no-fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
+    "--max-num-seqs": "pools[].<role>.engine.maxNumSeqs",
+    "--max-num-batched-tokens": "pools[].<role>.engine.maxNumBatchedTokens",
+    "--max-cudagraph-capture-size": "pools[].<role>.engine.maxCudagraphCaptureSize",
+    "--long-prefill-token-threshold": "pools[].<role>.engine.longPrefillTokenThreshold",
+    "--enable-eplb": "pools[].<role>.engine.eplb", "--no-enable-eplb": "pools[].<role>.engine.eplb",
+    "--disable-eplb": "pools[].<role>.engine.eplb",
+    "--eplb-config": "pools[].<role>.engine.eplb",
 }
 
 

@@ -233,9 +233,11 @@ class Engine(SpecModel):
     """Serving image; the project's pinned vLLM 0.33.0 image when omitted."""
     max_model_len: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] | None = None
     """--kv-cache-dtype for the MLA layers: auto (BF16), fp8 (= fp8_e4m3) or fp8_ds_mla; fp8 halves
-    KV memory. Prefill and decode always share it (it enters vLLM's NIXL compatibility hash)."""
+    KV memory. When omitted, fp8 where every pool is an NVIDIA Blackwell GPU (as peers' Kimi K3
+    recipes serve it), else auto; status shows the value used. Prefill and decode always share it
+    (it enters vLLM's NIXL compatibility hash)."""
     kda_state_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """--mamba-ssm-cache-dtype for the KDA recurrent state: auto (float32) or bfloat16, which
     halves the state and the block size vLLM aligns to."""
@@ -343,6 +345,56 @@ class RoleAutoscaling(SpecModel):
     )
 
 
+class Eplb(SpecModel):
+    """Expert-parallel load balancing (--enable-eplb, --eplb-config): vLLM moves hot experts between
+    ranks and keeps redundant copies of them."""
+
+    enabled: bool = True
+    """Turn EPLB on (needs expert parallelism) or off."""
+    redundant_experts: Annotated[int, Field(ge=0, le=4096)] | None = None
+    """Redundant experts per MoE layer across the expert group (num_redundant_experts); one per
+    expert-parallel rank when omitted and they fit in memory. 896 plus it must divide by the
+    expert-parallel size."""
+
+    rules = (
+        Rule(
+            cel="self.enabled || !has(self.redundantExperts)",
+            message="eplb.redundantExperts needs eplb.enabled (vLLM keeps redundant experts only with EPLB)",
+            check=lambda e: e.enabled or e.redundant_experts is None,
+            field_path=".redundantExperts",
+        ),
+    )
+
+
+class RoleEngine(SpecModel):
+    """Per-role vLLM scheduler and CUDA-graph settings; each omitted value is the planner's, derived
+    from the perf model's batch at the SLO (status and `kimik3 plan` show the values used)."""
+
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Sequences one data-parallel rank runs at once (--max-num-seqs)."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 21)] | None = None
+    """Tokens one data-parallel rank schedules per step (--max-num-batched-tokens)."""
+    max_cudagraph_capture_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    """Largest batch, in tokens, with a captured CUDA graph (--max-cudagraph-capture-size)."""
+    long_prefill_token_threshold: Annotated[int, Field(ge=0, le=MAX_MODEL_LEN)] | None = None
+    """Tokens a long prompt may schedule per step while others wait (--long-prefill-token-threshold;
+    0 turns the cap off)."""
+    eplb: Eplb | None = None
+    """Expert load balancing; the planner's choice (on for data-parallel expert roles on NVIDIA where
+    the redundant experts fit in memory) when omitted."""
+
+    rules = (
+        Rule(
+            cel="!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) "
+                "|| self.maxNumBatchedTokens >= self.maxNumSeqs",
+            message="maxNumBatchedTokens must be at least maxNumSeqs (vLLM refuses fewer)",
+            check=lambda e: e.max_num_seqs is None or e.max_num_batched_tokens is None
+            or e.max_num_batched_tokens >= e.max_num_seqs,
+            field_path=".maxNumBatchedTokens",
+        ),
+    )
+
+
 class Role(SpecModel):
     """One serving role in a pool. Omitted values are chosen by the planner."""
 
@@ -353,6 +405,8 @@ class Role(SpecModel):
     """Layout of one replica; planned when omitted."""
     autoscaling: RoleAutoscaling | None = None
     """Scale this role from metrics (see spec.autoscaling for the deployment-wide settings)."""
+    engine: RoleEngine | None = None
+    """This role's scheduler, CUDA-graph and expert-balancing settings; planned when omitted."""
 
 
 class Gpu(SpecModel):
@@ -620,8 +674,10 @@ class Workload(SpecModel):
     requests_per_second: Annotated[float, Field(gt=0, le=100000)] = 1.0
     """Sustained request rate across the deployment."""
     acceptance_length: Annotated[float, Field(ge=1, le=17)] | None = None
-    """Measured speculative acceptance length (tokens per verify step); 2.61 (creative writing)
-    when omitted, the pessimistic end of DSpark's published range."""
+    """Measured speculative acceptance length (tokens per verify step, at most 1 + the draft tokens):
+    the perf model's decode throughput, ITL and batch at the ITL target use it. When omitted, the
+    acceptance the model's calibration implies from the published DSpark point (status and
+    `kimik3 plan` show it as speculativeAcceptance)."""
 
 
 class Slo(SpecModel):
@@ -821,6 +877,16 @@ class RoleStatus(StatusModel):
     """The RDMA NICs each pod requests, e.g. "8 x rdma/ib" (pods whose traffic leaves the node)."""
     block_size: int | None = None
     """The KV block size vLLM will use for this role."""
+    max_num_seqs: int | None = None
+    """--max-num-seqs per data-parallel rank."""
+    max_num_batched_tokens: int | None = None
+    """--max-num-batched-tokens per data-parallel rank."""
+    max_cudagraph_capture_size: int | None = None
+    """--max-cudagraph-capture-size; vLLM's default when absent."""
+    long_prefill_token_threshold: int | None = None
+    """--long-prefill-token-threshold; vLLM's default (no cap) when absent."""
+    eplb_redundant_experts: int | None = None
+    """Redundant experts per MoE layer with EPLB on (--enable-eplb); absent when EPLB is off."""
     replicas_source: Literal["spec", "workload", "default"] | None = None
     """Where the replica count came from: the spec, rate matching on spec.workload, or the default."""
     workload: str | None = None

@@ -34,7 +34,7 @@ from ..contract.names import (
     FIELD_MANAGER,
 )
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
-from .cache import ClusterCache, Observation
+from .cache import ACTIVE_PODS, ClusterCache, Observation
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
 
@@ -167,7 +167,12 @@ class Cluster:
             return None
 
     def list_nodes(self) -> list[dict[str, Any]]:
+        """One list, for `kimik3 plan` against the live cluster (a reconcile pass reads the informers)."""
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Every namespace's pods that hold (or wait for) resources, for `kimik3 plan`'s capacity."""
+        return [p.to_dict() for p in self._resource("v1", "Pod").get(field_selector=ACTIVE_PODS).items]
 
     # ---- writes -------------------------------------------------------------------------------
 

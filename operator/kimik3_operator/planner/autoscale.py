@@ -92,9 +92,10 @@ def _capacity(metric: ScalingMetric, predicted: Mapping[str, float], input_token
         return predicted["prefillRequestsPerSecond"] * input_tokens * PREFILL_UTILISATION, "perf model"
     if metric == "RequestsInFlight" and predicted.get("decodeBatchAtSlo"):
         return max(1.0, predicted["decodeBatchAtSlo"] * DECODE_UTILISATION), "perf model"
-    if metric == "GenerationTokensPerSecond" and predicted.get("decodeStepMsAtSlo"):
+    if metric == "GenerationTokensPerSecond" and predicted.get("decodeItlMsAtSlo"):
+        # Each sequence emits a token per ITL: a speculative step emits its acceptance length.
         batch = predicted["decodeBatchAtSlo"]
-        return batch / (predicted["decodeStepMsAtSlo"] / 1e3) * DECODE_UTILISATION, "perf model"
+        return batch / (predicted["decodeItlMsAtSlo"] / 1e3) * DECODE_UTILISATION, "perf model"
     return None
 
 

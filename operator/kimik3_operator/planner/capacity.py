@@ -104,3 +104,24 @@ def replicas_that_fit(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[
     while placed < most and _place(nodes, free, role.nodes_per_replica, role.gpus_per_pod, by_clique):
         placed += 1
     return placed
+
+
+def pool_capacity(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int]) -> dict[str, Any]:
+    """Whether the whole plan fits on the nodes now, in numbers: per pool the nodes and GPUs its
+    roles need against the nodes present and GPUs free, and the first reason it does not fit
+    (the reconciler's shortfalls, or a pool with no node to place on)."""
+    pools = []
+    for pool in plan.pools:
+        nodes = facts.get(pool.name, PoolFacts()).nodes
+        pools.append({
+            "pool": pool.name,
+            "nodesNeeded": sum(r.replicas * r.nodes_per_replica for r in pool.roles),
+            "gpusNeeded": sum(r.replicas * r.gpus_per_replica for r in pool.roles),
+            "nodes": len(nodes),
+            "gpusFree": sum(max(0, n.gpus - used.get(n.name, 0)) for n in nodes),
+        })
+    empty = [p["pool"] for p in pools if not p["nodes"] and p["gpusNeeded"]]
+    reasons = [f"pool {name}: no schedulable node matches its nodeSelector (planned ahead of its nodes)"
+               for name in empty] + shortfalls(plan, facts, used)
+    return {"fits": not reasons, "pools": pools, "reason": reasons[0] if reasons else None,
+            "reasons": reasons}

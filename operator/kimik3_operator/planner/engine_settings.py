@@ -6,13 +6,30 @@ compatibility check, so prefill and decode must agree on them to the byte.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..api import KimiK3DeploymentSpec
 from ..api.v1alpha1 import Engine, Speculative
+from .catalog import GpuSpec
 from .plan import EngineSettings
 from .weights import DRAFT_PATH, MODEL_PATH
 
 
-def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
+def default_kv_cache_dtype(gpus: Iterable[GpuSpec]) -> str:
+    """fp8 MLA KV where every pool is NVIDIA Blackwell, else auto (BF16). Kimi K3's NVIDIA MLA layer
+    stores and reads a plain per-tensor fp8 cache on both paths (vllm models/kimi_k3/nvidia/mla.py:
+    1-20, the prefill dispatch by cache dtype, and :493-504, the fp8 view of the cache), and the
+    Dynamo Kimi K3 recipes serve Blackwell with --kv-cache-dtype fp8 (reference/vllm-kimi-k3.md,
+    "Pitfalls"); llm-d's wide-EP DeepSeek decode does the same (guides/wide-ep-lws/modelserver/gpu/
+    vllm-deepseek-v4/base/decode.yaml). Hopper and AMD keep BF16: no peer recipe serves K3's MLA in
+    fp8 there, and the ROCm fp8 paths are outside K3's MLA layer (mla.py:31). One value for the
+    whole deployment, since prefill and decode must agree on it."""
+    gpus = list(gpus)
+    return "fp8" if gpus and all(g.vendor == "nvidia" and g.blackwell for g in gpus) else "auto"
+
+
+def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> EngineSettings:
+    """`kv_default` is the --kv-cache-dtype when the spec leaves it out (default_kv_cache_dtype)."""
     engine = spec.engine
     retention = engine.prefix_caching.retention
     interval = {"Interval": retention.interval_tokens, "Selective": 0, "Dense": None}[retention.policy]
@@ -21,7 +38,7 @@ def engine_settings(spec: KimiK3DeploymentSpec) -> EngineSettings:
         model_path=MODEL_PATH,
         served_name=spec.model.served_name,
         max_model_len=engine.max_model_len,
-        kv_cache_dtype=engine.kv_cache_dtype,
+        kv_cache_dtype=engine.kv_cache_dtype or kv_default,
         kda_state_dtype=engine.kda_state_dtype,
         prefix_caching=engine.prefix_caching.enabled,
         retention_policy=retention.policy,

@@ -13,7 +13,10 @@ Calibration: the only published measurements are GB300 TP8 at batch 1, 111 tok/s
 prior, the standard point fixes the per-step fixed latency; the DSpark point, whose acceptance
 length was not published, then implies one, which must lie inside the published 2.61-4.73 range.
 Other GPUs and layouts reuse the fitted fixed latency scaled by a fabric factor for collectives
-over RDMA: extrapolations, marked as such through their inputs.
+over RDMA: extrapolations, marked as such through their inputs. A tensor group wider than the
+calibrated TP8 pays, on top, the extra all-reduce time its width costs (tensor_allreduce_ms): the
+published point fixes only TP8's collectives, and a TP16 group spanning four GB300 trays runs more
+hops per all-reduce than one spanning two.
 
 Pure functions for anything that times requests per role and GPU (the planner's rate matching, an
 engine simulator), all taking the pool's GpuSpec and the role's Layout:
@@ -37,7 +40,9 @@ from ..kimi_k3 import (
     DECODE_REPLICATED_BYTES,
     EXPERT_GFLOP_PER_TOKEN,
     GB,
+    HIDDEN_SIZE,
     KDA_STATE_BYTES,
+    LAYERS,
     MLA_BYTES_PER_TOKEN_LAYER,
     MLA_HEADS,
     MLA_LAYERS,
@@ -113,9 +118,49 @@ def calibrate() -> Calibration:
 CALIBRATION = calibrate()
 
 
-def fixed_ms(crosses_rdma: bool) -> float:
-    """Per-step fixed latency: the calibrated NVLink figure, scaled when collectives cross RDMA."""
-    return CALIBRATION.fixed_ms * (RDMA_FIXED_FACTOR if crosses_rdma else 1.0)
+LINK_GB_S = {"blackwell": 900.0, "hopper": 450.0, "cdna4": 448.0}
+"""Scale-up bandwidth per GPU and direction, GB/s: NVLink 5 (1.8 TB/s bidirectional), NVLink 4,
+Infinity Fabric on MI355X (reference/perf-model.md §1)."""
+HOP_US = {False: 1.0, True: 5.0}
+"""Latency of one step of an all-reduce, µs: over NVLink (NCCL's low-latency protocol; an
+assumption of this model, not a measurement) and over RDMA (a verbs round trip through PCIe)."""
+ALLREDUCES_PER_LAYER = 2
+"""After attention and after the MLP: row-parallel outputs are summed over the tensor group."""
+
+
+def allreduce_us(ranks: int, nbytes: float, link_gb_s: float, hop_us: float) -> float:
+    """One all-reduce of `nbytes` over `ranks` ranks, NCCL-style: the faster of a ring, 2 (p - 1)
+    latency steps moving 2 (p - 1) / p of the message, and a double binary tree, 2 log2 p latency
+    steps moving the message twice (pipelined)."""
+    if ranks <= 1:
+        return 0.0
+    per_byte_us = 1e6 / (link_gb_s * 1e9)
+    ring = 2 * (ranks - 1) * hop_us + 2 * (ranks - 1) / ranks * nbytes * per_byte_us
+    tree = 2 * math.ceil(math.log2(ranks)) * hop_us + 2 * nbytes * per_byte_us
+    return min(ring, tree)
+
+
+def tensor_allreduce_ms(gpu: GpuSpec, tensor: int, tokens: float, crosses_rdma: bool) -> float:
+    """All-reduce time of one decode step over a tensor group of `tensor` ranks with `tokens` tokens
+    in the step on that group: every layer sums HIDDEN_SIZE BF16 values per token twice. Over RDMA
+    the link is the pool's NIC (nic_gb_s), else the GPU generation's scale-up link."""
+    link = gpu.nic_gb_s if crosses_rdma else LINK_GB_S[gpu.generation]
+    one = allreduce_us(tensor, HIDDEN_SIZE * 2 * tokens, link, HOP_US[crosses_rdma])
+    return LAYERS * ALLREDUCES_PER_LAYER * one / 1e3
+
+
+def fixed_ms(crosses_rdma: bool, gpu: GpuSpec | None = None, tensor: int = PUBLISHED.tensor,
+             tokens: float = 1.0) -> float:
+    """Per-step fixed latency: the calibrated figure (which holds TP8's collectives), scaled when
+    collectives cross RDMA, plus what a tensor group wider than TP8 spends on all-reduces beyond
+    TP8's at the same tokens. Narrower groups keep the calibrated figure: their all-reduce savings
+    go to the all-to-all and launch chains no measurement separates."""
+    base = CALIBRATION.fixed_ms * (RDMA_FIXED_FACTOR if crosses_rdma else 1.0)
+    if gpu is None or tensor <= PUBLISHED.tensor:
+        return base
+    extra = (tensor_allreduce_ms(gpu, tensor, tokens, crosses_rdma)
+             - tensor_allreduce_ms(gpu, PUBLISHED.tensor, tokens, crosses_rdma))
+    return base + max(0.0, extra)
 
 
 @dataclass(frozen=True)
@@ -134,7 +179,7 @@ def decode_batch1(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, *, context: 
     """Tokens per second for one user: 1 token per step, or `acceptance` per verify step."""
     tokens = 1 + spec_tokens
     nbytes = step_bytes(layout, tokens, context, kv_dtype)
-    fixed = fixed_ms(crosses_rdma)
+    fixed = fixed_ms(crosses_rdma, gpu, layout.tensor, tokens)
     step = fixed + _bandwidth_ms(gpu, nbytes)
     return Prediction(acceptance * 1e3 / step, "tokens/s", {
         "bytesPerGpuGB": nbytes / GB, "fixedMs": fixed, "efficiency": EFFICIENCY,
@@ -152,7 +197,7 @@ def decode_step_ms(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, batch: int,
     rate = (gpu.fp8_tflops if gpu.blackwell else gpu.bf16_tflops) * 1e12
     flops = tokens / layout.gpus * (EXPERT_GFLOP_PER_TOKEN * 1e9 / rate + BF16_GFLOP_PER_TOKEN * 1e9
                                     / (gpu.bf16_tflops * 1e12)) / PREFILL_MFU * 1e3
-    return fixed_ms(crosses_rdma) + max(_bandwidth_ms(gpu, nbytes), flops)
+    return fixed_ms(crosses_rdma, gpu, layout.tensor, tokens / layout.data) + max(_bandwidth_ms(gpu, nbytes), flops)
 
 
 def prefill_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, cached_tokens: int = 0) -> float:
@@ -176,8 +221,11 @@ def prefill_latency_seconds(gpu: GpuSpec, layout: Layout, input_tokens: int, *, 
 
 
 def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: int, kv_dtype: str,
-                     spec_tokens: int, itl_ms: float | None, max_model_len: int | None) -> int:
-    """Largest batch per replica that fits the KV/KDA pool and keeps the step under the ITL SLO."""
+                     spec_tokens: int, itl_ms: float | None, max_model_len: int | None, *,
+                     acceptance: float = 1.0) -> int:
+    """Largest batch per replica that fits the KV/KDA pool and keeps the inter-token latency under
+    the ITL SLO: with `spec_tokens` drafts a verify step of 1 + k tokens per sequence emits
+    `acceptance` tokens, so the ITL is the step time over the acceptance length."""
     fit = memory_fit(gpu, layout.tensor, layout.pipeline, layout.data, layout.expert,
                      max_model_len=max_model_len, kv_dtype=kv_dtype, spec_tokens=spec_tokens)
     per_seq = (kv_cache_bytes(context, kv_dtype, layout.pipeline)
@@ -188,7 +236,8 @@ def max_decode_batch(gpu: GpuSpec, layout: Layout, crosses_rdma: bool, context: 
     low, high = 0, capacity
     while low < high:  # step time grows with batch: binary search the SLO boundary
         mid = (low + high + 1) // 2
-        if decode_step_ms(gpu, layout, crosses_rdma, mid, context, kv_dtype) <= itl_ms:
+        if decode_step_ms(gpu, layout, crosses_rdma, mid, context, kv_dtype, spec_tokens=spec_tokens) \
+                <= itl_ms * acceptance:
             low = mid
         else:
             high = mid - 1

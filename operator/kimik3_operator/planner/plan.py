@@ -127,6 +127,18 @@ class RdmaPlan:
 
 
 @dataclass(frozen=True)
+class EngineShape:
+    """A role's scheduler, CUDA-graph and EPLB flags (shaping.py); None leaves vLLM's default."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_cudagraph_capture_size: int | None = None
+    long_prefill_token_threshold: int | None = None
+    eplb_redundant_experts: int | None = None
+    """Redundant experts per MoE layer across the EP group; None: EPLB off."""
+
+
+@dataclass(frozen=True)
 class RolePlan:
     role: RoleName
     replicas: int
@@ -160,6 +172,8 @@ class RolePlan:
     predicted: Mapping[str, float] = field(default_factory=dict)
     autoscaling: RoleScaling | None = None
     """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
+    shape: EngineShape | None = None
+    """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
 
     @property
     def gpus_per_replica(self) -> int:

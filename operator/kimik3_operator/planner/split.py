@@ -15,11 +15,12 @@ import dataclasses
 from collections.abc import Set
 
 from ..api import KimiK3DeploymentSpec
-from ..api.reasons import SLO_UNATTAINABLE
+from ..api.reasons import INVALID_SPEC, SLO_UNATTAINABLE
 from ..api.v1alpha1 import Workload
 from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
 from .perf import (
+    CALIBRATION,
     DECODE_UTILISATION,
     EFFICIENCY,
     PREFILL_UTILISATION,
@@ -33,6 +34,7 @@ from .perf import (
     replicas_for,
 )
 from .plan import EngineSettings, PlanningError, PoolPlan, RolePlan
+from .shaping import decode_seqs
 
 DEFAULT_REPLICAS = {"aggregated": 1, "prefill": 1, "decode": 2}
 DEFAULT_WORKLOAD = Workload()
@@ -42,9 +44,29 @@ def _context(w: Workload) -> int:
     return w.input_tokens + w.output_tokens // 2
 
 
+def acceptance(engine: EngineSettings, workload: Workload) -> float:
+    """Tokens a sequence emits per decode step: 1 without speculation; with it the workload's
+    measured acceptanceLength, else the acceptance the perf model's calibration implies (the one
+    that reproduces the published DSpark point), which the table's low/high bounds bracket."""
+    k = engine.speculative_tokens
+    if not k:
+        return 1.0
+    if workload.acceptance_length is None:
+        return min(CALIBRATION.implied_acceptance, 1.0 + k)
+    if workload.acceptance_length > 1 + k:
+        raise PlanningError(
+            INVALID_SPEC,
+            f"workload.acceptanceLength {workload.acceptance_length} exceeds 1 + numSpeculativeTokens ({1 + k}): "
+            "a verify step emits at most its drafts plus one token")
+    return workload.acceptance_length
+
+
 def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Workload,
-            itl_ms: float | None) -> dict[str, float]:
-    """Per-replica predictions for one role at the workload's shape."""
+            itl_ms: float | None, max_num_seqs: int | None = None) -> dict[str, float]:
+    """Per-replica predictions for one role at the workload's shape. The decode batch is also held
+    to what the engine will run: `max_num_seqs` per data-parallel rank when the spec sets it, else
+    the shaping's CUDA-graph bound (shaping.decode_seqs), so the rate a replica is credited with is
+    one its scheduler admits."""
     gpu = CATALOG[pool.gpu_product] if pool.gpu_product else None
     if gpu is None:
         return {}
@@ -52,24 +74,29 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
     layout, rdma = role.layout, role.crosses_rdma
     out: dict[str, float] = {}
     if role.role in ("decode", "aggregated"):
+        k = engine.speculative_tokens
         base = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv)
         out["decodeTokensPerSecondBatch1"] = base.value
         out["decodeStepMsBatch1"] = base.inputs["stepMs"]
         out["bytesPerGpuGBBatch1"] = base.inputs["bytesPerGpuGB"]
-        if engine.speculative_tokens:
+        accept = acceptance(engine, workload)
+        if k:
             low, high = PUBLISHED.acceptance_range
-            for name, accept in (("Low", low), ("High", high)):
+            for name, value in (("", accept), ("AtLowAcceptance", low), ("AtHighAcceptance", high)):
                 p = decode_batch1(gpu, layout, rdma, context=_context(workload), kv_dtype=kv,
-                                  spec_tokens=engine.speculative_tokens, acceptance=accept)
-                out[f"speculativeTokensPerSecondBatch1At{name}Acceptance"] = p.value
-                out[f"speculativeAcceptance{name}"] = accept
-        batch = max_decode_batch(gpu, layout, rdma, _context(workload), kv, engine.speculative_tokens,
-                                 itl_ms, engine.max_model_len)
+                                  spec_tokens=k, acceptance=value)
+                out[f"speculativeTokensPerSecondBatch1{name}"] = p.value
+            out["speculativeAcceptance"] = accept
+            out["speculativeAcceptanceLow"], out["speculativeAcceptanceHigh"] = low, high
+        batch = max_decode_batch(gpu, layout, rdma, _context(workload), kv, k, itl_ms, engine.max_model_len,
+                                 acceptance=accept)
+        batch = min(batch, layout.data * (max_num_seqs or decode_seqs(None, layout.data, k, gpu)))
         if batch:
-            step = decode_step_ms(gpu, layout, rdma, batch, _context(workload), kv)
+            step = decode_step_ms(gpu, layout, rdma, batch, _context(workload), kv, spec_tokens=k)
             out["decodeBatchAtSlo"] = float(batch)
             out["decodeStepMsAtSlo"] = step
-            out["decodeRequestsPerSecond"] = batch / (step / 1e3) / workload.output_tokens
+            out["decodeItlMsAtSlo"] = step / accept
+            out["decodeRequestsPerSecond"] = batch * accept / (step / 1e3) / workload.output_tokens
         else:
             out["decodeRequestsPerSecond"] = 0.0
     if role.role in ("prefill", "aggregated"):
@@ -77,7 +104,7 @@ def predict(pool: PoolPlan, role: RolePlan, engine: EngineSettings, workload: Wo
         out["ttftSeconds"] = prefill_latency_seconds(gpu, layout, workload.input_tokens)
     if role.role == "aggregated" and out.get("decodeRequestsPerSecond"):
         out["requestsPerSecond"] = 1 / (1 / out["prefillRequestsPerSecond"] + 1 / out["decodeRequestsPerSecond"])
-    out["fixedMs"] = fixed_ms(role.crosses_rdma)
+    out["fixedMs"] = fixed_ms(role.crosses_rdma, gpu, layout.tensor)
     out["efficiency"] = EFFICIENCY
     return out
 
@@ -103,7 +130,9 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
     workload = spec.workload or DEFAULT_WORKLOAD
     ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None
     itl_ms = spec.slo.itl_milliseconds if spec.slo else None
-    predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms) for p in pools for r in p.roles}
+    given = {(p.name, name): r.engine.max_num_seqs if r.engine else None for p in spec.pools for name, r in p.roles()}
+    predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms, given.get((p.name, r.role)))
+                 for p in pools for r in p.roles}
     for pool in pools:
         for role in pool.roles:
             _check_slo(f"pool {pool.name} role {role.role}", role, predicted[(pool.name, role.role)], ttft_ms, itl_ms)

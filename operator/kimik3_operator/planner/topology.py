@@ -15,20 +15,22 @@ import json
 from collections.abc import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
-from ..api.reasons import HARDWARE_UNSUPPORTED, NO_MATCHING_NODES, PD_INCOMPATIBLE
+from ..api.reasons import HARDWARE_UNSUPPORTED, INVALID_SPEC, NO_MATCHING_NODES, PD_INCOMPATIBLE
+from ..kimi_k3 import NUM_EXPERTS
 from .autoscale import settings as scaling_settings
 from .autoscale import with_autoscaling
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec
-from .engine_settings import engine_settings
+from .engine_settings import default_kv_cache_dtype, engine_settings
 from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
-from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
+from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .router import router_plans
-from .split import assign_replicas
+from .shaping import ShapeOverrides, shape
+from .split import DEFAULT_WORKLOAD, assign_replicas
 from .traps import check_traps
 from .weights import weights_plan, with_commits
 
@@ -38,7 +40,8 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     """Plan every pool; raise PlanningError naming the first pool that cannot be planned.
     `staged` maps "model"/"draft" to the commit its staging Job reported; `prometheus_url` is the
     operator's default for the scalers (spec.autoscaling.prometheusUrl wins)."""
-    engine = engine_settings(spec)
+    gpus = [pool_gpu(pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools]
+    engine = engine_settings(spec, default_kv_cache_dtype(gpus))
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
     pools = with_kv_transport(pools, {p.name: p for p in spec.pools}, facts)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
@@ -46,6 +49,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
+    pools = with_shapes(spec, engine, pools)
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
                             routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url)),
@@ -58,6 +62,54 @@ def with_staged(plan: Plan, commits: Mapping[str, str]) -> Plan:
     weights = with_commits(plan.weights, commits)
     engine = dataclasses.replace(plan.engine, commits=tuple((s.name, s.commit) for s in weights.sources if s.commit))
     return dataclasses.replace(plan, engine=engine, weights=weights, compat_hash=compat_hash(engine))
+
+
+def with_shapes(spec: KimiK3DeploymentSpec, engine: EngineSettings,
+                pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
+    """Give each role its engine shape (shaping.py) from its predicted batch and the spec's
+    per-role overrides."""
+    roles = {(p.name, name): r for p in spec.pools for name, r in p.roles()}
+    input_tokens = (spec.workload or DEFAULT_WORKLOAD).input_tokens
+
+    def one(pool: PoolPlan, role: RolePlan) -> RolePlan:
+        given = roles[(pool.name, role.role)].engine
+        overrides = ShapeOverrides(
+            max_num_seqs=given.max_num_seqs, max_num_batched_tokens=given.max_num_batched_tokens,
+            max_cudagraph_capture_size=given.max_cudagraph_capture_size,
+            long_prefill_token_threshold=given.long_prefill_token_threshold,
+            eplb=given.eplb.enabled if given.eplb else None,
+            redundant_experts=given.eplb.redundant_experts if given.eplb else None) if given else ShapeOverrides()
+        result = shape(role.role, CATALOG.get(pool.gpu_product or ""), role.layout, role.moe_backend,
+                       batch_at_slo=role.predicted.get("decodeBatchAtSlo"), input_tokens=input_tokens,
+                       max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
+                       spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype, overrides=overrides)
+        check_shape(f"pool {pool.name} role {role.role}", role, result, engine.max_model_len)
+        return dataclasses.replace(role, shape=result)
+
+    return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
+
+
+def check_shape(where: str, role: RolePlan, result: EngineShape, max_model_len: int | None) -> None:
+    """What vLLM 0.33.0 would refuse at start-up, refused at planning: a token budget below the
+    sequence count (config/scheduler.py:331-336), a long-prefill threshold past the context
+    (:355-360), EPLB without a data-parallel expert group
+    (config/parallel.py:563-583) or with experts that do not spread evenly (fused_moe/layer.py:274)."""
+    if result.max_num_batched_tokens < result.max_num_seqs:
+        raise PlanningError(INVALID_SPEC, f"{where}: maxNumBatchedTokens {result.max_num_batched_tokens} is below "
+                                          f"maxNumSeqs {result.max_num_seqs}; vLLM refuses that")
+    threshold = result.long_prefill_token_threshold
+    if threshold and max_model_len and threshold > max_model_len:
+        raise PlanningError(INVALID_SPEC, f"{where}: longPrefillTokenThreshold {threshold} exceeds "
+                                          f"engine.maxModelLen {max_model_len}; vLLM refuses that")
+    if result.eplb_redundant_experts is None:
+        return
+    ep = role.layout.tensor * role.layout.data
+    if not role.layout.expert or ep <= 1:
+        raise PlanningError(INVALID_SPEC, f"{where}: EPLB needs expert parallelism over more than one GPU "
+                                          "(parallelism.expert with tensor x data > 1)")
+    if (NUM_EXPERTS + result.eplb_redundant_experts) % ep:
+        raise PlanningError(INVALID_SPEC, f"{where}: {NUM_EXPERTS} experts plus {result.eplb_redundant_experts} "
+                                          f"redundant ones do not divide over {ep} expert-parallel ranks")
 
 
 def align_blocks(pools: tuple[PoolPlan, ...], engine: EngineSettings) -> tuple[tuple[PoolPlan, ...], EngineSettings]:

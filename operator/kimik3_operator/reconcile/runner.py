@@ -26,8 +26,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Protocol
 
 import kopf
 
@@ -57,20 +58,30 @@ LOG_FORMATS = {"text": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
 with the object's reference (kind, namespace, name, uid) under `k8s` in kopf's per-object lines."""
 
 
+class Service(Protocol):
+    """Something that runs beside kopf on the operator's loop in every replica, leader or not
+    (the webhook, its certificate keeper): started after the liveness endpoint, stopped last."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 def run_operator(config: OperatorConfig, *, liveness: str | None, log_level: str = "INFO", log_format: str = "text",
-                 standalone: bool = True, healthy: Callable[[], bool] | None = None) -> int:
+                 standalone: bool = True, healthy: Callable[[], bool] | None = None,
+                 services: Sequence[Service] = ()) -> int:
     """Run until told to stop; the process exit code. `healthy` (the webhook's) joins the liveness
     answer."""
     kopf.configure(verbose=log_level == "DEBUG", log_format=LOG_FORMATS[log_format], log_refkey="k8s")
     logging.getLogger().setLevel(log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes every few seconds
-    return asyncio.run(_Replica(config, liveness, standalone, healthy).run())
+    return asyncio.run(_Replica(config, liveness, standalone, healthy, services).run())
 
 
 class _Replica:
     def __init__(self, config: OperatorConfig, liveness: str | None, standalone: bool,
-                 healthy: Callable[[], bool] | None = None) -> None:
-        self.config, self.standalone = config, standalone
+                 healthy: Callable[[], bool] | None = None, services: Sequence[Service] = ()) -> None:
+        self.config, self.standalone, self.services = config, standalone, services
         self.stop = asyncio.Event()
         self.leading = False
         self.guard: WriteGuard | None = None
@@ -103,6 +114,8 @@ class _Replica:
         LEADER.set(0)
         if self.health is not None:
             await self.health.start()
+        for service in self.services:
+            await service.start()
         try:
             if self.config.lease is None:
                 self.leading = True
@@ -112,6 +125,8 @@ class _Replica:
             return await self._elected()
         finally:
             LEADER.set(0)
+            for service in reversed(self.services):
+                await service.stop()
             if self.health is not None:
                 await self.health.stop()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..planner import EngineSettings, RolePlan
 from ..planner.memory import GPU_MEMORY_UTILIZATION
+from .engine_shape import shape_args
 from .kubelet import literal, literals
 
 HTTP_PORT = 8000
@@ -89,6 +90,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
+    args += shape_args(role)
     args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
     if engine.prefix_caching and engine.retention_interval is not None:
         args += ["--prefix-cache-retention-interval", str(engine.retention_interval)]

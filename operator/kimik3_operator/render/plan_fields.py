@@ -39,6 +39,11 @@ ROLE_FIELDS = {
     "expert_dispatch": "expert_dispatch",
     "kv_transport": "kv_transport",
     "rdma_nics": "rdma_request",
+    "max_num_seqs": "shape.max_num_seqs",
+    "max_num_batched_tokens": "shape.max_num_batched_tokens",
+    "max_cudagraph_capture_size": "shape.max_cudagraph_capture_size",
+    "long_prefill_token_threshold": "shape.long_prefill_token_threshold",
+    "eplb_redundant_experts": "shape.eplb_redundant_experts",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""
 

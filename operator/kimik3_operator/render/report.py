@@ -6,6 +6,7 @@ appear as `$(NAME)`, the way the kubelet would expand them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..planner import Plan, PoolPlan, RolePlan, RouterPlan
@@ -57,7 +58,15 @@ def plan_report(plan: Plan) -> dict[str, Any]:
     }
 
 
-def plan_table(plan: Plan) -> str:
+def capacity_line(capacity: Mapping[str, Any]) -> str:
+    """One line: fits or not, and per pool the nodes/GPUs needed against present/free."""
+    pools = "; ".join(f"{p['pool']} needs {p['nodesNeeded']} nodes/{p['gpusNeeded']} GPUs, "
+                      f"has {p['nodes']} nodes/{p['gpusFree']} GPUs free" for p in capacity["pools"])
+    verdict = "fits" if capacity["fits"] else f"does NOT fit now ({capacity['reason']})"
+    return f"capacity: {verdict}; {pools}"
+
+
+def plan_table(plan: Plan, capacity: Mapping[str, Any] | None = None) -> str:
     header = ("POOL", "GPU", "FABRIC", "ROLE", "REPLICAS", "GPUS/REPL", "NODES/REPL", "LAYOUT", "ALL2ALL", "MOE",
               "TOK/S@1", "TTFT")
     rows = [header]
@@ -79,5 +88,25 @@ def plan_table(plan: Plan) -> str:
               + " -> " + ", ".join(f"{pool}/{role}" for pool, role in r.routes) for r in plan.routers]
     if not plan.routers:
         lines.append("router: none (spec.router.replicas 0)")
+    lines += [shape_line(pool, role) for pool in plan.pools for role in pool.roles if role.shape]
     lines.append(f"total GPUs: {plan.gpus}; prefill/decode compatibility hash: {plan.compat_hash}")
+    if capacity is not None:
+        lines.append(capacity_line(capacity))
     return "\n".join(lines)
+
+
+def shape_line(pool: PoolPlan, role: RolePlan) -> str:
+    """A role's engine shape and, with speculation, its point prediction beside the bounds."""
+    s, p = role.shape, role.predicted
+    assert s is not None
+    parts = [f"max-num-seqs {s.max_num_seqs}", f"max-num-batched-tokens {s.max_num_batched_tokens}"]
+    if s.max_cudagraph_capture_size is not None:
+        parts.append(f"cudagraph capture <= {s.max_cudagraph_capture_size}")
+    if s.long_prefill_token_threshold is not None:
+        parts.append(f"long-prefill threshold {s.long_prefill_token_threshold}")
+    parts.append(f"EPLB +{s.eplb_redundant_experts} experts" if s.eplb_redundant_experts is not None else "EPLB off")
+    if "speculativeTokensPerSecondBatch1" in p:
+        parts.append(f"spec {p['speculativeTokensPerSecondBatch1']:.0f} tok/s@1 at acceptance "
+                     f"{p['speculativeAcceptance']:.2f} ({p['speculativeTokensPerSecondBatch1AtLowAcceptance']:.0f}"
+                     f"-{p['speculativeTokensPerSecondBatch1AtHighAcceptance']:.0f})")
+    return f"engine {pool.name}/{role.role} (per DP rank): " + ", ".join(parts)
