@@ -14,7 +14,7 @@ from typing import Any
 
 from kimik3_operator.api import KIND, KimiK3Deployment
 from kimik3_operator.api.reasons import NO_MATCHING_NODES
-from kimik3_operator.contract.kinds import CHILD_KINDS
+from kimik3_operator.contract.kinds import CHILD_KINDS, PERSISTENT_VOLUME_CLAIM
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
 from kimik3_operator.reconcile.pairing import leader_endpoints
 from kimik3_operator.render import Owner, render_children
@@ -86,6 +86,12 @@ def contains(live: Any, want: Any, path: str = "") -> list[str]:
     return [] if str(live) == str(want) else [f"{path}: {live!r} != {want!r}"]
 
 
+def retained(obj: dict[str, Any]) -> bool:
+    """A model cache claim kept by spec.model.cache.retentionPolicy Retain (the default): rendered
+    without an owner reference, so it outlives its deployment by design and is no orphan."""
+    return obj["kind"] == PERSISTENT_VOLUME_CLAIM.kind and not obj["metadata"].get("ownerReferences")
+
+
 def check_children(namespace: str) -> list[str]:
     """Problems with the namespace's children; empty when every KimiK3Deployment in it has exactly
     the children it should, holding what was rendered, and nothing of ours is orphaned."""
@@ -96,6 +102,8 @@ def check_children(namespace: str) -> list[str]:
     for obj in live:
         refs = [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]
         name = f"{obj['kind']}/{obj['metadata']['name']}"
+        if retained(obj):
+            continue  # owned by no one on purpose; checked against the rendering below like the others
         if len(refs) != 1 or refs[0].get("kind") != KIND or refs[0].get("uid") not in crs:
             problems.append(f"{name}: orphaned (controller refs {refs}, live deployments {sorted(crs)})")
         elif refs[0]["name"] != crs[refs[0]["uid"]]["metadata"]["name"]:

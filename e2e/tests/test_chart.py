@@ -4,15 +4,17 @@ upgrade that changes the CRD (and back)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import CHART, CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, helm
-from .kube import get_json
+from .conftest import CHART, CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_VALUES, helm
+from .kube import ROOT, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -108,3 +110,59 @@ def test_install_manifest_is_rendered_from_the_chart(chart: str) -> None:
     result = subprocess.run(["kubectl", "apply", "--dry-run=server", "-f", "-"], input=committed,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_helm_test_check_passes_as_its_own_service_account(operator: Path, tmp_path: Path) -> None:
+    """`helm test`'s pod never runs here (kwok runs no containers and completes only Job pods a
+    test annotates), so this plays it: the hook's ServiceAccount, Role and RoleBinding as the chart
+    renders them for this release, and the pod's command run on the host with that identity."""
+    rendered = helm("template", RELEASE, str(CHART), "-n", CHART_NAMESPACE, *WEBHOOK_VALUES,
+                    "--show-only", "templates/tests/check-install.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    grants = [d for d in docs if d["kind"] != "Pod"]
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(grants))
+    try:
+        account = pod["spec"]["serviceAccountName"]
+        kubeconfig = subprocess.run([str(ROOT / "scripts" / "sa-kubeconfig.sh"), CHART_NAMESPACE, account,
+                                     str(tmp_path / "kubeconfig"), "10m"],
+                                    capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        (container,) = pod["spec"]["containers"]
+        kimik3 = Path(sys.executable).with_name("kimik3")
+        result = subprocess.run([str(kimik3), *container["args"]], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "KUBECONFIG": kubeconfig})
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        assert [line.split(":")[0] for line in lines] == ["ok  CRD served", "ok  webhook answers", "ok  operator ready"]
+        assert "InsufficientMemory" in lines[1]
+        # the dry run stored nothing
+        assert kubectl("get", "k3", "kimik3-install-check", "-n", CHART_NAMESPACE, check=False).returncode != 0
+    finally:
+        kubectl("delete", "-f", "-", "--ignore-not-found", input=yaml.safe_dump_all(grants), check=False)
+
+
+def test_namespace_users_get_deployments_through_view_and_edit(chart: str, namespace: str) -> None:
+    """The chart's aggregated ClusterRoles reach Kubernetes' default roles (the controller manager
+    aggregates them): view reads KimiK3Deployments, edit also writes them, neither their status."""
+    for user, role in (("e2e-viewer", "view"), ("e2e-editor", "edit")):
+        kubectl("-n", namespace, "create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}")
+
+    def can(user: str, verb: str, *subresource: str) -> bool:
+        got = kubectl("auth", "can-i", verb, "kimik3deployments.serving.kimik3.dev", *subresource, "-n", namespace,
+                      f"--as={user}", check=False)
+        return got.stdout.strip() == "yes"
+
+    wait_for("view and edit to aggregate the chart's roles",
+             lambda: can("e2e-viewer", "list") and can("e2e-editor", "create"), timeout=60)
+    assert can("e2e-viewer", "watch") and not can("e2e-viewer", "create") and not can("e2e-viewer", "delete")
+    assert can("e2e-editor", "patch") and can("e2e-editor", "delete")
+    assert not can("e2e-editor", "patch", "--subresource=status")
+
+
+def test_the_installed_replicas_have_a_disruption_budget(chart: str) -> None:
+    budget = get_json("poddisruptionbudget", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    assert budget["spec"]["minAvailable"] == 1
+    selector = budget["spec"]["selector"]["matchLabels"]
+    deploy = get_json("deployment", SERVICE_ACCOUNT, "-n", CHART_NAMESPACE)
+    assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert "podAntiAffinity" in deploy["spec"]["template"]["spec"]["affinity"]

@@ -27,7 +27,9 @@ GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
 
 def _deployment(namespace: str) -> dict[str, Any]:
     body = base_deployment(name="k3w", namespace=namespace)
-    body["spec"]["model"] = {"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf-token"}}
+    # Delete: the cache claim is owned, so it is pruned once no checkpoint stages into it (test below).
+    body["spec"]["model"] = {"uri": "hf://moonshotai/Kimi-K3", "authSecretRef": {"name": "hf-token"},
+                             "cache": {"retentionPolicy": "Delete"}}
     body["spec"]["engine"] = {"speculative": {"method": "DSpark", "draftModelUri": "hf://moonshotai/Kimi-K3-DSpark"}}
     body["spec"]["pools"] = [{"name": "gb300", "nodeSelector": GB300,
                               "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
@@ -178,3 +180,41 @@ def test_a_user_string_naming_a_variable_reaches_the_stager_as_written(operator:
     (job,) = _jobs(namespace).values()
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--revision") + 1] == "v$$(HF_TOKEN)"
+
+
+def _claim(namespace: str) -> dict[str, Any] | None:
+    got = kubectl("get", "pvc", "k3w-model-cache", "-n", namespace, "-o", "json", check=False)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def test_the_cache_claim_outlives_its_deployment_unless_its_policy_says_delete(operator: Path, stager: Stager,
+                                                                               namespace: str) -> None:
+    """spec.model.cache.retentionPolicy: Retain (the default) keeps the claim when the deployment is
+    deleted, and the deployment created again adopts it; Delete lets garbage collection take it."""
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal=token={TOKEN}")
+    body = _deployment(namespace)
+    del body["spec"]["model"]["cache"]  # the default: Retain
+    apply(body)
+    claim = wait_for("the cache claim", lambda: _claim(namespace), timeout=60)
+    assert not claim["metadata"].get("ownerReferences"), claim["metadata"]
+    wait_for("Ready after staging", lambda: _ready(namespace), timeout=180)
+
+    kubectl("delete", "kimik3deployment", "k3w", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for("the staging Jobs garbage-collected", lambda: not _jobs(namespace), timeout=120)
+    kept = _claim(namespace)
+    assert kept is not None and kept["metadata"]["uid"] == claim["metadata"]["uid"]
+
+    apply(body)  # the same name again: the claim is adopted, not replaced
+    cr = wait_for("Ready again", lambda: _ready(namespace), timeout=180)
+    adopted = _claim(namespace)
+    assert adopted is not None and adopted["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert not adopted["metadata"].get("ownerReferences")
+
+    body["spec"]["model"]["cache"] = {"retentionPolicy": "Delete"}
+    apply(body)
+    owned = wait_for("the claim owned by the deployment", lambda: (c := _claim(namespace))
+                     and [r["uid"] for r in c["metadata"].get("ownerReferences") or []] == [cr["metadata"]["uid"]]
+                     and c, timeout=60)
+    assert owned["metadata"]["uid"] == claim["metadata"]["uid"]
+    kubectl("delete", "kimik3deployment", "k3w", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for("the claim garbage-collected with it", lambda: _claim(namespace) is None, timeout=120)

@@ -92,6 +92,12 @@ def _run(args: argparse.Namespace) -> int:
     from .reconcile.runner import run_operator  # imports kopf: only for this command
     from .reconcile.settings import OperatorConfig
 
+    try:
+        log_level = _flag_or_env(args.log_level, "KIMIK3_LOG_LEVEL", "INFO", LOG_LEVELS)
+        log_format = _flag_or_env(args.log_format, "KIMIK3_LOG_FORMAT", "text", LOG_FORMATS)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     healthy, services = None, []
     if args.webhook_port is not None:
         from .webhook import CertificateFiles, WebhookServer
@@ -119,8 +125,10 @@ def _run(args: argparse.Namespace) -> int:
     lease = LeaseConfig(name=args.lease_name, namespace=args.lease_namespace or default_lease_namespace(),
                         identity=IDENTITY) if elect else None
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
-                                     lease=lease, prometheus_url=args.prometheus_url)
-    return run_operator(config, liveness=args.liveness, log_level=os.environ.get("KIMIK3_LOG_LEVEL", "INFO"),
+                                     lease=lease, prometheus_url=args.prometheus_url,
+                                     resync_seconds=args.resync_seconds, retry_seconds=args.retry_seconds,
+                                     workers=args.workers, tools_image=args.tools_image)
+    return run_operator(config, liveness=args.liveness, log_level=log_level, log_format=log_format,
                         healthy=healthy, services=services)
 
 
@@ -135,6 +143,33 @@ def _certificate_keeper(args: argparse.Namespace) -> Any:
     return CertificateKeeper(api_client(), default_lease_namespace(), args.webhook_cert_secret,
                              args.webhook_configuration, frozenset(args.webhook_cert_host), directory,
                              check_seconds=args.webhook_cert_check_seconds)
+
+
+def _check_install(args: argparse.Namespace) -> int:
+    from .k8s import api_client
+    from .k8s.install_check import check_install
+
+    ok = check_install(api_client(), args.namespace, args.deployment, webhook=args.webhook)
+    return 0 if ok else 1
+
+
+def _flag_or_env(given: str | None, name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The flag's value, else the environment's, else the default; a bad environment value is an error."""
+    value = given or os.environ.get(name) or default
+    if value not in choices:
+        raise ValueError(f"${name}={value!r}: choose from {', '.join(choices)}")
+    return value
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
+    return value
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -181,7 +216,30 @@ def parser() -> argparse.ArgumentParser:
                      help="Prometheus's HTTP API for the SLO scaler and KEDA triggers, e.g. "
                           "http://prometheus.monitoring:9090 (default: $KIMIK3_PROMETHEUS_URL; a deployment's "
                           "spec.autoscaling.prometheusUrl wins)")
+    run.add_argument("--log-level", choices=LOG_LEVELS, default=None, help="default: $KIMIK3_LOG_LEVEL, else INFO")
+    run.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                     help="text, or json: one JSON object a line (message, timestamp, severity; kopf's "
+                          "per-object lines add the object's reference under k8s) "
+                          "(default: $KIMIK3_LOG_FORMAT, else text)")
+    run.add_argument("--resync-seconds", type=positive, default=None,
+                     help="reconcile every deployment at least this often (default: $KIMIK3_RESYNC_SECONDS, else 30)")
+    run.add_argument("--retry-seconds", type=positive, default=None,
+                     help="retry a pass that failed on an API error after this delay (default: "
+                          "$KIMIK3_RETRY_SECONDS, else 10)")
+    run.add_argument("--workers", type=int, choices=range(1, 65), metavar="N", default=None,
+                     help="deployments reconciled at once (default: $KIMIK3_WORKERS, else 4)")
+    run.add_argument("--tools-image", default=None,
+                     help="image of the staging Jobs and the serving pods' weights wait: the operator's own "
+                          "(default: $KIMIK3_TOOLS_IMAGE, else the image of this version)")
     run.set_defaults(func=_run)
+    check = sub.add_parser("check-install", help="check an installed operator (the chart's `helm test`): the CRD "
+                                                 "is served, the webhook answers, the operator is ready")
+    check.add_argument("--namespace", required=True, help="the release namespace")
+    check.add_argument("--deployment", required=True, help="the operator's Deployment")
+    check.add_argument("--webhook", action=argparse.BooleanOptionalAction, default=True,
+                       help="check that the webhook refuses a spec only it refuses (--no-webhook when "
+                            "webhook.enabled is false)")
+    check.set_defaults(func=_check_install)
     return p
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import platform
 import threading
+from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from . import __version__
+from .api import KimiK3DeploymentStatus
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RECONCILE_SECONDS = Histogram(
@@ -74,6 +79,81 @@ class PhaseBook:
     def _export(self) -> None:
         for phase in PHASES:
             DEPLOYMENTS.labels(phase).set(sum(1 for p in self._phases.values() if p == phase))
+
+
+def _version_of(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+BUILD_INFO = Gauge(
+    "kimik3_operator_build_info", "Always 1: the operator's version, and the Python and kopf it runs on",
+    ["version", "python", "kopf"],
+)
+BUILD_INFO.labels(__version__, platform.python_version(), _version_of("kopf")).set(1)
+
+DEPLOYMENT_LABELS = ["namespace", "name"]
+ROLE_LABELS = [*DEPLOYMENT_LABELS, "pool", "role"]
+READY_REPLICAS = Gauge(
+    "kimik3_deployment_ready_replicas",
+    "Ready replicas of a role as its status shows them (status.pools[].roles[].readyReplicas)", ROLE_LABELS,
+)
+PLANNED_REPLICAS = Gauge(
+    "kimik3_deployment_replicas", "Planned replicas of a role (status.pools[].roles[].replicas)", ROLE_LABELS,
+)
+PHASE = Gauge(
+    "kimik3_deployment_phase", "1 for the phase a deployment's status shows, 0 for the others",
+    [*DEPLOYMENT_LABELS, "phase"],
+)
+CONDITION = Gauge(
+    "kimik3_deployment_condition",
+    "1 per condition of a deployment's status, with its current status and reason (a changed reason "
+    "replaces the series)", [*DEPLOYMENT_LABELS, "type", "status", "reason"],
+)
+
+
+class DeploymentSeries:
+    """The per-deployment series of the statuses the reconcile passes compute, in this (the
+    leader's) process; a deployment that is gone loses its series at the next resync (`keep_only`),
+    a role or condition reason that is gone at the next pass."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[str, str], dict[Gauge, set[tuple[str, ...]]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, namespace: str, name: str, status: KimiK3DeploymentStatus) -> None:
+        key = (namespace, name)
+        values: dict[Gauge, dict[tuple[str, ...], float]] = {READY_REPLICAS: {}, PLANNED_REPLICAS: {}, PHASE: {},
+                                                             CONDITION: {}}
+        for pool in status.pools:
+            for role in pool.roles:
+                values[READY_REPLICAS][(*key, pool.name, role.role)] = role.ready_replicas
+                values[PLANNED_REPLICAS][(*key, pool.name, role.role)] = role.replicas
+        if status.phase:
+            values[PHASE] = {(*key, phase): float(phase == status.phase) for phase in PHASES}
+        for c in status.conditions:
+            values[CONDITION][(*key, c.type, c.status, c.reason)] = 1
+        with self._lock:
+            before = self._labels.get(key, {})
+            for gauge, series in values.items():
+                for labels in before.get(gauge, set()) - set(series):
+                    gauge.remove(*labels)
+                for labels, value in series.items():
+                    gauge.labels(*labels).set(value)
+            self._labels[key] = {gauge: set(series) for gauge, series in values.items()}
+
+    def keep_only(self, keys: set[tuple[str, str]]) -> None:
+        with self._lock:
+            for key in set(self._labels) - keys:
+                for gauge, series in self._labels.pop(key).items():
+                    for labels in series:
+                        gauge.remove(*labels)
+
+
+DEPLOYMENT_SERIES = DeploymentSeries()
+"""The one book of the process: every reconcile pass's status goes through it (reconcile/status.py)."""
 
 
 def serve_metrics(port: int) -> None:

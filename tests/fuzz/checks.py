@@ -56,7 +56,9 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
     for child in children:
         meta = child["metadata"]
         assert meta["namespace"] == owner.namespace
-        assert meta["ownerReferences"] == [owner.reference()], f"{keys}: owner reference"
+        # the model cache claim has an owner only with spec.model.cache.retentionPolicy Delete
+        retained = child["kind"] == "PersistentVolumeClaim" and plan.weights.cache_retained
+        assert meta.get("ownerReferences") == (None if retained else [owner.reference()]), f"{keys}: owner reference"
         assert ours.items() <= meta["labels"].items()
         if meta["labels"].get("app.kubernetes.io/component") == "router":
             _check_router(child)

@@ -94,12 +94,29 @@ def test_crd_bounds_every_string_and_list_for_cel_cost() -> None:
             assert "maxProperties" in node, f"spec{path} has no maxProperties"
 
 
-def test_crd_documents_fields_for_kubectl_explain() -> None:
-    spec = _schema()["properties"]["spec"]
+def test_crd_documents_every_field_for_kubectl_explain() -> None:
+    """Spec, status and the envelope: `kubectl explain kimik3deployment.status.pools.roles` and the
+    like print a description for every field (attribute docstrings, api/v1alpha1.py)."""
     # List items and map values are documented by their list or map field.
-    undocumented = [p for p, n in _walk(spec) if p and "description" not in n
+    undocumented = [p for p, n in _walk(_schema()) if p and "description" not in n
                     and not p.endswith("[]") and not p.endswith("{}")]
     assert undocumented == []
+    assert {"spec", "status"} <= set(_schema()["properties"])
+
+
+def test_crd_timestamps_are_date_time() -> None:
+    stamps = {p: n.get("format") for p, n in _walk(_schema()["properties"]["status"])
+              if p.endswith(("Time", "Since"))}
+    assert stamps == {".conditions[].lastTransitionTime": "date-time",
+                      ".pools[].roles[].autoscaling.lastScaleTime": "date-time",
+                      ".pools[].roles[].autoscaling.breachSince": "date-time"}
+
+
+def test_status_spells_all2all_as_the_spec_does() -> None:
+    roles = _schema()["properties"]["status"]["properties"]["pools"]["items"]["properties"]["roles"]
+    spec_backends = _schema()["properties"]["spec"]["properties"]["pools"]["items"]["properties"]["backends"]
+    assert "all2all" in spec_backends["properties"]
+    assert "all2allBackend" in roles["items"]["properties"]
 
 
 def test_crd_lists_of_named_things_are_list_maps() -> None:

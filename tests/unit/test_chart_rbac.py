@@ -84,7 +84,7 @@ def test_the_chart_grants_exactly_what_the_registry_needs() -> None:
     assert triples(template_rules(CLUSTER_ROLE)) == NOT_CHILDREN, "the ClusterRole's own rules"
 
 
-def _rendered(*values: str) -> list[dict[str, Any]]:
+def rendered(*values: str) -> list[dict[str, Any]]:
     helm = helm_binary()
     if helm is None:
         pytest.skip("helm is not built (e2e/cluster/build.sh helm)")
@@ -93,22 +93,32 @@ def _rendered(*values: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def _operators(doc: dict[str, Any]) -> bool:
+    """The operator's own grants: not the `helm test` pod's, not the roles aggregated into view/edit."""
+    meta = doc["metadata"]
+    return ("helm.sh/hook" not in (meta.get("annotations") or {})
+            and not any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in meta.get("labels") or {}))
+
+
 def _rbac(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str, Any]]:
-    """The RBAC objects but the webhook certificate's (tests/unit/test_chart_webhook.py)."""
-    return {(d["kind"], d["metadata"].get("namespace")): d for d in docs
-            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-            and not d["metadata"]["name"].endswith("-webhook-cert")}
+    """The operator's RBAC objects but the webhook certificate's (tests/unit/test_chart_webhook.py)."""
+    rbac = [d for d in docs
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding") and _operators(d)
+            and not d["metadata"]["name"].endswith("-webhook-cert")]
+    keyed = {(d["kind"], d["metadata"].get("namespace")): d for d in rbac}
+    assert len(keyed) == len(rbac), "one operator grant of each kind per namespace"
+    return keyed
 
 
 def test_helm_renders_the_child_rules_into_the_cluster_role_when_every_namespace_is_watched() -> None:
-    rbac = _rbac(_rendered())
+    rbac = _rbac(rendered())
     assert set(rbac) == {("ClusterRole", None), ("ClusterRoleBinding", None), ("Role", "kimik3-system"),
                          ("RoleBinding", "kimik3-system")}  # the Role: the leader election Lease
     assert triples(rbac["ClusterRole", None]["rules"]) == NOT_CHILDREN | triples(child_rules())
 
 
 def test_with_watch_namespaces_the_child_rules_are_a_role_in_each_and_not_cluster_wide() -> None:
-    rbac = _rbac(_rendered("--set", "watchNamespaces={team-a,team-b}"))
+    rbac = _rbac(rendered("--set", "watchNamespaces={team-a,team-b}"))
     assert triples(rbac["ClusterRole", None]["rules"]) == NOT_CHILDREN
     for namespace in ("team-a", "team-b"):
         role, binding = rbac["Role", namespace], rbac["RoleBinding", namespace]

@@ -126,3 +126,70 @@ def test_every_example_plans_cleanly(example: Path, nodes_file: Path, capsys: py
 def test_the_webhook_needs_one_certificate_source(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--webhook-port", "9443", *flags]) == 2
     assert "error: --webhook" in capsys.readouterr().err
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What `kimik3 run` would start the operator with (nothing is started)."""
+    from kimik3_operator.reconcile import runner
+
+    seen: dict[str, Any] = {}
+
+    def run_operator(config: Any, **kwargs: Any) -> int:
+        seen.update(config=config, **kwargs)
+        return 0
+
+    monkeypatch.setattr(runner, "run_operator", run_operator)
+    for name in ("KIMIK3_RESYNC_SECONDS", "KIMIK3_RETRY_SECONDS", "KIMIK3_TOOLS_IMAGE", "KIMIK3_LOG_LEVEL",
+                 "KIMIK3_LOG_FORMAT", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    return seen
+
+
+def test_run_settings_come_from_flags_else_environment_else_defaults(
+        started: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["run"]) == 0
+    config = started["config"]
+    assert (config.resync_seconds, config.retry_seconds, started["log_level"], started["log_format"]) == \
+        (30, 10, "INFO", "text")
+    monkeypatch.setenv("KIMIK3_RESYNC_SECONDS", "45")
+    monkeypatch.setenv("KIMIK3_RETRY_SECONDS", "7")
+    monkeypatch.setenv("KIMIK3_TOOLS_IMAGE", "env/image:1")
+    monkeypatch.setenv("KIMIK3_LOG_FORMAT", "json")
+    assert main(["run"]) == 0
+    config = started["config"]
+    assert (config.resync_seconds, config.retry_seconds, config.tools_image, started["log_format"]) == \
+        (45, 7, "env/image:1", "json")
+    assert main(["run", "--resync-seconds", "60", "--retry-seconds", "3", "--tools-image", "flag/image:2",
+                 "--log-format", "text", "--log-level", "DEBUG"]) == 0
+    config = started["config"]
+    assert (config.resync_seconds, config.retry_seconds, config.tools_image) == (60, 3, "flag/image:2")
+    assert (started["log_format"], started["log_level"]) == ("text", "DEBUG")
+
+
+def test_run_refuses_bad_settings(started: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--resync-seconds", "0"])
+    with pytest.raises(SystemExit):
+        main(["run", "--log-format", "xml"])
+    monkeypatch.setenv("KIMIK3_LOG_LEVEL", "LOUD")
+    assert main(["run"]) == 2
+    assert "$KIMIK3_LOG_LEVEL='LOUD'" in capsys.readouterr().err
+    assert not started
+
+
+def test_run_help_documents_every_setting_with_its_environment_variable_and_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kimik3_operator.reconcile.settings import OperatorConfig
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, env, default in (("--resync-seconds", "KIMIK3_RESYNC_SECONDS", f"{OperatorConfig.resync_seconds:g}"),
+                               ("--retry-seconds", "KIMIK3_RETRY_SECONDS", f"{OperatorConfig.retry_seconds:g}"),
+                               ("--workers", "KIMIK3_WORKERS", f"{OperatorConfig.workers}"),
+                               ("--log-level", "KIMIK3_LOG_LEVEL", "INFO"),
+                               ("--log-format", "KIMIK3_LOG_FORMAT", "text"),
+                               ("--tools-image", "KIMIK3_TOOLS_IMAGE", "the image of this version")):
+        assert flag in text and f"default: ${env}, else {default}" in text, flag

@@ -123,11 +123,15 @@ def test_leader_service_selects_leaders_of_its_workload() -> None:
 
 @pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "design-reference.yaml"])
 def test_every_child_is_owned_labelled_and_hashed(example: str) -> None:
+    """Except the model cache claim, which by default (retentionPolicy Retain) outlives the deployment."""
     for obj in _render(_example(example)):
         meta = obj["metadata"]
         assert meta["namespace"] == OWNER.namespace
-        (ref,) = meta["ownerReferences"]
-        assert ref["uid"] == OWNER.uid and ref["controller"] is True and ref["blockOwnerDeletion"] is True
+        if obj["kind"] == "PersistentVolumeClaim":
+            assert "ownerReferences" not in meta
+        else:
+            (ref,) = meta["ownerReferences"]
+            assert ref["uid"] == OWNER.uid and ref["controller"] is True and ref["blockOwnerDeletion"] is True
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "kimik3-operator"
         assert meta["labels"]["serving.kimik3.dev/deployment"] == OWNER.name
         assert meta["annotations"][ANNOTATION_HASH] == desired_hash(obj)

@@ -27,6 +27,11 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+API_VERSION_DOC = ("APIVersion defines the versioned schema of this representation of an object "
+                   "(Kubernetes' own text for every object).")
+KIND_DOC = "Kind is a string value representing the REST resource this object represents."
+
+
 def openapi_schema() -> dict[str, Any]:
     """The version's openAPIV3Schema."""
     spec = structural(v1.KimiK3DeploymentSpec.model_json_schema(by_alias=True, mode="validation"))
@@ -38,11 +43,13 @@ def openapi_schema() -> dict[str, Any]:
         "LeaderWorkerSet per pool and role.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": API_VERSION_DOC},
+            "kind": {"type": "string", "description": KIND_DOC},
             # Child Services are named after the deployment and must start with a letter.
-            "metadata": {"type": "object", "properties": {"name": {
-                "type": "string", "maxLength": 253, "pattern": NAME_PATTERN}}},
+            "metadata": {"type": "object", "description": "Standard object metadata.", "properties": {"name": {
+                "type": "string", "maxLength": 253, "pattern": NAME_PATTERN,
+                "description": "Name of the deployment, the prefix of every object it makes: a lowercase "
+                               "letter first, then lowercase letters, digits and '-'."}}},
             "spec": spec,
             "status": status,
         },

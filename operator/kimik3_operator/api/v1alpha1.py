@@ -15,7 +15,7 @@ from ..contract import uri as model_uri
 from ..contract.names import GROUP
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
-from .meta import Condition, ObjectMeta
+from .meta import Condition, ObjectMeta, Timestamp
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .quantity import PATTERN as QUANTITY_PATTERN
 from .quantity import quantity
@@ -98,6 +98,12 @@ class ModelCache(SpecModel):
     """StorageClass of the ReadWriteMany claim; the cluster default when omitted."""
     size: Quantity = "2Ti"
     """Requested size of the claim."""
+    retention_policy: Literal["Retain", "Delete"] = "Retain"
+    """What happens to the claim (<name>-model-cache) and the staged weights when the deployment is
+    deleted, as StatefulSet's persistentVolumeClaimRetentionPolicy: Retain keeps it (no owner
+    reference; a deployment re-created under the same name adopts it and verifies what is staged
+    instead of downloading again; delete it by hand to free the space), Delete lets garbage
+    collection remove it with the deployment, and prunes it once no checkpoint needs it."""
 
 
 class ModelSource(SpecModel):
@@ -806,20 +812,24 @@ class RoleAutoscalingStatus(StatusModel):
     """How an autoscaled role scales, and what its scaler last did."""
 
     mode: str
+    """SLO | KEDA | HPA: the mode the role's autoscaling resolved to."""
     min_replicas: int
+    """The fewest replicas the scaler keeps."""
     max_replicas: int
+    """The most replicas the scaler makes."""
     metric: str
+    """The load metric it follows (RequestsInFlight, PromptTokensPerSecond, ...)."""
     target: float
     """The metric's value per replica the scaler aims for."""
     target_source: str
     """spec | perf model | default."""
     scaler: str
     """Who moves the replicas: the HorizontalPodAutoscaler or ScaledObject of that name, or the operator."""
-    last_scale_time: str | None = None
+    last_scale_time: Timestamp | None = None
     """SLO mode: when the operator's scaler last changed the replica count."""
     last_scale: str | None = None
     """SLO mode: that change and its reason, e.g. "up 2 -> 3: itl p90 52 ms > 40 ms for 31 s"."""
-    breach_since: str | None = None
+    breach_since: Timestamp | None = None
     """SLO mode: since when a latency target is missed (cleared once met)."""
     capacity_limited: str | None = None
     """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
@@ -829,6 +839,7 @@ class RoleStatus(StatusModel):
     """What a role resolved to and how many replicas are up."""
 
     role: RoleName
+    """prefill | decode | aggregated."""
     replicas: int = 0
     """Planned replicas."""
     ready_replicas: int = 0
@@ -837,16 +848,24 @@ class RoleStatus(StatusModel):
     updated_replicas: int = 0
     """Replicas on the current revision, as the LeaderWorkerSet counts them."""
     gpus_per_replica: int | None = None
+    """GPUs one replica uses (tensor x pipeline x data parallel)."""
     nodes_per_replica: int | None = None
+    """Nodes one replica spans: more than 1 makes it a LeaderWorkerSet group of a leader and workers."""
     tensor_parallel: int | None = None
+    """vLLM's --tensor-parallel-size."""
     pipeline_parallel: int | None = None
+    """vLLM's --pipeline-parallel-size."""
     data_parallel: int | None = None
+    """vLLM's --data-parallel-size (attention data parallelism, with expert parallelism)."""
     expert_parallel: bool | None = None
+    """vLLM's --enable-expert-parallel: the MoE experts are split across the replica's GPUs."""
     all2all_backend: Annotated[str | None, Field(alias="all2allBackend")] = None
     """vLLM's --all2all-backend (the key `kimik3 plan -o json` uses too; pydantic alone would write
     all2AllBackend)."""
     moe_backend: str | None = None
+    """vLLM's --moe-backend."""
     compute_domain: bool | None = None
+    """The replica's nodes share an NVIDIA ComputeDomain (multi-node NVLink, IMEX channels)."""
     expert_dispatch: str | None = None
     """How tokens really reach the experts: the all-to-all backend, or the MoE kernel when it
     dispatches itself (deep_gemm_mega_moe: DeepGEMM's symmetric memory over NVLink, whatever
@@ -882,17 +901,24 @@ class PoolStatus(StatusModel):
     """Resolved facts of one pool, under the keys of `kimik3 plan -o json`."""
 
     name: str
+    """The pool's name in spec.pools."""
     gpu_product: str | None = None
+    """The GPU the planner planned for (from spec.pools[].gpu.product, else the nodes' labels)."""
     interconnect: str | None = None
+    """NVLink | RDMA | xGMI: the fabric a multi-node replica communicates over."""
     gpus_per_node: int | None = None
+    """GPUs per node the planner planned with."""
     roles: Annotated[list[RoleStatus], Field(max_length=3), list_map("role")] = []
+    """Per role: its resolved layout and replica counts."""
 
 
 class EngineStatus(StatusModel):
     """Effective engine values, after the planner resolved defaults and adjusted what it must."""
 
     kv_cache_dtype: str | None = None
+    """vLLM's --kv-cache-dtype for the MLA layers."""
     retention_policy: str | None = None
+    """How KDA recurrent state is kept for prefix-cache reuse: Interval | Selective | Dense."""
     retention_interval_tokens: int | None = None
     """The --prefix-cache-retention-interval rendered (0: semantic checkpoints only; unset: dense),
     rounded to a multiple of blockSize."""
@@ -902,7 +928,9 @@ class EngineStatus(StatusModel):
     """What a retention interval must be a multiple of: the least common multiple of the block
     sizes vLLM aligns each role to (hybrid alignment raises them well above --block-size)."""
     speculative_method: str | None = None
+    """The speculative decoding method rendered into --speculative-config (unset: none)."""
     num_speculative_tokens: int | None = None
+    """Tokens proposed per step by the speculative method."""
     compatibility_hash: str | None = None
     """Hash of every setting prefill and decode must share; stamped on both roles' pods."""
 
@@ -911,8 +939,11 @@ class WeightsStatus(StatusModel):
     """One checkpoint staged into the cache volume (the model, or the DSpark draft)."""
 
     name: Literal["model", "draft"]
+    """model (spec.model) | draft (the DSpark draft of speculative decoding)."""
     uri: str | None = None
+    """The checkpoint's location, as the spec gives it."""
     revision: str | None = None
+    """The branch, tag or commit the spec asks for."""
     commit: str | None = None
     """The commit the revision resolved to when it was staged; serving pods wait for exactly it."""
     phase: Literal["Pending", "Staging", "Staged", "Failed"] | None = None
@@ -920,10 +951,15 @@ class WeightsStatus(StatusModel):
     job: str | None = None
     """The staging Job."""
     files_done: int | None = None
+    """Files staged and checksummed so far."""
     files_total: int | None = None
+    """Files the checkpoint has."""
     bytes_done: int | None = None
+    """Bytes staged so far."""
     bytes_total: int | None = None
+    """Bytes the checkpoint has."""
     percent: float | None = None
+    """bytesDone over bytesTotal, in percent."""
     attempts: int | None = None
     """Pods the Job ran so far (a killed or failed attempt resumes where it stopped)."""
     message: str | None = None

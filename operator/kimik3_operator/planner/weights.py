@@ -61,6 +61,8 @@ class WeightsPlan:
     auth_secret: tuple[str, str] | None
     """(Secret, key) for the staging Jobs only: serving pods read local files and get no token."""
     endpoint: str | None
+    cache_retained: bool = True
+    """spec.model.cache.retentionPolicy Retain: the cache claim outlives the deployment."""
 
     @property
     def needs_cache(self) -> bool:
@@ -100,6 +102,7 @@ def weights_plan(spec: KimiK3DeploymentSpec) -> WeightsPlan:
         cache_storage_class=cache.storage_class_name if cache else None,
         auth_secret=(auth.name, auth.key) if auth else None,
         endpoint=spec.model.endpoint,
+        cache_retained=cache.retention_policy == "Retain" if cache else True,
     )
 
 

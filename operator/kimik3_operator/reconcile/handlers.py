@@ -25,6 +25,7 @@ from ..k8s.cache import CacheNotSynced, ClusterCache
 from ..k8s.cluster import api_seconds
 from ..metrics import (
     APPLIES,
+    DEPLOYMENT_SERIES,
     RECONCILE_API_SECONDS,
     RECONCILE_ERRORS,
     RECONCILE_PURE_SECONDS,
@@ -67,10 +68,11 @@ class State:
         self.worker: asyncio.Task[None] | None = None
 
     def forget_all_but(self, keys: set[tuple[str, str]]) -> None:
-        """Drop what is kept per deployment (its lock, its phase) for deployments that are gone."""
+        """Drop what is kept per deployment (its lock, its phase, its series) for deployments that are gone."""
         with self._guard:
             self._locks = {k: v for k, v in self._locks.items() if k in keys or v.locked()}
         self.phases.keep_only(keys)
+        DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
 
     def run(self, namespace: str, name: str, body: dict[str, Any] | None = None) -> Outcome:

@@ -53,6 +53,11 @@ the Lease's request timeout), with a few seconds to spare. A shorter grace is no
 guard, not the kill, stops the writes) but leaves the Lease to expire instead of handing it over."""
 
 
+LOG_FORMATS = {"text": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+"""--log-format: kopf's formatter for every logger (ours and kopf's); json is one object a line,
+with the object's reference (kind, namespace, name, uid) under `k8s` in kopf's per-object lines."""
+
+
 class Service(Protocol):
     """Something that runs beside kopf on the operator's loop in every replica, leader or not
     (the webhook, its certificate keeper): started after the liveness endpoint, stopped last."""
@@ -62,12 +67,12 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-def run_operator(config: OperatorConfig, *, liveness: str | None, log_level: str = "INFO",
+def run_operator(config: OperatorConfig, *, liveness: str | None, log_level: str = "INFO", log_format: str = "text",
                  standalone: bool = True, healthy: Callable[[], bool] | None = None,
                  services: Sequence[Service] = ()) -> int:
     """Run until told to stop; the process exit code. `healthy` (the webhook's) joins the liveness
     answer."""
-    kopf.configure(verbose=log_level == "DEBUG")
+    kopf.configure(verbose=log_level == "DEBUG", log_format=LOG_FORMATS[log_format], log_refkey="k8s")
     logging.getLogger().setLevel(log_level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes every few seconds
     return asyncio.run(_Replica(config, liveness, standalone, healthy, services).run())

@@ -1,4 +1,4 @@
-"""Operator settings from the environment, and how they map onto kopf's settings."""
+"""Operator settings from `kimik3 run`'s flags or the environment, and how they map onto kopf's settings."""
 
 from __future__ import annotations
 
@@ -34,12 +34,15 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
-                 lease: LeaseConfig | None = None, prometheus_url: str | None = None) -> OperatorConfig:
+                 lease: LeaseConfig | None = None, prometheus_url: str | None = None,
+                 resync_seconds: float | None = None, retry_seconds: float | None = None,
+                 workers: int | None = None, tools_image: str | None = None) -> OperatorConfig:
+        """The settings given (`kimik3 run`'s flags), else their environment variable, else the default."""
         return cls(
-            resync_seconds=float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
-            retry_seconds=float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
-            workers=max(1, int(os.environ.get("KIMIK3_WORKERS", cls.workers))),
-            tools_image=os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
+            resync_seconds=resync_seconds or float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
+            retry_seconds=retry_seconds or float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
+            workers=workers or max(1, int(os.environ.get("KIMIK3_WORKERS", cls.workers))),
+            tools_image=tools_image or os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,
             lease=lease,

@@ -25,6 +25,7 @@ from ..api.reasons import (
     WEIGHTS_STAGING,
 )
 from ..api.v1alpha1 import EngineStatus, RoleAutoscalingStatus, RouterStatus
+from ..metrics import DEPLOYMENT_SERIES
 from ..planner import Plan, PlanningError
 from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
@@ -298,8 +299,8 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         put(PROGRESSING, False, reason, message)
         put(DEGRADED, True, reason, message)
         # The last known plan facts stay visible: what runs is still what was last planned.
-        return (previous or KimiK3DeploymentStatus()).model_copy(update={
-            "observed_generation": generation, "phase": "Failed", "conditions": conditions})
+        return _exported(owner, (previous or KimiK3DeploymentStatus()).model_copy(update={
+            "observed_generation": generation, "phase": "Failed", "conditions": conditions}))
     pools = role_statuses(owner, plan, workloads, autoscaling)
     roles = [(p.name, r) for p in pools for r in p.roles]
     statuses, routing = router_statuses(owner, plan, endpoints, routers or {})
@@ -313,7 +314,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, describe) in situation.conditions().items():
         put(type_, ok, reason, describe(seen))
-    return KimiK3DeploymentStatus(
+    return _exported(owner, KimiK3DeploymentStatus(
         observed_generation=generation,
         phase=situation.phase,
         conditions=conditions,
@@ -325,7 +326,14 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         ready_summary=f"{seen.ready}/{seen.desired}",
         gpus=plan.gpus,
         weights=weights.sources if weights else [],
-    )
+    ))
+
+
+def _exported(owner: Owner, status: KimiK3DeploymentStatus) -> KimiK3DeploymentStatus:
+    """`status`, also exported as the deployment's metrics (metrics.DEPLOYMENT_SERIES): every pass
+    computes it, whether it is written or not, so the series are there after a restart too."""
+    DEPLOYMENT_SERIES.record(owner.namespace, owner.name, status)
+    return status
 
 
 def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3DeploymentStatus) -> list[tuple[str, str, str]]:

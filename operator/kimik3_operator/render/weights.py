@@ -72,8 +72,7 @@ def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dic
         }
         if weights.cache_storage_class:
             spec["storageClassName"] = weights.cache_storage_class
-        out.append({**PERSISTENT_VOLUME_CLAIM.type_meta(),
-                    "metadata": object_meta(owner, cache_claim_name(owner), None, None), "spec": spec})
+        out.append({**PERSISTENT_VOLUME_CLAIM.type_meta(), "metadata": cache_claim_meta(owner, weights), "spec": spec})
     sa = service_account_name(owner)
     out.append({**SERVICE_ACCOUNT.type_meta(), "metadata": object_meta(owner, sa, None, None),
                 "automountServiceAccountToken": True})
@@ -86,6 +85,17 @@ def weights_children(owner: Owner, weights: WeightsPlan, image: str) -> list[dic
     for s in weights.sources:
         out += [progress_configmap(owner, s), staging_job(owner, weights, s, image)]
     return out
+
+
+def cache_claim_meta(owner: Owner, weights: WeightsPlan) -> dict[str, Any]:
+    """The cache claim's metadata. Retained, it has no owner reference: garbage collection leaves it
+    when the deployment goes, the prune never selects it (it prunes only what the deployment owns),
+    and a deployment re-created under the name applies to it as it is (server-side apply also
+    drops an owner reference an earlier Delete policy set). Labels still name the deployment."""
+    meta = object_meta(owner, cache_claim_name(owner), None, None)
+    if weights.cache_retained:
+        del meta["ownerReferences"]
+    return meta
 
 
 def _weights_meta(owner: Owner, name: str, source: WeightsSource) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""The chart's PrometheusRule, run by Prometheus's own rule tester (promtool test rules): the
+NoLeader alert also fires when no replica is scraped at all, and Failed and WeightsFailed
+deployments alert from the operator's per-deployment series."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.test_chart_rbac import rendered
+
+
+def _promtool() -> str | None:
+    cache = Path(os.environ.get("KIMIK3_CACHE", Path.home() / ".cache" / "kimik3-e2e")) / "bin"
+    built = sorted(p for p in cache.glob("prometheus-v*/promtool") if p.is_file())
+    return str(built[-1]) if built else None
+
+
+def _alert(name: str, at: str, labels: dict[str, str], severity: str) -> dict[str, object]:
+    """An alert expected to fire; its annotations are filled in from the rule (`_with_annotations`)."""
+    return {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": {**labels, "severity": severity}}]}
+
+
+def _substituted(text: str, labels: dict[str, str]) -> str:
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+
+
+def _with_annotations(tests: list[dict[str, Any]], rules: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """`tests` with each expected alert's annotations: its rule's, with the labels substituted."""
+    for test in tests:
+        for case in test["alert_rule_test"]:
+            for alert in case["exp_alerts"]:
+                alert["exp_annotations"] = {key: _substituted(text, alert["exp_labels"])
+                                            for key, text in rules[case["alertname"]].get("annotations", {}).items()}
+    return tests
+
+
+TESTS: list[dict[str, Any]] = [
+    {   # no replica scraped at all: absent() fires the alert
+        "interval": "1m",
+        "input_series": [{"series": 'up{job="other"}', "values": "1x20"}],
+        "alert_rule_test": [_alert("KimiK3OperatorNoLeader", "10m", {}, "critical")],
+    },
+    {   # two replicas, both standing by
+        "interval": "1m",
+        "input_series": [{"series": 'kimik3_operator_leader{pod="a"}', "values": "0x20"},
+                         {"series": 'kimik3_operator_leader{pod="b"}', "values": "0x20"}],
+        "alert_rule_test": [_alert("KimiK3OperatorNoLeader", "10m", {}, "critical")],
+    },
+    {   # one leads: quiet
+        "interval": "1m",
+        "input_series": [{"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
+                         {"series": 'kimik3_operator_leader{pod="b"}', "values": "0x20"}],
+        "alert_rule_test": [{"eval_time": "10m", "alertname": "KimiK3OperatorNoLeader", "exp_alerts": []}],
+    },
+    {   # a deployment Failed because its weights failed; another one Ready
+        "interval": "1m",
+        "input_series": [
+            {"series": 'kimik3_deployment_phase{namespace="ml",name="k3",phase="Failed"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_phase{namespace="ml",name="ok",phase="Failed"}', "values": "0x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="k3",type="Degraded",status="True",'
+                       'reason="WeightsFailed"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="ok",type="Degraded",status="False",'
+                       'reason="AsExpected"}', "values": "1x20"},
+            {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
+        ],
+        "alert_rule_test": [
+            _alert("KimiK3DeploymentFailed", "10m", {"namespace": "ml", "name": "k3"}, "critical"),
+            _alert("KimiK3WeightsFailed", "10m", {"namespace": "ml", "name": "k3"}, "warning"),
+            {"eval_time": "10m", "alertname": "KimiK3OperatorNoLeader", "exp_alerts": []},
+        ],
+    },
+]
+
+
+def test_alerts_fire_on_what_they_say(tmp_path: Path) -> None:
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool is not built (e2e/cluster/build.sh)")
+    (rule,) = [d for d in rendered("--set", "metrics.prometheusRule.enabled=true") if d["kind"] == "PrometheusRule"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    tests = _with_annotations(copy.deepcopy(TESTS), rules)
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "tests": tests}))
+    check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    result = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
