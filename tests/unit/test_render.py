@@ -269,7 +269,7 @@ def test_amd_pools_turn_aiter_on() -> None:
     (c,) = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated").values()
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_ROCM_USE_AITER"] == "1" and _after(c["command"], "--moe-backend") == "aiter"
-    assert c["resources"]["limits"] == {"amd.com/gpu": "8"}
+    assert c["resources"]["limits"]["amd.com/gpu"] == "8"
 
 
 def test_rollout_surges_by_default_and_can_update_in_place() -> None:

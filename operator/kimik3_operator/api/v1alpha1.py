@@ -382,6 +382,26 @@ class Toleration(SpecModel):
     """How long a NoExecute taint is tolerated."""  # bounds a float64 holds exactly, as the API server compares them
 
 
+ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
+"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
+
+
+class ServingResources(SpecModel):
+    """CPU, memory and ephemeral storage of each serving pod of a pool. Requests equal limits, so the
+    pods are Guaranteed (evicted and OOM-killed last; whole cores under the static CPU manager). An
+    omitted amount is the pod's share of the node's allocatable, in proportion to the GPUs it holds,
+    after 8% (at least 2 cores and 16 GiB) is kept back per node for its daemons; from the GPU
+    product's usual node when the nodes are not known yet. Status shows the amounts rendered."""
+
+    cpu: ResourceQuantity | None = None
+    """CPU of each pod (request and limit); whole cores get exclusive CPUs under the static policy."""
+    memory: ResourceQuantity | None = None
+    """Memory of each pod (request and limit); includes /dev/shm, which NCCL and NIXL use."""
+    ephemeral_storage: ResourceQuantity | None = None
+    """Local ephemeral storage of each pod (request and limit): logs, /tmp, scratch; the weights
+    and compile caches live on claims."""
+
+
 class Pool(SpecModel):
     """A set of alike GPU nodes and the roles served on them."""
 
@@ -399,6 +419,8 @@ class Pool(SpecModel):
     """Fabric inside one replica: Auto | NVLink | RDMA | xGMI."""
     backends: Backends | None = None
     """Kernel overrides."""
+    resources: ServingResources = ServingResources()
+    """CPU, memory and ephemeral storage of each serving pod; sized from the nodes when omitted."""
     mode: PoolMode | None = None
     """Disaggregated (prefill and/or decode) or Aggregated; inferred from the roles present."""
     prefill: Role | None = None
@@ -465,10 +487,6 @@ RouterPolicy = Literal["CacheAware", "RoundRobin", "ConsistentHash", "StickyLeas
 """vllm-router's policies that work with nothing beside the engines. Left out: PowerOfTwo (it reads
 a /get_load vLLM does not serve, so every load reads 0, and it refuses to start with one worker of
 a role) and KvAware (it needs the engines' KV events over ZMQ)."""
-
-
-ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
-"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
 
 
 class RouterRequests(SpecModel):
@@ -708,6 +726,17 @@ class RoleAutoscalingStatus(StatusModel):
     """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
 
 
+class PodResourcesStatus(StatusModel):
+    """What each serving pod of a role requests (and is limited to)."""
+
+    cpu: str
+    memory: str
+    ephemeral_storage: str
+    source: str
+    """nodes (the nodes' allocatable) | catalog (the GPU product's usual node) | spec, or a
+    mix such as nodes+spec when pools[].resources gave some of the amounts."""
+
+
 class RoleStatus(StatusModel):
     """What a role resolved to and how many replicas are up."""
 
@@ -740,6 +769,8 @@ class RoleStatus(StatusModel):
     """In-cluster URL of the role's leader Service."""
     autoscaling: RoleAutoscalingStatus | None = None
     """Set when the role is autoscaled: replicas is then its scaler's current count."""
+    pod_resources: PodResourcesStatus | None = None
+    """CPU, memory and ephemeral storage of each pod (requests = limits: Guaranteed)."""
 
 
 class PoolStatus(StatusModel):

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
+from .pod_resources import PodResources
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
 from .weights import WeightsPlan
@@ -131,10 +132,20 @@ class RolePlan:
     predicted: Mapping[str, float] = field(default_factory=dict)
     autoscaling: RoleScaling | None = None
     """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
+    pod_resources: PodResources | None = None
+    """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""
 
     @property
     def gpus_per_replica(self) -> int:
         return self.layout.gpus
+
+    @property
+    def pod_resources_fields(self) -> dict[str, str] | None:
+        """What status and `kimik3 plan` show of pod_resources."""
+        if self.pod_resources is None:
+            return None
+        return {"cpu": self.pod_resources.cpu, "memory": self.pod_resources.memory,
+                "ephemeralStorage": self.pod_resources.ephemeral_storage, "source": self.pod_resources.source}
 
 
 @dataclass(frozen=True)

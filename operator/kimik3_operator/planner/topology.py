@@ -25,6 +25,7 @@ from .engine_settings import engine_settings
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
+from .pod_resources import NodeShape, node_shape, serving_resources
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .router import router_plans
 from .split import assign_replicas
@@ -127,6 +128,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
+    roles = with_pod_resources(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,
         gpu_product=gpu.product,
@@ -141,6 +143,14 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         vendor=gpu.vendor,
         arch=facts.arch or gpu.arch,
     )
+
+
+def with_pod_resources(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
+                       gpus_per_node: int) -> tuple[RolePlan, ...]:
+    """Each role's pods sized from their GPU share of the node (pod_resources.py)."""
+    given = pool.resources
+    return tuple(dataclasses.replace(r, pod_resources=serving_resources(
+        node, gpus_per_node, r.gpus_per_pod, given.cpu, given.memory, given.ephemeral_storage)) for r in roles)
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:

@@ -36,6 +36,7 @@ ROLE_FIELDS = {
     "all2all_backend": "all2all_backend",
     "moe_backend": "moe_backend",
     "compute_domain": "compute_domain",
+    "pod_resources": "pod_resources_fields",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""
 

@@ -118,6 +118,8 @@ def uses_rdma(pool: PoolPlan, role: RolePlan) -> bool:
 def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
     engine = plan.engine
     resources = {pool.gpu_resource: str(role.gpus_per_pod)}
+    if role.pod_resources is not None:
+        resources.update(role.pod_resources.amounts())  # requests = limits: Guaranteed (pod_resources.py)
     if uses_rdma(pool, role) and pool.rdma_resource:
         resources[pool.rdma_resource] = "1"
     out: dict[str, Any] = {
