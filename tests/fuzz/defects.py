@@ -251,6 +251,10 @@ HUB_IDS_REFUSED = ("hf://moonshotai/Kimi--K3", "hf://moonshotai/Kimi..K3", "hf:/
                    "hf://moon--shot/Kimi-K3")
 FLAG_LIKE = ("-", "--", "-x", "--trust-remote-code", "--dest=/cache/x", "-n4", "--served-model-name=")
 """Names that vLLM's or the stager's parser would read as a flag."""
+UNKNOWN_VLLM_ENV = ("VLLM_ROUTER_SERVICE_HOST", "VLLM_X_PORT_8000_TCP", "VLLM_LOGGING_LEVL", "VLLM_",
+                    "VLLM_RPC_TIMEOUT", "VLLM_USE_RUST_FRONTEND_")
+"""VLLM_* names vLLM 0.33.0 does not know: the variables a Service named vllm-router or vllm-x would
+inject without enableServiceLinks: false, typos, and settings of other vLLM versions."""
 PVC_PATHS_OUTSIDE = ("pvc://weights/..", "pvc://weights/../kimi-k3", "pvc://weights/kimi-k3/../../x", "pvc://w/../")
 
 
@@ -261,7 +265,8 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
                                  "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",
-                                 "slo-mode-needs-target", "served-name-flag", "revision-flag")))
+                                 "slo-mode-needs-target", "served-name-flag", "revision-flag",
+                                 "unknown-vllm-env")))
     if rule == "interval-needs-tokens":
         _engine_of(body)["prefixCaching"] = {"retention": {"policy": "Interval"}}
     elif rule == "tokens-need-interval":
@@ -296,6 +301,11 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     elif rule in ("served-name-flag", "revision-flag"):
         key = "servedName" if rule == "served-name-flag" else "revision"
         spec["model"][key] = draw(st.sampled_from(FLAG_LIKE)) + draw(st.text("abc-=", max_size=8))
+    elif rule == "unknown-vllm-env":
+        name = draw(st.sampled_from(UNKNOWN_VLLM_ENV))
+        env = [e for e in _engine_of(body).get("env") or [] if e.get("name") != name]
+        env.insert(draw(st.integers(0, len(env))), {"name": name, "value": "1"})
+        _engine_of(body)["env"] = env
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

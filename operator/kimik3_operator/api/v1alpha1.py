@@ -19,6 +19,7 @@ from .meta import Condition, ObjectMeta
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .quantity import PATTERN as QUANTITY_PATTERN
 from .quantity import quantity
+from .vllm_env import KNOWN_VLLM_ENV, VLLM_VERSION
 
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
@@ -209,6 +210,13 @@ OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL
 """Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
 Hub token, which belongs in model.authSecretRef."""
 OWNED_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in OWNED_ENV) + "]"
+_KNOWN_VLLM_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in sorted(KNOWN_VLLM_ENV)) + "]"
+_UNKNOWN_VLLM_ENV_CEL = f"e.name.startsWith('VLLM_') && !(e.name in {_KNOWN_VLLM_ENV_CEL})"
+
+
+def unknown_vllm_env(names: list[str]) -> str | None:
+    """The first VLLM_* name vLLM would refuse under --fail-on-environ-validation (vllm_env.py)."""
+    return next((n for n in names if n.startswith("VLLM_") and n not in KNOWN_VLLM_ENV), None)
 
 
 class EnvVar(SpecModel):
@@ -257,6 +265,17 @@ class Engine(SpecModel):
             cel=f"!has(self.env) || !self.env.exists(e, e.name in {OWNED_ENV_CEL})",
             message="env sets a variable the operator owns: " + ", ".join(OWNED_ENV),
             check=lambda s: not any(e.name in OWNED_ENV for e in s.env),
+            field_path=".env",
+        ),
+        Rule(
+            cel=f"!has(self.env) || !self.env.exists(e, {_UNKNOWN_VLLM_ENV_CEL})",
+            message=f"env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse to start)",
+            message_expression=(
+                f"'env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse to start): ' + "
+                f"self.env.filter(e, {_UNKNOWN_VLLM_ENV_CEL})[0].name"),
+            explain=lambda e: (f"env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse "
+                               f"to start): {unknown_vllm_env([v.name for v in e.env])}"),
+            check=lambda e: unknown_vllm_env([v.name for v in e.env]) is None,
             field_path=".env",
         ),
         Rule(
