@@ -206,6 +206,7 @@ class Multimodal(SpecModel):
 OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
              "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RUST_FRONTEND",
              "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "VLLM_ROCM_USE_AITER",
+             "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "DG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
              "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 """Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
 Hub token, which belongs in model.authSecretRef."""

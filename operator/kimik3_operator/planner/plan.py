@@ -14,6 +14,7 @@ from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .pod_resources import PodResources
 from .router import RouterPlan
+from .timeouts import StartupTimeouts
 from .scaling import RoleScaling, ScalingSettings
 from .weights import WeightsPlan
 
@@ -134,6 +135,8 @@ class RolePlan:
     """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
     pod_resources: PodResources | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""
+    timeouts: StartupTimeouts | None = None
+    """Start-up and collective deadlines from the load-time estimate; timeouts.py."""
 
     @property
     def gpus_per_replica(self) -> int:

@@ -29,6 +29,7 @@ from .pod_resources import NodeShape, node_shape, serving_resources
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .router import router_plans
 from .split import assign_replicas
+from .timeouts import startup_timeouts
 from .traps import check_traps
 from .weights import weights_plan, with_commits
 
@@ -128,7 +129,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
-    roles = with_pod_resources(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
+    roles = with_pod_settings(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,
         gpu_product=gpu.product,
@@ -145,12 +146,15 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     )
 
 
-def with_pod_resources(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
-                       gpus_per_node: int) -> tuple[RolePlan, ...]:
-    """Each role's pods sized from their GPU share of the node (pod_resources.py)."""
+def with_pod_settings(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
+                      gpus_per_node: int) -> tuple[RolePlan, ...]:
+    """Each role's pods sized from their GPU share of the node (pod_resources.py), and given the
+    time their share of the weights takes to load (timeouts.py)."""
     given = pool.resources
-    return tuple(dataclasses.replace(r, pod_resources=serving_resources(
-        node, gpus_per_node, r.gpus_per_pod, given.cpu, given.memory, given.ephemeral_storage)) for r in roles)
+    return tuple(dataclasses.replace(
+        r, pod_resources=serving_resources(node, gpus_per_node, r.gpus_per_pod, given.cpu, given.memory,
+                                           given.ephemeral_storage),
+        timeouts=startup_timeouts(r.layout, r.gpus_per_pod)) for r in roles)
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:
