@@ -55,6 +55,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
     "--fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
     "--no-fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
+    "--chat-template": "engine.chatTemplate",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
 }

@@ -92,6 +92,15 @@ class SecretKeyRef(SpecModel):
     """Key inside the Secret."""
 
 
+class ConfigMapKeyRef(SpecModel):
+    """A key in a ConfigMap of the deployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    """ConfigMap name."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    """Key inside the ConfigMap."""
+
+
 class ModelCache(SpecModel):
     """The shared volume the weights are staged into once (~1.6 TB for Kimi K3)."""
 
@@ -260,6 +269,12 @@ class Engine(SpecModel):
     """Extra vLLM arguments; flags the operator renders itself are rejected."""
     env: Annotated[list[EnvVar], Field(max_length=64), list_map("name")] = []
     """Extra environment variables for serving containers (not those the operator sets)."""
+    chat_template: ConfigMapKeyRef | None = None
+    """A Jinja chat template replacing the checkpoint's (--chat-template), from a ConfigMap key
+    mounted read-only into the leader pods. The operator compiles it as vLLM does (jinja2's
+    sandboxed environment) before any engine starts on it: a template that does not compile, or a
+    missing ConfigMap or key, is reported in status (ChatTemplateInvalid) and engines keep the
+    template they run."""
 
     rules = (
         Rule(

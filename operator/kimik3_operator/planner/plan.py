@@ -79,6 +79,8 @@ class EngineSettings:
     env: tuple[tuple[str, str], ...] = ()
     commits: tuple[tuple[str, str], ...] = ()
     """(source, commit) of the staged checkpoints: both roles must serve the same weights."""
+    chat_template: tuple[str, str] | None = None
+    """(ConfigMap, key) of engine.chatTemplate."""
 
     @property
     def kv_dtype_family(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..planner import EngineSettings, RolePlan
 from ..planner.memory import GPU_MEMORY_UTILIZATION
+from . import chat_template
 from .kubelet import literal, literals
 
 HTTP_PORT = 8000
@@ -111,6 +112,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     if scale_out and not worker:
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
+    args += chat_template.args(engine, worker=worker)
     args += literals(engine.extra_args)
     return args
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
 from ..planner import Plan, PoolPlan, RolePlan
-from . import compile_cache
+from . import chat_template, compile_cache
 from .compute_domain import CLAIM_NAME, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
@@ -85,7 +85,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
                  *, worker: bool) -> dict[str, Any]:
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
     vllm = container(plan, pool, role, worker=worker)
-    vllm["volumeMounts"] += [*serving_mounts(owner, plan.weights), compile_cache.mount(pool.image)]
+    vllm["volumeMounts"] += [*serving_mounts(owner, plan.weights), compile_cache.mount(pool.image),
+                             *chat_template.mounts(plan.engine, worker=worker)]
     vllm["env"] += compile_cache.env()
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -96,7 +97,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
         # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
         "terminationGracePeriodSeconds": plan.engine.shutdown_timeout + PRE_STOP_SECONDS + 30,
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-                    *serving_volumes(owner, plan.weights), compile_cache.volume(owner, plan.weights)],
+                    *serving_volumes(owner, plan.weights), compile_cache.volume(owner, plan.weights),
+                    *chat_template.volumes(plan.engine, worker=worker)],
     }
     if pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
