@@ -14,7 +14,7 @@ from tests.unit.test_chat_template import BROKEN, VALID
 from .test_vllm_contract import vllm_python
 
 pytest.importorskip("jinja2", reason="jinja2 is an operator dependency now: rebuild the venv (scripts/venv.sh)")
-from kimik3_operator.planner.chat_template import template_error  # noqa: E402
+from kimik3_operator.planner.chat_template import template_error
 
 COMPILE = """
 import json, sys

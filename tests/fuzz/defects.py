@@ -261,7 +261,8 @@ PVC_PATHS_OUTSIDE = ("pvc://weights/..", "pvc://weights/../kimi-k3", "pvc://weig
 def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     spec, pools = body["spec"], body["spec"]["pools"]
     pool = draw(st.sampled_from(pools))
-    rule = draw(st.sampled_from(("owned-flag", "unknown-vllm-env", "tensor-divides-96", "mode-aggregated", "prefill-with-decode",
+    rule = draw(st.sampled_from(("owned-flag", "unknown-vllm-env", "tensor-divides-96", "mode-aggregated",
+                                 "prefill-with-decode",
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
                                  "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",

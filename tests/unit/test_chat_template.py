@@ -16,7 +16,8 @@ jinja = pytest.importorskip("jinja2", reason="jinja2 is an operator dependency n
 from kimik3_operator.planner.chat_template import problem, template_error  # noqa: E402
 
 VALID = [
-    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}",
     "{%- for m in messages -%}\n  {%- if m.role == 'assistant' -%}{% generation %}{{ m.content }}{% endgeneration %}"
     "{%- else -%}{{ m.content | tojson }}{%- endif -%}\n{%- endfor -%}",
     "{% for m in messages %}{% if loop.index > 3 %}{% break %}{% endif %}{{ m.content }}{% continue %}{% endfor %}",

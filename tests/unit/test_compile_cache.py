@@ -7,8 +7,7 @@ from typing import Any
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.v1alpha1 import OWNED_ENV
 from kimik3_operator.planner import plan_deployment, pool_facts
-from kimik3_operator.render import Owner, render_children
-from kimik3_operator.render import compile_cache
+from kimik3_operator.render import Owner, compile_cache, render_children
 from tests.fuzz.checks import pod_specs
 from tests.support.cases import base_deployment
 from tests.support.nodes import gb300_rack

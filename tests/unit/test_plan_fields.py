@@ -31,7 +31,8 @@ def test_plan_output_and_status_show_the_same_facts() -> None:
     for shown, pool in zip(report["pools"], status.pools, strict=True):
         assert {f: shown[plan_key(f)] for f in POOL_FIELDS} == {f: getattr(pool, f) for f in POOL_FIELDS}
         for shown_role, role in zip(shown["roles"], pool.roles, strict=True):
-            assert {f: shown_role[plan_key(f)] for f in ROLE_FIELDS} == {f: _wire(getattr(role, f)) for f in ROLE_FIELDS}
+            shown_facts = {f: shown_role[plan_key(f)] for f in ROLE_FIELDS}
+            assert shown_facts == {f: _wire(getattr(role, f)) for f in ROLE_FIELDS}
     assert len(report["routers"]) == len(status.routers) > 0
     for shown, router in zip(report["routers"], status.routers, strict=True):
         assert {f: shown[plan_key(f)] for f in ROUTER_FIELDS} == {f: getattr(router, f) for f in ROUTER_FIELDS}

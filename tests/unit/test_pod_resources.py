@@ -15,7 +15,14 @@ from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.planner.catalog import CATALOG
 from kimik3_operator.planner.facts import node_allocatable
 from kimik3_operator.planner.pod_resources import (
-    GIB, NODE_SHAPES, RESERVE_MIN_CPU_MILLIS, RESERVE_MIN_MEMORY_BYTES, NodeShape, node_shape, serving_resources)
+    GIB,
+    NODE_SHAPES,
+    RESERVE_MIN_CPU_MILLIS,
+    RESERVE_MIN_MEMORY_BYTES,
+    NodeShape,
+    node_shape,
+    serving_resources,
+)
 from kimik3_operator.render import Owner, render_children
 from tests.fuzz.checks import pod_specs
 from tests.support.cases import base_deployment
@@ -36,10 +43,10 @@ def test_the_pods_a_node_holds_fit_its_allocatable_beside_the_reserve(cores: int
     pod = serving_resources(shape, per_node, gpus)
     pods = per_node // gpus
     # beside the reserve, unless the node is so small that each pod only gets the floor of 1 core / 1 GiB
-    assert pods * quantity(pod.cpu) * 1000 <= max(shape.cpu_millis - _reserved(shape.cpu_millis, RESERVE_MIN_CPU_MILLIS),
-                                                  pods * 1000)
-    assert pods * quantity(pod.memory) <= max(shape.memory_bytes - _reserved(shape.memory_bytes,
-                                                                             RESERVE_MIN_MEMORY_BYTES), pods * GIB)
+    cpu_left = shape.cpu_millis - _reserved(shape.cpu_millis, RESERVE_MIN_CPU_MILLIS)
+    memory_left = shape.memory_bytes - _reserved(shape.memory_bytes, RESERVE_MIN_MEMORY_BYTES)
+    assert pods * quantity(pod.cpu) * 1000 <= max(cpu_left, pods * 1000)
+    assert pods * quantity(pod.memory) <= max(memory_left, pods * GIB)
     if disk_gib:
         assert pods * quantity(pod.ephemeral_storage) <= max(disk_gib * GIB, pods * GIB)
     # the share is the GPU share: a pod holding twice the GPUs gets about twice as much

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 from kimik3_operator.kimi_k3 import BF16_WEIGHT_BYTES, ROUTED_EXPERT_BYTES
 from kimik3_operator.planner.plan import Layout
 from kimik3_operator.planner.timeouts import (
-    FLOOR_S, POD_START_SKEW_S, STORAGE_BYTES_PER_S, pod_weight_bytes, startup_timeouts)
+    FLOOR_S,
+    POD_START_SKEW_S,
+    STORAGE_BYTES_PER_S,
+    pod_weight_bytes,
+    startup_timeouts,
+)
 
 TOTAL = ROUTED_EXPERT_BYTES + BF16_WEIGHT_BYTES
 

@@ -14,8 +14,8 @@ from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .pod_resources import PodResources
 from .router import RouterPlan
-from .timeouts import StartupTimeouts
 from .scaling import RoleScaling, ScalingSettings
+from .timeouts import StartupTimeouts
 from .weights import WeightsPlan
 
 

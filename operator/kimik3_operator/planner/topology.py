@@ -25,8 +25,8 @@ from .engine_settings import engine_settings
 from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
-from .pod_resources import NodeShape, node_shape, serving_resources
 from .plan import EngineSettings, Layout, Plan, PlanningError, PoolPlan, RolePlan
+from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
 from .split import assign_replicas
 from .timeouts import startup_timeouts
