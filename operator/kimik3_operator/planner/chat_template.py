@@ -6,7 +6,10 @@ extensions=[AssistantTracker, jinja2.ext.loopcontrols])` (transformers 5.20.2, t
 0.33.0's image carries: utils/chat_template_utils.py:528-602); vLLM parses templates in the same
 environment to find their variables (vllm/renderers/hf.py:757-775). AssistantTracker adds one tag,
 `{% generation %}...{% endgeneration %}`, so a template using it must compile here too. Only
-compiling is checked: what a template does with a conversation shows when it is rendered.
+compiling is checked: what a template does with a conversation shows when it is rendered. With
+the Rust frontend (engine.rustFrontend, on by default) the leader renders with minijinja inside
+vllm-rs, which reads Jinja2's syntax; a template that leans on Python string methods compiles here
+and may still fail there, per request, not at start-up.
 """
 
 from __future__ import annotations
