@@ -24,7 +24,7 @@ from tests.fuzz.corpus import planned
 from .test_vllm_contract import ROOT, run_check, vllm_python
 from .test_vllm_contract import cases as golden_cases
 
-CORPUS = 1000
+CORPUS = 1500
 
 
 def _vllm_env(env: list[dict[str, Any]]) -> dict[str, str]:

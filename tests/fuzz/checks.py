@@ -10,6 +10,7 @@ from typing import Any
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.owned_flags import flag_name, owned_flag
 from kimik3_operator.api.v1alpha1 import OWNED_ENV, RDMA_ENV_PREFIXES
+from kimik3_operator.api.vllm_env import KNOWN_VLLM_ENV
 from kimik3_operator.contract.stager import S3_SECRET_KEYS
 from kimik3_operator.planner import Plan, PoolPlan, RolePlan
 from kimik3_operator.render import Owner, render_children
@@ -40,6 +41,37 @@ def containers(child: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def pod_specs(child: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(template, pod spec) of every pod template a child carries: LeaderWorkerSet leader and
+    worker, Job, Deployment."""
+    if child["kind"] == "LeaderWorkerSet":
+        group = child["spec"]["leaderWorkerTemplate"]
+        return [(t, group[t]["spec"]) for t in ("leaderTemplate", "workerTemplate") if t in group]
+    if child["kind"] in ("Job", "Deployment"):
+        return [("template", child["spec"]["template"]["spec"])]
+    return []
+
+
+def check_pod(kind: str, template: str, pod: dict[str, Any]) -> None:
+    """Every pod: no Service environment variables (a Service named vllm-x would inject VLLM_X_*,
+    which --fail-on-environ-validation refuses), no envFrom, CPU, memory and ephemeral-storage
+    requests on every container; serving pods Guaranteed (requests = limits everywhere) and every
+    VLLM_* variable one vLLM 0.33.0 knows."""
+    where = f"{kind} {template}"
+    assert pod["enableServiceLinks"] is False, where
+    every = [*pod.get("initContainers", []), *pod["containers"]]
+    for c in every:
+        assert "envFrom" not in c, (where, c["name"])
+        requests = c["resources"]["requests"]
+        assert {"cpu", "memory", "ephemeral-storage"} <= requests.keys(), (where, c["name"], requests)
+        if kind == "LeaderWorkerSet":
+            limits = c["resources"]["limits"]
+            assert requests == limits, f"{where} {c['name']}: not Guaranteed: {requests} != {limits}"
+            unknown = [e["name"] for e in c.get("env", []) if e["name"].startswith("VLLM_")
+                       and e["name"] not in KNOWN_VLLM_ENV]
+            assert not unknown, f"{where} {c['name']}: vLLM 0.33.0 refuses {unknown}"
+
+
 SERVING_KINDS = frozenset({"Service", "ComputeDomain", "LeaderWorkerSet"})
 
 
@@ -66,6 +98,8 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
             assert LABEL_POOL in meta["labels"] and LABEL_ROLE in meta["labels"], keys
         assert len(meta["name"]) <= 63, meta["name"]
         _check_secret(cr, child)
+        for template, pod in pod_specs(child):
+            check_pod(child["kind"], template, pod)
         if child["kind"] == "LeaderWorkerSet":
             _check_workload(cr, child)
     _check_fabric(cr, plan, owner, children)

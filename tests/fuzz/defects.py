@@ -251,13 +251,18 @@ HUB_IDS_REFUSED = ("hf://moonshotai/Kimi--K3", "hf://moonshotai/Kimi..K3", "hf:/
                    "hf://moon--shot/Kimi-K3")
 FLAG_LIKE = ("-", "--", "-x", "--trust-remote-code", "--dest=/cache/x", "-n4", "--served-model-name=")
 """Names that vLLM's or the stager's parser would read as a flag."""
+UNKNOWN_VLLM_ENV = ("VLLM_ROUTER_SERVICE_HOST", "VLLM_X_PORT_8000_TCP", "VLLM_LOGGING_LEVL", "VLLM_",
+                    "VLLM_RPC_TIMEOUT", "VLLM_USE_RUST_FRONTEND_")
+"""VLLM_* names vLLM 0.33.0 does not know: the variables a Service named vllm-router or vllm-x would
+inject without enableServiceLinks: false, typos, and settings of other vLLM versions."""
 PVC_PATHS_OUTSIDE = ("pvc://weights/..", "pvc://weights/../kimi-k3", "pvc://weights/kimi-k3/../../x", "pvc://w/../")
 
 
 def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     spec, pools = body["spec"], body["spec"]["pools"]
     pool = draw(st.sampled_from(pools))
-    rule = draw(st.sampled_from(("owned-flag", "tensor-divides-96", "mode-aggregated", "prefill-with-decode",
+    rule = draw(st.sampled_from(("owned-flag", "unknown-vllm-env", "tensor-divides-96", "mode-aggregated",
+                                 "prefill-with-decode",
                                  "interval-needs-tokens", "tokens-need-interval", "dspark-needs-draft",
                                  "pool-needs-role", "agg-or-pd", "mode-disaggregated", "hub-repo-id",
                                  "pvc-stays-inside", "autoscaling-min-max", "ratio-min-max",
@@ -309,6 +314,11 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
     elif rule == "nvlink-is-nvidia":
         pool["interconnect"] = "NVLink"
         pool["gpu"] = {**pool.get("gpu", {}), "product": "MI355X"}
+    elif rule == "unknown-vllm-env":
+        name = draw(st.sampled_from(UNKNOWN_VLLM_ENV))
+        env = [e for e in _engine_of(body).get("env") or [] if e.get("name") != name]
+        env.insert(draw(st.integers(0, len(env))), {"name": name, "value": "1"})
+        _engine_of(body)["env"] = env
     elif rule == "pool-needs-role":
         for r in v1.ROLE_NAMES:
             pool.pop(r, None)

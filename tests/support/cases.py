@@ -90,6 +90,8 @@ INVALID["a rollout needs room to move: maxSurge or maxUnavailable must be at lea
     lambda d: d["spec"].update(rollout={"maxSurge": 0, "maxUnavailable": 0}))
 INVALID["env sets a variable the operator owns: " + ", ".join(v1.OWNED_ENV)] = _edit(
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
+INVALID["env sets a VLLM_* variable vLLM 0.33.0 does not know (it would refuse to start)"] = _edit(
+    lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_ROUTER_SERVICE_HOST", "value": "10.0.0.1"}]}))
 INVALID["router resources: the memory request exceeds the memory limit"] = _edit(
     lambda d: d["spec"].update(router={"resources": {"requests": {"memory": "3Gi"}}}))  # the default limit is 2Gi
 INVALID["router resources: the CPU request exceeds the CPU limit"] = _edit(

@@ -170,10 +170,12 @@ def test_the_router_is_hardened_and_has_no_api_access() -> None:
 
 def test_resources_default_and_follow_the_spec() -> None:
     default = _container(_routers(_plan(PD))["k3-router"])["resources"]
-    assert default == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert default == {"requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "256Mi"},
+                       "limits": {"memory": "2Gi", "ephemeral-storage": "1Gi"}}
     plan = _plan(PD, resources={"requests": {"cpu": "500m"}, "limits": {"cpu": "4", "memory": "3Gi"}})
     assert _container(_routers(plan)["k3-router"])["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "3Gi"}}
+        "requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "256Mi"},
+        "limits": {"cpu": "4", "memory": "3Gi", "ephemeral-storage": "1Gi"}}
 
 
 def test_the_service_fronts_the_router_pods_and_only_the_lists_roll_the_router() -> None:

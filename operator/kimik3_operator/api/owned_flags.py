@@ -62,6 +62,9 @@ OWNED_FLAGS: dict[str, str] = {
     "--enable-eplb": "pools[].<role>.engine.eplb", "--no-enable-eplb": "pools[].<role>.engine.eplb",
     "--disable-eplb": "pools[].<role>.engine.eplb",
     "--eplb-config": "pools[].<role>.engine.eplb",
+    "--chat-template": "engine.chatTemplate",
+    "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
+    "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
 }
 
 

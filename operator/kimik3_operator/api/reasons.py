@@ -24,6 +24,8 @@ PLANNING = frozenset({INVALID_SPEC, HARDWARE_UNSUPPORTED, INSUFFICIENT_MEMORY, K
 
 # ---- the cluster refused or lacks what the plan needs -------------------------------------------
 MISSING_DEPENDENCY = "MissingDependency"
+CHAT_TEMPLATE_INVALID = "ChatTemplateInvalid"
+"""engine.chatTemplate names a ConfigMap or key that is not there, or a template that does not compile."""
 APPLY_REJECTED = "ApplyRejected"
 
 # ---- how far a planned deployment got ----------------------------------------------------------

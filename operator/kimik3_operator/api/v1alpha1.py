@@ -19,6 +19,7 @@ from .meta import Condition, ObjectMeta, Timestamp
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
 from .quantity import PATTERN as QUANTITY_PATTERN
 from .quantity import quantity
+from .vllm_env import KNOWN_VLLM_ENV, VLLM_VERSION
 
 VERSION = "v1alpha1"
 KIND = "KimiK3Deployment"
@@ -89,6 +90,15 @@ class SecretKeyRef(SpecModel):
     """Secret name."""
     key: ShortString = "token"
     """Key inside the Secret."""
+
+
+class ConfigMapKeyRef(SpecModel):
+    """A key in a ConfigMap of the deployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    """ConfigMap name."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    """Key inside the ConfigMap."""
 
 
 class ModelCache(SpecModel):
@@ -211,10 +221,18 @@ class Multimodal(SpecModel):
 OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
              "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RUST_FRONTEND",
              "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "VLLM_ROCM_USE_AITER",
+             "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "DG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
              "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 """Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
 Hub token, which belongs in model.authSecretRef."""
 OWNED_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in OWNED_ENV) + "]"
+_KNOWN_VLLM_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in sorted(KNOWN_VLLM_ENV)) + "]"
+_UNKNOWN_VLLM_ENV_CEL = f"e.name.startsWith('VLLM_') && !(e.name in {_KNOWN_VLLM_ENV_CEL})"
+
+
+def unknown_vllm_env(names: list[str]) -> str | None:
+    """The first VLLM_* name vLLM would refuse under --fail-on-environ-validation (vllm_env.py)."""
+    return next((n for n in names if n.startswith("VLLM_") and n not in KNOWN_VLLM_ENV), None)
 
 
 class EnvVar(SpecModel):
@@ -259,12 +277,29 @@ class Engine(SpecModel):
     """Extra vLLM arguments; flags the operator renders itself are rejected."""
     env: Annotated[list[EnvVar], Field(max_length=64), list_map("name")] = []
     """Extra environment variables for serving containers (not those the operator sets)."""
+    chat_template: ConfigMapKeyRef | None = None
+    """A Jinja chat template replacing the checkpoint's (--chat-template), from a ConfigMap key
+    mounted read-only into the leader pods. The operator compiles it as vLLM does (jinja2's
+    sandboxed environment) before any engine starts on it: a template that does not compile, or a
+    missing ConfigMap or key, is reported in status (ChatTemplateInvalid) and engines keep the
+    template they run."""
 
     rules = (
         Rule(
             cel=f"!has(self.env) || !self.env.exists(e, e.name in {OWNED_ENV_CEL})",
             message="env sets a variable the operator owns: " + ", ".join(OWNED_ENV),
             check=lambda s: not any(e.name in OWNED_ENV for e in s.env),
+            field_path=".env",
+        ),
+        Rule(
+            cel=f"!has(self.env) || !self.env.exists(e, {_UNKNOWN_VLLM_ENV_CEL})",
+            message=f"env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse to start)",
+            message_expression=(
+                f"'env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse to start): ' + "
+                f"self.env.filter(e, {_UNKNOWN_VLLM_ENV_CEL})[0].name"),
+            explain=lambda e: (f"env sets a VLLM_* variable vLLM {VLLM_VERSION} does not know (it would refuse "
+                               f"to start): {unknown_vllm_env([v.name for v in e.env])}"),
+            check=lambda e: unknown_vllm_env([v.name for v in e.env]) is None,
             field_path=".env",
         ),
         Rule(
@@ -483,6 +518,26 @@ class Rdma(SpecModel):
     )
 
 
+ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
+"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
+
+
+class ServingResources(SpecModel):
+    """CPU, memory and ephemeral storage of each serving pod of a pool. Requests equal limits, so the
+    pods are Guaranteed (evicted and OOM-killed last; whole cores under the static CPU manager). An
+    omitted amount is the pod's share of the node's allocatable, in proportion to the GPUs it holds,
+    after 8% (at least 2 cores and 16 GiB) is kept back per node for its daemons; from the GPU
+    product's usual node when the nodes are not known yet. Status shows the amounts rendered."""
+
+    cpu: ResourceQuantity | None = None
+    """CPU of each pod (request and limit); whole cores get exclusive CPUs under the static policy."""
+    memory: ResourceQuantity | None = None
+    """Memory of each pod (request and limit); includes /dev/shm, which NCCL and NIXL use."""
+    ephemeral_storage: ResourceQuantity | None = None
+    """Local ephemeral storage of each pod (request and limit): logs, /tmp, scratch; the weights
+    and compile caches live on claims."""
+
+
 class Pool(SpecModel):
     """A set of alike GPU nodes and the roles served on them."""
 
@@ -506,6 +561,8 @@ class Pool(SpecModel):
     """RDMA NIC resources and fabric settings; from the nodes when omitted."""
     backends: Backends | None = None
     """Kernel overrides."""
+    resources: ServingResources = ServingResources()
+    """CPU, memory and ephemeral storage of each serving pod; sized from the nodes when omitted."""
     mode: PoolMode | None = None
     """Disaggregated (prefill and/or decode) or Aggregated; inferred from the roles present."""
     prefill: Role | None = None
@@ -586,10 +643,6 @@ RouterPolicy = Literal["CacheAware", "RoundRobin", "ConsistentHash", "StickyLeas
 """vllm-router's policies that work with nothing beside the engines. Left out: PowerOfTwo (it reads
 a /get_load vLLM does not serve, so every load reads 0, and it refuses to start with one worker of
 a role) and KvAware (it needs the engines' KV events over ZMQ)."""
-
-
-ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
-"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
 
 
 class RouterRequests(SpecModel):
@@ -835,6 +888,17 @@ class RoleAutoscalingStatus(StatusModel):
     """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
 
 
+class PodResourcesStatus(StatusModel):
+    """What each serving pod of a role requests (and is limited to)."""
+
+    cpu: str
+    memory: str
+    ephemeral_storage: str
+    source: str
+    """nodes (the nodes' allocatable) | catalog (the GPU product's usual node) | spec, or a
+    mix such as nodes+spec when pools[].resources gave some of the amounts."""
+
+
 class RoleStatus(StatusModel):
     """What a role resolved to and how many replicas are up."""
 
@@ -895,6 +959,8 @@ class RoleStatus(StatusModel):
     """In-cluster URL of the role's leader Service."""
     autoscaling: RoleAutoscalingStatus | None = None
     """Set when the role is autoscaled: replicas is then its scaler's current count."""
+    pod_resources: PodResourcesStatus | None = None
+    """CPU, memory and ephemeral storage of each pod (requests = limits: Guaranteed)."""
 
 
 class PoolStatus(StatusModel):

@@ -53,6 +53,7 @@ def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> Eng
         shutdown_timeout=engine.shutdown_timeout_seconds,
         extra_args=tuple(engine.extra_args),
         env=tuple((e.name, e.value) for e in engine.env),
+        chat_template=(engine.chat_template.name, engine.chat_template.key) if engine.chat_template else None,
     )
 
 

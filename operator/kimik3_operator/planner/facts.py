@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.quantity import quantity
 from .catalog import product_from_label
+from .pod_resources import NodeShape
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -34,6 +36,8 @@ class NodeFacts:
     arch: str | None
     schedulable: bool
     memory_mib: int | None = None
+    allocatable: NodeShape | None = None
+    """CPU, memory and ephemeral storage the node offers pods; None when it reports none."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class PoolFacts:
     """GPU memory the nodes' labels report (the smallest), when they report it."""
     arch: str | None = None
     """CPU architecture most nodes report (GB300/GB200 trays are arm64)."""
+    allocatable: NodeShape | None = None
+    """The smallest CPU, memory and ephemeral storage among the nodes (each on its own), so a pod
+    sized from it fits on any of them; None when a node reports none."""
 
 
 def _quantity(value: Any) -> int:
@@ -72,6 +79,29 @@ def _memory_mib(labels: Mapping[str, str]) -> int | None:
     if vram[:-1].isdigit() and vram[-1:].upper() == "G":
         return int(vram[:-1]) * 1024
     return None
+
+
+def node_allocatable(allocatable: Mapping[str, Any]) -> NodeShape | None:
+    """CPU, memory and ephemeral storage the node offers pods (`status.allocatable`)."""
+    try:
+        cpu = quantity(str(allocatable["cpu"]))
+        memory = quantity(str(allocatable["memory"]))
+        disk = quantity(str(allocatable["ephemeral-storage"])) if "ephemeral-storage" in allocatable else None
+    except (KeyError, ValueError):
+        return None
+    if cpu <= 0 or memory <= 0:
+        return None
+    return NodeShape(cpu_millis=int(cpu * 1000), memory_bytes=int(memory),
+                     ephemeral_bytes=int(disk) if disk else None)
+
+
+def smallest(shapes: Sequence[NodeShape | None]) -> NodeShape | None:
+    known = [s for s in shapes if s is not None]
+    if not known or len(known) < len(shapes):
+        return None
+    disks = [s.ephemeral_bytes for s in known]
+    return NodeShape(cpu_millis=min(s.cpu_millis for s in known), memory_bytes=min(s.memory_bytes for s in known),
+                     ephemeral_bytes=None if None in disks else min(d for d in disks if d is not None))
 
 
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
@@ -96,6 +126,7 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         arch=labels.get("kubernetes.io/arch"),
         schedulable=not spec.get("unschedulable", False),
         memory_mib=_memory_mib(labels),
+        allocatable=node_allocatable(allocatable),
     )
 
 
@@ -124,4 +155,5 @@ def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]],
         rdma_per_node=min(f.rdma_resources[min(rdma_common)] for f in picked) if rdma_common else None,
         memory_mib=min((f.memory_mib for f in picked if f.memory_mib), default=None),
         arch=Counter(f.arch for f in picked if f.arch).most_common(1)[0][0] if any(f.arch for f in picked) else None,
+        allocatable=smallest([f.allocatable for f in picked]),
     )

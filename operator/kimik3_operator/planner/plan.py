@@ -12,8 +12,10 @@ from typing import Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
+from .pod_resources import PodResources
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
+from .timeouts import StartupTimeouts
 from .weights import WeightsPlan
 
 
@@ -77,6 +79,8 @@ class EngineSettings:
     env: tuple[tuple[str, str], ...] = ()
     commits: tuple[tuple[str, str], ...] = ()
     """(source, commit) of the staged checkpoints: both roles must serve the same weights."""
+    chat_template: tuple[str, str] | None = None
+    """(ConfigMap, key) of engine.chatTemplate."""
 
     @property
     def kv_dtype_family(self) -> str:
@@ -174,6 +178,10 @@ class RolePlan:
     """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
     shape: EngineShape | None = None
     """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
+    pod_resources: PodResources | None = None
+    """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""
+    timeouts: StartupTimeouts | None = None
+    """Start-up and collective deadlines from the load-time estimate; timeouts.py."""
 
     @property
     def gpus_per_replica(self) -> int:
@@ -187,6 +195,14 @@ class RolePlan:
     @property
     def rdma_request(self) -> str | None:
         return f"{self.rdma_nics} x {self.rdma_resource}" if self.rdma_nics and self.rdma_resource else None
+
+    @property
+    def pod_resources_fields(self) -> dict[str, str] | None:
+        """What status and `kimik3 plan` show of pod_resources."""
+        if self.pod_resources is None:
+            return None
+        return {"cpu": self.pod_resources.cpu, "memory": self.pod_resources.memory,
+                "ephemeralStorage": self.pod_resources.ephemeral_storage, "source": self.pod_resources.source}
 
 
 @dataclass(frozen=True)

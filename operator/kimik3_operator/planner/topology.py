@@ -28,9 +28,11 @@ from .facts import CLIQUE_LABEL, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
+from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
 from .shaping import ShapeOverrides, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
+from .timeouts import startup_timeouts
 from .traps import check_traps
 from .weights import weights_plan, with_commits
 
@@ -184,6 +186,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
+    roles = with_pod_settings(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
     rdma = rdma_plan(pool, facts, fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,
@@ -199,6 +202,17 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         vendor=gpu.vendor,
         arch=facts.arch or gpu.arch,
     )
+
+
+def with_pod_settings(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
+                      gpus_per_node: int) -> tuple[RolePlan, ...]:
+    """Each role's pods sized from their GPU share of the node (pod_resources.py), and given the
+    time their share of the weights takes to load (timeouts.py)."""
+    given = pool.resources
+    return tuple(dataclasses.replace(
+        r, pod_resources=serving_resources(node, gpus_per_node, r.gpus_per_pod, given.cpu, given.memory,
+                                           given.ephemeral_storage),
+        timeouts=startup_timeouts(r.layout, r.gpus_per_pod)) for r in roles)
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
+from . import compile_cache
 from .autoscalers import scalers
 from .compute_domain import compute_domain, role_domain_name
 from .names import Owner, stamp_hash
@@ -19,7 +20,8 @@ from .workloads import leader_worker_set
 
 def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
     """What stages the checkpoints: needed before (and independent of) anything that serves."""
-    return _in_apply_order(weights_children(owner, plan.weights, tools_image))
+    return _in_apply_order(weights_children(owner, plan.weights, tools_image)
+                           + compile_cache.own_claim(owner, plan.weights))
 
 
 def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,

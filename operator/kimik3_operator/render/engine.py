@@ -16,6 +16,7 @@ from typing import Any
 
 from ..planner import EngineSettings, RolePlan
 from ..planner.memory import GPU_MEMORY_UTILIZATION
+from . import chat_template
 from .engine_shape import shape_args
 from .kubelet import literal, literals
 
@@ -25,7 +26,8 @@ DP_RPC_PORT = 13345
 NIXL_SIDE_CHANNEL_BASE = 5600
 """vLLM's default; each data-parallel rank listens on base + its global rank."""
 ENGINE_READY_TIMEOUT_S = 3600
-"""Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default."""
+"""Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default; the plan's
+estimate (planner/timeouts.py) replaces this when it has one."""
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
@@ -65,6 +67,10 @@ def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
         ]
     if layout.data > 1:
         args += ["--data-parallel-rpc-port", str(DP_RPC_PORT)]
+    if role.timeouts is not None:
+        # Rendezvous and collectives must outlast the replica's load skew (planner/timeouts.py).
+        seconds = str(role.timeouts.distributed_seconds)
+        args += ["--distributed-timeout-seconds", seconds, "--cpu-distributed-timeout-seconds", seconds]
     if worker:
         # Nothing infers this from the node rank: without it a worker starts API servers too.
         args.append("--headless")
@@ -108,6 +114,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     if scale_out and not worker:
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
+    args += chat_template.args(engine, worker=worker)
     args += literals(engine.extra_args)
     return args
 
@@ -124,7 +131,8 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Otherwise vLLM guesses its address from the default route.
         {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"},
-        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(ENGINE_READY_TIMEOUT_S)},
+        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(
+            role.timeouts.engine_ready_seconds if role.timeouts else ENGINE_READY_TIMEOUT_S)},
     ]
     if engine.rust_frontend and not worker:
         # Headless workers serve no HTTP, so the Rust frontend applies to leaders only.

@@ -44,6 +44,7 @@ ROLE_FIELDS = {
     "max_cudagraph_capture_size": "shape.max_cudagraph_capture_size",
     "long_prefill_token_threshold": "shape.long_prefill_token_threshold",
     "eplb_redundant_experts": "shape.eplb_redundant_experts",
+    "pod_resources": "pod_resources_fields",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""
 

@@ -169,15 +169,20 @@ def router_service(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
     }
 
 
+ROUTER_EPHEMERAL = ("256Mi", "1Gi")
+"""Request and limit of the router's ephemeral storage."""
+
+
 def _probe(path: str, **extra: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS, **extra}
 
 
 def router_container(targets: RouterTargets) -> dict[str, Any]:
     plan = targets.plan
-    resources: dict[str, Any] = {"requests": dict(plan.requests)}
-    if plan.limits:
-        resources["limits"] = dict(plan.limits)
+    # Burstable, as Dynamo's frontend and llm-d's scheduler pods are: a stateless proxy that may
+    # burst on CPU. Ephemeral storage is its logs and /tmp only (read-only root filesystem).
+    resources: dict[str, Any] = {"requests": {**dict(plan.requests), "ephemeral-storage": ROUTER_EPHEMERAL[0]},
+                                 "limits": {**dict(plan.limits), "ephemeral-storage": ROUTER_EPHEMERAL[1]}}
     return {
         "name": COMPONENT,
         "image": ROUTER_IMAGE,

@@ -32,6 +32,20 @@ RUN_AS = 65532  # the operator image's non-root user
 WAIT_TIMEOUT_SECONDS = 3600
 """A serving pod starts only after its Job reported the commit; the wait guards against a folder
 that changed since (a claim restored from a snapshot, a hand edit) and then fails the pod loudly."""
+STAGE_RESOURCES = {
+    "requests": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "256Mi"},
+    "limits": {"memory": "8Gi", "ephemeral-storage": "2Gi"},
+}
+"""Burstable. The memory request is what the stager itself holds: 8 files in flight (`stage
+--workers` default, stager/__main__.py) x (a 1 MiB HTTP chunk, stager/s3.py CHUNK, + an 8 MiB
+hash block, stager/digests.py HASH_BLOCK) = 72 MiB, an S3 listing page of up to 64 MiB (s3.py
+MAX_BODY), a pvc:// checksum file of up to 64 MiB (pvc.py MAX_SUMS_BYTES) and CPython with its
+HTTP stack (~150 MiB): ~350 MiB, rounded up. The limit is higher because the 1.5 TB it writes goes
+through the page cache, charged to its cgroup: the kernel throttles writers at a fraction of the
+limit, so a limit near the request would stall the writes. No CPU limit: SHA-256 over every byte
+wants what the node can spare. Ephemeral storage: HOME=/tmp only (no download lands there)."""
+WAIT_RESOURCES = {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "64Mi"}
+"""A Python loop that stats the checkpoint's files every 5 s."""
 MAX_ATTEMPTS = 20
 """Pods a staging Job may use up; every attempt resumes the files already fetched."""
 
@@ -154,7 +168,7 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
         "env": env,
         "volumeMounts": [{"name": volume_name(owner, source), "mountPath": CACHE_MOUNT},
                          {"name": "tmp", "mountPath": "/tmp"}],
-        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+        "resources": {part: dict(amounts) for part, amounts in STAGE_RESOURCES.items()},
         "terminationMessagePolicy": "File",
         "securityContext": _restricted(),
     }
@@ -235,7 +249,9 @@ def wait_containers(owner: Owner, weights: WeightsPlan, image: str) -> list[dict
             "command": ["python3", "-c", WAIT_SCRIPT, s.mount_path, literal(s.commit or ""),
                         str(WAIT_TIMEOUT_SECONDS)],
             "volumeMounts": [m for m in serving_mounts(owner, weights) if m["mountPath"] == s.mount_path],
-            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            # Equal requests and limits: one container without them would make the serving pod
+            # Burstable, not Guaranteed (planner/pod_resources.py).
+            "resources": {"requests": dict(WAIT_RESOURCES), "limits": dict(WAIT_RESOURCES)},
             "securityContext": _restricted() | {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS},
         })
     return out

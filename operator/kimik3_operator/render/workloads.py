@@ -13,6 +13,7 @@ from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
 from ..planner import Plan, PoolPlan, RolePlan
+from . import chat_template, compile_cache
 from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
@@ -24,7 +25,8 @@ LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
 # Loading 1.6 TB of weights and JIT warm-up takes far longer than default probes allow
-# (NVIDIA Dynamo's K3 recipes budget 120 minutes).
+# (NVIDIA Dynamo's K3 recipes budget 120 minutes); the plan's estimate (planner/timeouts.py),
+# which outlasts vLLM's own ready deadline, replaces this when it has one.
 STARTUP_PROBE_SECONDS = 7200
 PROBE_PERIOD_SECONDS = 10
 PRE_STOP_SECONDS = 10
@@ -84,7 +86,9 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
                  *, worker: bool) -> dict[str, Any]:
     pod_labels = {**labels(owner, pool.name, role.role), LABEL_COMPAT: plan.compat_hash}
     vllm = container(plan, pool, role, worker=worker)
-    vllm["volumeMounts"] += serving_mounts(owner, plan.weights)
+    vllm["volumeMounts"] += [*serving_mounts(owner, plan.weights), compile_cache.mount(pool.image),
+                             *chat_template.mounts(plan.engine, worker=worker)]
+    vllm["env"] += compile_cache.env()
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -94,7 +98,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
         # vLLM drains for --shutdown-timeout after SIGTERM; give it that plus the preStop pause.
         "terminationGracePeriodSeconds": plan.engine.shutdown_timeout + PRE_STOP_SECONDS + 30,
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-                    *serving_volumes(owner, plan.weights)],
+                    *serving_volumes(owner, plan.weights), compile_cache.volume(owner, plan.weights),
+                    *chat_template.volumes(plan.engine, worker=worker)],
     }
     if pool.node_selector:
         spec["nodeSelector"] = dict(pool.node_selector)
@@ -117,6 +122,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
 def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> dict[str, Any]:
     engine = plan.engine
     resources = {pool.gpu_resource: str(role.gpus_per_pod)}
+    if role.pod_resources is not None:
+        resources.update(role.pod_resources.amounts())  # requests = limits: Guaranteed (pod_resources.py)
     if role.rdma_nics and role.rdma_resource:
         resources[role.rdma_resource] = str(role.rdma_nics)  # planner/fabric.py rule 5
     out: dict[str, Any] = {
@@ -140,7 +147,8 @@ def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> di
     if not worker:
         ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}, *ports]
         health = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS}
-        out["startupProbe"] = {**health, "failureThreshold": STARTUP_PROBE_SECONDS // PROBE_PERIOD_SECONDS}
+        startup = role.timeouts.startup_probe_seconds if role.timeouts else STARTUP_PROBE_SECONDS
+        out["startupProbe"] = {**health, "failureThreshold": startup // PROBE_PERIOD_SECONDS}
         out["readinessProbe"] = {**health, "failureThreshold": 3}
     if ports:
         out["ports"] = ports
