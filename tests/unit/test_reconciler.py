@@ -11,6 +11,7 @@ import pytest
 
 from kimik3_operator.api.reasons import (
     APPLY_REJECTED,
+    CHAT_TEMPLATE_INVALID,
     INSUFFICIENT_MEMORY,
     INVALID_SPEC,
     MISSING_DEPENDENCY,
@@ -21,6 +22,7 @@ from kimik3_operator.contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MAN
 from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
 from kimik3_operator.k8s.cache import Observation
 from kimik3_operator.k8s.cluster import writes_digest
+from kimik3_operator.k8s.config_maps import ConfigMapKey
 from kimik3_operator.reconcile.reconciler import reconcile
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
@@ -46,6 +48,7 @@ class MemoryCluster:
         """This deployment's pods that no longer hold resources (finished staging pods)."""
         self.active: list[dict[str, Any]] = []
         """Pods of every namespace that hold resources."""
+        self.config_maps: dict[str, dict[str, str]] = {}
         self.writes: list[str] = []
         self.applied: dict[str, str] = {}
         self.seconds = 0
@@ -70,6 +73,13 @@ class MemoryCluster:
                                                "ownerReferences": [owner]},
                                   "status": {"phase": "Succeeded", "containerStatuses": [
                                       {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
+
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> ConfigMapKey:
+        self.writes.append(f"read configmap {name}")  # a read, counted to show when it happens
+        data = self.config_maps.get(name)
+        if data is None:
+            return ConfigMapKey(None, f"ConfigMap {name}")
+        return ConfigMapKey(data[key]) if key in data else ConfigMapKey(None, f"key {key} in ConfigMap {name}")
 
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         self.writes.append(f"event {type_} {reason}")
@@ -514,3 +524,27 @@ def test_the_lws_controllers_status_writes_are_not_drift() -> None:
     cluster.writes.clear()
     reconcile(cluster, "ns", "k3")
     assert cluster.writes == [] and cluster.deployment["status"]["phase"] == "Ready"
+
+
+def test_a_broken_chat_template_keeps_engines_from_rolling_onto_it_until_it_is_fixed() -> None:
+    """engine.chatTemplate is compiled (jinja's sandbox, as vLLM does) before a LeaderWorkerSet is
+    created or changed; while it is missing or broken nothing serving is applied and the status
+    says why; between rolls the ConfigMap is not read at all."""
+    body = _pd()
+    body["spec"]["engine"] = {"chatTemplate": {"name": "tmpl", "key": "chat.jinja"}}
+    cluster = _staged(MemoryCluster(body, NODES))
+    cluster.writes.clear()
+    outcome = reconcile(cluster, "ns", "k3")
+    ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == CHAT_TEMPLATE_INVALID and "ConfigMap tmpl" in ready["message"]
+    assert not any(k == "LeaderWorkerSet" for k, _ in cluster.objects) and not outcome.applied
+    cluster.config_maps["tmpl"] = {"chat.jinja": "{% for m in messages %}{{ m.content }"}
+    reconcile(cluster, "ns", "k3")
+    ready = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == CHAT_TEMPLATE_INVALID and "does not compile" in ready["message"]
+    cluster.config_maps["tmpl"] = {"chat.jinja": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    reconcile(cluster, "ns", "k3")
+    assert sum(1 for k, _ in cluster.objects if k == "LeaderWorkerSet") == 2
+    cluster.writes.clear()
+    reconcile(cluster, "ns", "k3")
+    assert cluster.writes == []  # steady state: no apply, and no read of the ConfigMap either

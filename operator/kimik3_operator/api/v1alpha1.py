@@ -113,7 +113,9 @@ class ModelCache(SpecModel):
     deleted, as StatefulSet's persistentVolumeClaimRetentionPolicy: Retain keeps it (no owner
     reference; a deployment re-created under the same name adopts it and verifies what is staged
     instead of downloading again; delete it by hand to free the space), Delete lets garbage
-    collection remove it with the deployment, and prunes it once no checkpoint needs it."""
+    collection remove it with the deployment, and prunes it once no checkpoint needs it. A deployment
+    whose checkpoints are all pvc:// has no such claim; its compile-cache claim (<name>-compile-cache)
+    follows the same policy."""
 
 
 class ModelSource(SpecModel):

@@ -35,6 +35,7 @@ from ..contract.names import (
 )
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from .cache import ACTIVE_PODS, ClusterCache, Observation
+from .config_maps import ConfigMapKey, read_config_map_key
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
 
@@ -165,6 +166,10 @@ class Cluster:
             return found
         except NotFoundError:
             return None
+
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> ConfigMapKey:
+        """One key of a user's ConfigMap (engine.chatTemplate), read when engines are about to roll."""
+        return read_config_map_key(self._dyn.client, namespace, name, key)
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """One list, for `kimik3 plan` against the live cluster (a reconcile pass reads the informers)."""

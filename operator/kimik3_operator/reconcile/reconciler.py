@@ -17,11 +17,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
-from ..api.reasons import APPLY_REJECTED, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
+from ..api.reasons import APPLY_REJECTED, CHAT_TEMPLATE_INVALID, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
 from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
+from ..contract.names import ANNOTATION_HASH
 from ..k8s import Cluster, MissingApiError, RejectedApiError
-from ..planner import PlanningError, plan_deployment, with_staged
+from ..planner import Plan, PlanningError, plan_deployment, with_staged
 from ..planner.capacity import gpus_used, shortfalls
+from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
@@ -118,6 +120,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         endpoints = leader_endpoints(plan, own_pods, paired)
         if weights.all_staged:
             serving = render_serving(owner, plan, paired, endpoints)
+            if (problem := _chat_template_problem(cluster, plan, serving, live)) is not None:
+                return fail(problem)
             hand_over(cluster, owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind},
                       serving)
             _apply_all(cluster, serving, live, current, outcome)
@@ -152,6 +156,28 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling))
     return outcome
+
+
+def _chat_template_problem(cluster: Cluster, plan: Plan, serving: list[dict[str, Any]],
+                           live: dict[tuple[str, str], dict[str, Any]]) -> PlanningError | None:
+    """Why engines must not (re)start on engine.chatTemplate, checked when a LeaderWorkerSet is about
+    to be created or changed: vLLM reads the template once, at start, and a broken one crash-loops
+    every engine after minutes of loading. Between rolls the ConfigMap is not read (a pass costs no
+    extra request); what runs keeps running on the template it started with.
+
+    Not a planning error: the ConfigMap can be fixed without touching the spec, so the resync
+    retries (depends_on_nodes)."""
+    if plan.engine.chat_template is None:
+        return None
+    rolling = [o for o in serving if o["kind"] == LEADER_WORKER_SET.kind
+               and ((live.get(_key(o)) or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_HASH)
+               != o["metadata"]["annotations"][ANNOTATION_HASH]]
+    if not rolling:
+        return None
+    name, key = plan.engine.chat_template
+    found = cluster.read_config_map_key(rolling[0]["metadata"]["namespace"], name, key)
+    message = chat_template_problem(plan.engine.chat_template, found.text, found.missing)
+    return PlanningError(CHAT_TEMPLATE_INVALID, message, depends_on_nodes=True) if message else None
 
 
 def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:

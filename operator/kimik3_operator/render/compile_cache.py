@@ -55,8 +55,10 @@ def own_claim(owner: Owner, weights: WeightsPlan) -> list[dict[str, Any]]:
     spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": OWN_CLAIM_SIZE}}}
     if weights.cache_storage_class:
         spec["storageClassName"] = weights.cache_storage_class
-    return [{**PERSISTENT_VOLUME_CLAIM.type_meta(),
-             "metadata": object_meta(owner, claim_name(owner, weights), None, None), "spec": spec}]
+    meta = object_meta(owner, claim_name(owner, weights), None, None)
+    if weights.cache_retained:  # spec.model.cache.retentionPolicy covers this cache claim too
+        del meta["ownerReferences"]
+    return [{**PERSISTENT_VOLUME_CLAIM.type_meta(), "metadata": meta, "spec": spec}]
 
 
 def volume(owner: Owner, weights: WeightsPlan) -> dict[str, Any]:
