@@ -75,7 +75,9 @@ def test_a_zero_shutdown_timeout_aborts_in_flight_requests(tmp_path: Path) -> No
 
 def test_a_headless_worker_serves_nothing_and_stops_on_sigterm(tmp_path: Path) -> None:
     sim = start(AGG["worker"]["command"], tmp_path, ENV)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 20  # its imports alone take ~2 s on a loaded 2-core machine
+    while "headless" not in sim.log.read_text() and sim.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert sim.process.poll() is None, sim.log.read_text()
     assert "headless" in sim.log.read_text()
     assert sim.terminate() == 0

@@ -894,8 +894,11 @@ class PodResourcesStatus(StatusModel):
     """What each serving pod of a role requests (and is limited to)."""
 
     cpu: str
+    """CPU of each pod, request and limit (Guaranteed)."""
     memory: str
+    """Memory of each pod, request and limit."""
     ephemeral_storage: str
+    """Local ephemeral storage of each pod, request and limit."""
     source: str
     """nodes (the nodes' allocatable) | catalog (the GPU product's usual node) | spec, or a
     mix such as nodes+spec when pools[].resources gave some of the amounts."""
