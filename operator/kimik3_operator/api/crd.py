@@ -45,8 +45,9 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": API_VERSION_DOC},
             "kind": {"type": "string", "description": KIND_DOC},
-            # Child Services are named after the deployment and must start with a letter.
-            "metadata": {"type": "object", "description": "Standard object metadata.", "properties": {"name": {
+            # Child Services are named after the deployment and must start with a letter. The API
+            # server allows nothing on metadata but name/generateName rules (no description).
+            "metadata": {"type": "object", "properties": {"name": {
                 "type": "string", "maxLength": 253, "pattern": NAME_PATTERN,
                 "description": "Name of the deployment, the prefix of every object it makes: a lowercase "
                                "letter first, then lowercase letters, digits and '-'."}}},
