@@ -32,8 +32,9 @@ NOT_CHILDREN: set[Triple] = {
     # kopf discovers and watches its resources
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-    # the deployment itself: read, watched, kopf's progress annotations, status by server-side apply
-    *((GROUP, PLURAL, verb) for verb in ("get", "list", "watch", "patch")),
+    # the deployment itself: listed and watched (kopf, the informers), kopf's progress annotations,
+    # status by server-side apply
+    *((GROUP, PLURAL, verb) for verb in ("list", "watch", "patch")),
     (GROUP, f"{PLURAL}/status", "patch"),
     # an event when a condition flips; node facts and the pods holding GPUs, for planning
     ("", "events", "create"),

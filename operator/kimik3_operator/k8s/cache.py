@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client import rest
 from kubernetes.dynamic import DynamicClient
 
 from ..api import GROUP, KIND, VERSION
@@ -81,6 +82,7 @@ class ClusterCache:
     def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...] = (),
                  on_child: Callable[[str, str], None] | None = None, **informer_args: Any) -> None:
         dyn = DynamicClient(api)
+        self._api = api
         self._on_child = on_child
         scopes: tuple[str | None, ...] = namespaces or (None,)
 
@@ -112,6 +114,12 @@ class ClusterCache:
                 *(i for group in self.children.values() for i in group)]
 
     def start(self) -> ClusterCache:
+        # One connection per watch held open, and a few for lists: with urllib3's default pool of
+        # 10, the watches beyond it would each open and discard a connection (a TLS handshake) per
+        # request.
+        config = self._api.configuration
+        config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, len(self.informers()) + 4)
+        self._api.rest_client = rest.RESTClientObject(config)
         for inf in self.informers():
             inf.start()
         return self

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -146,20 +147,25 @@ class Informer:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> Informer:
+        if self._thread is not None:
+            self._thread.join(10)  # a stopped one ends within moments (see stop)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.watched.kind}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop following, without blocking the caller: the socket of a watch being read is shut
+        down, which ends the reading thread's wait (closing the response instead would wait for
+        the lock that very read holds)."""
         self._stop.set()
         self._wake.set()
-        response = self._response
-        if response is not None:
+        sock = getattr(getattr(self._response, "connection", None), "sock", None)
+        if sock is not None:
             try:
-                response.close()  # unblocks a watch read
-            except Exception:  # noqa: BLE001 - closing a half-dead socket may fail any way
-                pass
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's: no TLS state touched
+            except OSError:
+                pass  # closed meanwhile
 
     def wake(self) -> None:
         """Look again now for a kind the cluster did not serve."""
