@@ -50,6 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from kimik3_operator.api import GROUP, KIND, VERSION, KimiK3Deployment  # noqa: E402
 from kimik3_operator.contract.kinds import BY_KIND, CHILD_KINDS, WEIGHTS  # noqa: E402
+from kimik3_operator.k8s.informer import raw_get  # noqa: E402
 from kimik3_operator.planner import plan_deployment, pool_facts, with_staged  # noqa: E402
 from kimik3_operator.reconcile.pairing import leader_endpoints  # noqa: E402
 from kimik3_operator.render import Owner, render_children  # noqa: E402
@@ -163,13 +164,7 @@ class Reader:
         if kind not in self.paths:
             return []
         query = [("labelSelector", selector)] if selector else []
-        request = self.api.param_serialize("GET", self.paths[kind].path(namespace=namespace), query_params=query,
-                                           header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-        response = self.api.call_api(*request, _request_timeout=(10, 120))
-        data = response.response.data
-        if response.status != 200:
-            raise RuntimeError(f"GET {kind} in {namespace}: {response.status} {data[:300]!r}")
-        return list(json.loads(data)["items"])
+        return list(json.loads(raw_get(self.api, self.paths[kind].path(namespace=namespace), query, 120).data)["items"])
 
     def children_per_deployment(self, namespace: str) -> Counter[str]:
         """How many objects of the child kinds each deployment has now (by its label)."""

@@ -14,8 +14,8 @@ from typing import Any
 from kimik3_operator.api import GROUP, KIND, PLURAL, VERSION
 
 
-def _resource(name: str, kind: str, verbs: list[str]) -> dict[str, Any]:
-    return {"name": name, "singularName": "", "namespaced": True, "kind": kind, "verbs": verbs}
+def _resource(name: str, kind: str, verbs: list[str], namespaced: bool = True) -> dict[str, Any]:
+    return {"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": verbs}
 
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -26,10 +26,15 @@ DISCOVERY: dict[str, dict[str, Any]] = {
         {"name": GROUP, "versions": [{"groupVersion": f"{GROUP}/{VERSION}", "version": VERSION}],
          "preferredVersion": {"groupVersion": f"{GROUP}/{VERSION}", "version": VERSION}}]},
     "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-        _resource("services", "Service", VERBS), _resource("events", "Event", VERBS)]},
+        _resource("services", "Service", VERBS), _resource("events", "Event", VERBS),
+        _resource("nodes", "Node", VERBS, namespaced=False)]},
     f"/apis/{GROUP}/{VERSION}": {"kind": "APIResourceList", "groupVersion": f"{GROUP}/{VERSION}", "resources": [
         _resource(PLURAL, KIND, VERBS), _resource(f"{PLURAL}/status", KIND, ["get", "patch", "update"])]},
 }
+LISTS: dict[str, dict[str, Any]] = {
+    "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": []},
+}
+"""What a read finds (nothing), to show reads still go through once writes may not."""
 
 
 class FakeApiServer(ThreadingHTTPServer):
@@ -56,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        found = DISCOVERY.get(self.path.split("?")[0])
+        found = {**DISCOVERY, **LISTS}.get(self.path.split("?")[0])
         self._answer(200 if found else 404, found or {"kind": "Status", "code": 404})
 
     def _write(self) -> None:

@@ -159,14 +159,6 @@ class Cluster:
             raise RuntimeError("a reconcile pass reads from a ClusterCache: construct Cluster(api, guard, cache)")
         return self.cache.observe(namespace, name, label, body)
 
-    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = self._resource(f"{GROUP}/{VERSION}", KIND).get(
-                name=name, namespace=namespace).to_dict()
-            return found
-        except NotFoundError:
-            return None
-
     def read_config_map_key(self, namespace: str, name: str, key: str) -> ConfigMapKey:
         """One key of a user's ConfigMap (engine.chatTemplate), read when engines are about to roll."""
         return read_config_map_key(self._dyn.client, namespace, name, key)

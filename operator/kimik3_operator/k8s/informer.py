@@ -78,6 +78,22 @@ def _version(obj: dict[str, Any]) -> int | None:
         return None
 
 
+def raw_get(api: client.ApiClient, path: str, query: list[tuple[str, Any]], read_timeout: float) -> Any:
+    """GET `path` as JSON, unparsed (the urllib3 response: a list to json.loads, or a watch to read line
+    by line): the typed client would build model objects of every item. Raises Gone on 410 and the
+    client's ApiException with the API server's message on any other failure."""
+    request = api.param_serialize("GET", path, query_params=query, header_params={"Accept": "application/json"},
+                                  auth_settings=["BearerToken"])
+    response = api.call_api(*request, _request_timeout=(10, read_timeout))
+    if response.status == 410:
+        response.read()
+        raise Gone()
+    if not 200 <= response.status <= 299:
+        response.read()
+        api.response_deserialize(response, {})  # raises ApiException with the API server's message
+    return response.response
+
+
 class Informer:
     """The store of one `Watched`, optionally indexed, fed by a thread of its own."""
 
@@ -213,17 +229,7 @@ class Informer:
         return path
 
     def _get(self, path: str, query: list[tuple[str, Any]], read_timeout: float) -> Any:
-        api: client.ApiClient = self._dyn.client
-        request = api.param_serialize("GET", path, query_params=query, header_params={"Accept": "application/json"},
-                                      auth_settings=["BearerToken"])
-        response = api.call_api(*request, _request_timeout=(10, read_timeout))
-        if response.status == 410:
-            response.read()
-            raise Gone()
-        if not 200 <= response.status <= 299:
-            response.read()
-            api.response_deserialize(response, {})  # raises ApiException with the API server's message
-        return response.response
+        return raw_get(self._dyn.client, path, query, read_timeout)
 
     def _selectors(self) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in (("labelSelector", self.watched.label_selector),

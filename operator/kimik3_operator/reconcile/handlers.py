@@ -121,9 +121,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     state = memo.get("state")
-    if state is not None and state.worker is not None:
-        state.worker.cancel()
     if state is not None:
+        if state.worker is not None:
+            state.worker.cancel()
         state.cache.stop()
 
 

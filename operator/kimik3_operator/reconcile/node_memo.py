@@ -18,6 +18,11 @@ MAX_POOLS = 256
 """Pool entries kept before the memo starts over (distinct selectors x recent revisions)."""
 
 
+def _version_key(node: Mapping[str, Any]) -> tuple[str, str]:
+    meta = node.get("metadata") or {}
+    return meta.get("uid") or "", meta.get("resourceVersion") or ""
+
+
 class FactsMemo:
     """`node_facts` per (uid, resourceVersion) and `pool_facts` per (selector, nodes revision)."""
 
@@ -26,8 +31,7 @@ class FactsMemo:
         self._pools: dict[tuple[tuple[tuple[str, str], ...], int], PoolFacts] = {}
 
     def __call__(self, node: Mapping[str, Any]) -> NodeFacts:
-        meta = node.get("metadata") or {}
-        key = (meta.get("uid") or "", meta.get("resourceVersion") or "")
+        key = _version_key(node)
         if not all(key):
             return node_facts(node)  # not from the API server (a file, a test): nothing to key on
         found = self._nodes.get(key)
@@ -51,6 +55,5 @@ class FactsMemo:
         """Drop the facts of nodes gone or changed, once twice as many are kept as exist."""
         if len(self._nodes) <= 2 * len(nodes) + 16:
             return
-        live = {((n.get("metadata") or {}).get("uid") or "", (n.get("metadata") or {}).get("resourceVersion") or "")
-                for n in nodes}
+        live = {_version_key(n) for n in nodes}
         self._nodes = {k: v for k, v in self._nodes.items() if k in live}

@@ -71,7 +71,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
     `facts_of` the node facts remembered from earlier passes."""
     outcome = Outcome()
-    seen = cluster.observe(namespace, name, deployment_label(Owner(name=name, namespace=namespace, uid="")), body)
+    mine = deployment_label(Owner(name=name, namespace=namespace, uid=""))  # what its children carry
+    seen = cluster.observe(namespace, name, mine, body)
     body = seen.deployment
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return outcome  # gone or going: garbage collection removes the children
@@ -100,7 +101,6 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     except PlanningError as exc:
         return fail(exc)
 
-    mine = deployment_label(owner)
     used = gpus_used(seen.active_pods, lambda pod: (
         pod["metadata"].get("namespace") == namespace
         and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == mine))
