@@ -4,6 +4,7 @@ another), and the default surge keeps every replica serving meanwhile."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -60,13 +61,19 @@ def test_paired_roles_switch_revision_together_without_losing_capacity(operator:
     else:
         raise AssertionError(f"rollout did not finish; last sample {samples[-1]}")
     assert new != old
-    # One revision at a time behind both Services, switching once, from old to new.
-    assert all(len(set(s["selected"].values())) == 1 for s in samples), [s["selected"] for s in samples]
+    # One revision behind both Services, switching once, from old to new. The two Services are two
+    # consecutive writes of one pass (tens of ms apart; 91 ms on a loaded CI machine), so a snapshot
+    # may fall between them: such a mixed view may show only during the switch itself, for at most
+    # two samples (a pass that failed between the two writes would leave it for its retry interval).
+    phases = ["old" if set(s["selected"].values()) == {old} else "new" if set(s["selected"].values()) == {new}
+              else "mixed" for s in samples]
+    assert all(set(s["selected"].values()) <= {old, new} for s in samples), [s["selected"] for s in samples]
+    switch = "".join(p[0] for p in phases)
+    mixed = [s["selected"] for s in samples if len(set(s["selected"].values())) > 1]
+    assert re.fullmatch(r"o+m{0,2}n+", switch), (switch, mixed)
     # The router's engine lists never mix revisions either, and end on the new one.
     assert all(len(s["routed"]) <= 1 for s in samples), [s["routed"] for s in samples]
     assert samples[-1]["routed"] == {new}
-    order = [next(iter(set(s["selected"].values()))) for s in samples]
-    assert order[0] == old and order[-1] == new and order == sorted(order, key=lambda h: h == new)
     # The switch waited for the new revision: some sample had new pods not ready yet while the
     # Services still sent traffic to the old pairs.
     assert any((new, False) in s["pods"] and set(s["selected"].values()) == {old} for s in samples)
