@@ -127,7 +127,8 @@ def _run(args: argparse.Namespace) -> int:
     config = OperatorConfig.from_env(namespaces=tuple(args.namespace or ()), metrics_port=args.metrics_port,
                                      lease=lease, prometheus_url=args.prometheus_url,
                                      resync_seconds=args.resync_seconds, retry_seconds=args.retry_seconds,
-                                     workers=args.workers, tools_image=args.tools_image)
+                                     workers=args.workers, tools_image=args.tools_image,
+                                     coalesce_seconds=args.coalesce_seconds)
     return run_operator(config, liveness=args.liveness, log_level=log_level, log_format=log_format,
                         healthy=healthy, services=services)
 
@@ -165,6 +166,13 @@ def positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
+    return value
+
+
+def not_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
     return value
 
 
@@ -228,6 +236,9 @@ def parser() -> argparse.ArgumentParser:
                           "$KIMIK3_RETRY_SECONDS, else 10)")
     run.add_argument("--workers", type=int, choices=range(1, 65), metavar="N", default=None,
                      help="deployments reconciled at once (default: $KIMIK3_WORKERS, else 4)")
+    run.add_argument("--coalesce-seconds", type=not_negative, default=None,
+                     help="start a deployment's pass this long after a change to one of its children, one pass "
+                          "for the changes of that while; 0: at once (default: $KIMIK3_COALESCE_SECONDS, else 0.5)")
     run.add_argument("--tools-image", default=None,
                      help="image of the staging Jobs and the serving pods' weights wait: the operator's own "
                           "(default: $KIMIK3_TOOLS_IMAGE, else the image of this version)")

@@ -24,6 +24,11 @@ RECONCILE_PURE_SECONDS = Histogram(
     "kimik3_operator_reconcile_pure_seconds", "Time one reconcile pass spent in the operator itself (planning, "
     "rendering, drift checks, status): its duration less its API time", buckets=PASS_BUCKETS,
 )
+RECONCILE_PURE_CPU_SECONDS = Histogram(
+    "kimik3_operator_reconcile_pure_cpu_seconds", "CPU time one reconcile pass's thread spent in the operator "
+    "itself: its pure time less what it waited for a CPU or for the interpreter lock other passes and the "
+    "informers held", buckets=PASS_BUCKETS,
+)
 RECONCILE_ERRORS = Counter(
     "kimik3_operator_reconcile_errors_total", "Reconcile passes that ended in an error", ["reason"],
 )

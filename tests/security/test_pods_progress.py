@@ -160,19 +160,34 @@ def _entry(manager: str, fields: dict[str, Any], time: str) -> dict[str, Any]:
             "time": time, "fieldsType": "FieldsV1", "fieldsV1": fields}
 
 
-def test_the_staging_pods_write_beyond_its_progress_is_drift_the_operator_repairs() -> None:
-    """Its progress costs no apply; labels, owner references or finalizers written under the
-    progress manager's name are drift, and the next pass applies the ConfigMap again."""
+def test_the_staging_pods_write_that_takes_a_field_of_ours_is_drift_the_operator_repairs() -> None:
+    """Its progress costs no apply. A write under the progress manager's name that changes a label
+    or owner reference we set takes that field out of our entry: drift, and the next pass applies
+    the ConfigMap again, which takes it back. What it adds beside our fields (a finalizer, another
+    label or key) no apply of ours can remove (server-side apply removes only fields its own
+    manager owned), so once we applied it costs none; a process without the record of its apply
+    (just started, or taking over) judges by times and applies once."""
     desired = {"metadata": {"annotations": {"serving.kimik3.dev/desired-hash": "h"}}}
-    ours = _entry("kimik3-operator", {"f:metadata": {"f:labels": {}, "f:ownerReferences": {}}}, "2026-11-30T00:00:00Z")
+    fields = {"f:metadata": {"f:labels": {"f:app": {}}, "f:ownerReferences": {"k:{\"uid\":\"u-1\"}": {}}}}
+    ours = _entry("kimik3-operator", fields, "2026-11-30T00:00:00Z")
 
-    def live(*entries: dict[str, Any]) -> dict[str, Any]:
+    def live(*entries: dict[str, Any], own: dict[str, Any] | None = None) -> dict[str, Any]:
+        mine = ours if own is None else _entry("kimik3-operator", own, ours["time"])
         return {"metadata": {"uid": "cm", "annotations": {"serving.kimik3.dev/desired-hash": "h"},
-                             "managedFields": [ours, *entries]}}
+                             "managedFields": [mine, *entries]}}
     applied = writes_digest(live())
     progress = _entry(PROGRESS_FIELD_MANAGER, {"f:data": {".": {}, f"f:{PROGRESS_KEY}": {}}}, "2026-11-30T00:01:00Z")
     assert unchanged_since_our_apply(desired, live(progress), applied)
+    assert unchanged_since_our_apply(desired, live(progress))
+    for taken, left in (({"f:metadata": {"f:labels": {"f:app": {}}}}, {"f:metadata": {"f:ownerReferences": {
+                            "k:{\"uid\":\"u-1\"}": {}}}}),
+                        ({"f:metadata": {"f:ownerReferences": {"k:{\"uid\":\"u-1\"}": {}}}},
+                         {"f:metadata": {"f:labels": {"f:app": {}}}})):
+        forged = _entry(PROGRESS_FIELD_MANAGER, {**progress["fieldsV1"], **taken}, "2026-11-30T00:01:00Z")
+        assert not unchanged_since_our_apply(desired, live(forged, own=left), applied), taken
+        assert not unchanged_since_our_apply(desired, live(forged, own=left)), taken
     for extra in ({"f:metadata": {"f:finalizers": {}}}, {"f:metadata": {"f:labels": {"f:x": {}}}},
                   {"f:data": {"f:other": {}}}, {"f:binaryData": {}}):
-        forged = _entry(PROGRESS_FIELD_MANAGER, {**progress["fieldsV1"], **extra}, "2026-11-30T00:01:00Z")
-        assert not unchanged_since_our_apply(desired, live(forged), applied), extra
+        beside = _entry(PROGRESS_FIELD_MANAGER, {**progress["fieldsV1"], **extra}, "2026-11-30T00:01:00Z")
+        assert unchanged_since_our_apply(desired, live(beside), applied), extra
+        assert not unchanged_since_our_apply(desired, live(beside)), extra

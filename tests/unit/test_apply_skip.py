@@ -47,14 +47,20 @@ def test_apply_when_someone_edited_after_us() -> None:
     assert not unchanged_since_our_apply(DESIRED, live)
 
 
-def test_skip_once_the_foreign_write_was_answered() -> None:
-    answered = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
-                       _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")))
-    assert unchanged_since_our_apply(DESIRED, answered, writes_digest(answered))
-    later = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
-                    _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")),
-                    _entry("kubectl-edit", "Update", "2026-11-30T00:02:00Z", _fields("y")))
-    assert not unchanged_since_our_apply(DESIRED, later, writes_digest(answered))
+def test_a_write_beside_our_fields_costs_no_apply_once_we_applied() -> None:
+    """An apply removes only fields its own manager owned: applying again over a write that left
+    ours alone (a controller's annotation, a claim's volumeName) would change nothing."""
+    applied = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")))
+    beside = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", _fields("replicas")),
+                     _entry("lws", "Update", "2026-11-30T00:01:00Z", _fields("x")),
+                     _entry("kubectl-edit", "Update", "2026-11-30T00:02:00Z", _fields("y")))
+    assert unchanged_since_our_apply(DESIRED, beside, writes_digest(applied))
+    # ... but one that took a field of ours out of our entry is drift.
+    taken = _object(_entry(FIELD_MANAGER, "Apply", "2026-11-30T00:00:10Z", {}),
+                    _entry("kubectl-edit", "Update", "2026-11-30T00:02:00Z", _fields("replicas")))
+    assert not unchanged_since_our_apply(DESIRED, taken, writes_digest(applied))
+    # A process without the record of its apply sees only times: newer foreign writes are drift.
+    assert not unchanged_since_our_apply(DESIRED, beside)
 
 
 SECOND = "2026-11-30T00:00:10Z"
@@ -85,12 +91,13 @@ def test_status_and_progress_writes_after_our_apply_cost_no_apply() -> None:
 
 def test_a_harmless_managers_write_beyond_its_fields_is_drift() -> None:
     """A client picks its field manager's name: a staging pod that writes labels or owner
-    references under the progress manager's name is not harmless."""
+    references under the progress manager's name is not harmless. With the record of our apply,
+    what tells is whether it took a field of ours (the labels); without it, the write itself."""
     applied = _object(_entry(FIELD_MANAGER, "Apply", SECOND, {"f:metadata": {"f:labels": {}}}))
     for manager, fields in HARMLESS_WRITES.items():
-        later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, {"f:metadata": {"f:labels": {}}}),
+        later = _object(_entry(FIELD_MANAGER, "Apply", SECOND, {"f:metadata": {}}),
                         _entry(manager, "Update", "2026-11-30T00:01:00Z",
-                               {**fields, "f:metadata": {"f:ownerReferences": {}}}))
+                               {**fields, "f:metadata": {"f:labels": {}, "f:ownerReferences": {}}}))
         assert not unchanged_since_our_apply(DESIRED, later, writes_digest(applied)), manager
         assert not unchanged_since_our_apply(DESIRED, later), manager
 

@@ -141,7 +141,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(runner, "run_operator", run_operator)
     for name in ("KIMIK3_RESYNC_SECONDS", "KIMIK3_RETRY_SECONDS", "KIMIK3_TOOLS_IMAGE", "KIMIK3_LOG_LEVEL",
-                 "KIMIK3_LOG_FORMAT", "KUBERNETES_SERVICE_HOST"):
+                 "KIMIK3_LOG_FORMAT", "KIMIK3_COALESCE_SECONDS", "KUBERNETES_SERVICE_HOST"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -160,10 +160,13 @@ def test_run_settings_come_from_flags_else_environment_else_defaults(
     config = started["config"]
     assert (config.resync_seconds, config.retry_seconds, config.tools_image, started["log_format"]) == \
         (45, 7, "env/image:1", "json")
+    assert config.coalesce_seconds == 0.5
+    monkeypatch.setenv("KIMIK3_COALESCE_SECONDS", "2")
     assert main(["run", "--resync-seconds", "60", "--retry-seconds", "3", "--tools-image", "flag/image:2",
-                 "--log-format", "text", "--log-level", "DEBUG"]) == 0
+                 "--log-format", "text", "--log-level", "DEBUG", "--coalesce-seconds", "0"]) == 0
     config = started["config"]
     assert (config.resync_seconds, config.retry_seconds, config.tools_image) == (60, 3, "flag/image:2")
+    assert config.coalesce_seconds == 0  # 0 given is 0, not "unset"
     assert (started["log_format"], started["log_level"]) == ("text", "DEBUG")
 
 
@@ -173,6 +176,9 @@ def test_run_refuses_bad_settings(started: dict[str, Any], monkeypatch: pytest.M
         main(["run", "--resync-seconds", "0"])
     with pytest.raises(SystemExit):
         main(["run", "--log-format", "xml"])
+    for bad in ("-1", "nan"):
+        with pytest.raises(SystemExit):
+            main(["run", "--coalesce-seconds", bad])
     monkeypatch.setenv("KIMIK3_LOG_LEVEL", "LOUD")
     assert main(["run"]) == 2
     assert "$KIMIK3_LOG_LEVEL='LOUD'" in capsys.readouterr().err
@@ -189,6 +195,8 @@ def test_run_help_documents_every_setting_with_its_environment_variable_and_defa
     for flag, env, default in (("--resync-seconds", "KIMIK3_RESYNC_SECONDS", f"{OperatorConfig.resync_seconds:g}"),
                                ("--retry-seconds", "KIMIK3_RETRY_SECONDS", f"{OperatorConfig.retry_seconds:g}"),
                                ("--workers", "KIMIK3_WORKERS", f"{OperatorConfig.workers}"),
+                               ("--coalesce-seconds", "KIMIK3_COALESCE_SECONDS",
+                                f"{OperatorConfig.coalesce_seconds:g}"),
                                ("--log-level", "KIMIK3_LOG_LEVEL", "INFO"),
                                ("--log-format", "KIMIK3_LOG_FORMAT", "text"),
                                ("--tools-image", "KIMIK3_TOOLS_IMAGE", "the image of this version")):

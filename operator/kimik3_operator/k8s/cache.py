@@ -9,7 +9,10 @@ diff, and write-through of our own writes, in ~250 lines on the kubernetes clien
 The kinds: the KimiK3Deployments (resync keys, bodies), nodes (planning facts), every namespace's
 pods that hold resources (GPU capacity: a field selector keeps finished pods out), this operator's
 own pods in every phase (a staging pod's termination message outlives its run), and every child
-kind, selected by the managed-by label and indexed by deployment. Events of the child kinds the
+kind, selected by the managed-by label and indexed by deployment. Nodes and pods are kept as the
+views their readers define (node_view, pod_gpu_view, _own_pod_view): a fraction of their size, and a node
+heartbeat that changes nothing planning reads leaves the node store, and the facts memo keyed on
+its revision, as they were. Events of the child kinds the
 registry flags `watched` start a pass of their owner (`on_child`), after the store took them in,
 so that pass sees the change that triggered it.
 """
@@ -30,7 +33,10 @@ from kubernetes.dynamic import DynamicClient
 from ..api import GROUP, KIND, VERSION
 from ..contract.kinds import BY_KIND, CHILD_KINDS, ChildKind
 from ..contract.names import LABEL_DEPLOYMENT, MANAGED_BY, MANAGED_BY_LABEL
+from ..planner.capacity import pod_gpu_view
+from ..planner.facts import node_view
 from .informer import Informer, Key, Watched, key_of
+from .managed_fields import fields_text
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +56,54 @@ class Observation:
 
     deployment: dict[str, Any] | None
     nodes: Sequence[dict[str, Any]] = ()
+    """Every node, as much of it as planning reads (planner.facts.node_view)."""
     nodes_revision: int | None = None
     """Equal while the nodes are unchanged (Informer.revision): what node facts may be remembered by."""
     active_pods: Sequence[dict[str, Any]] = ()
-    """Every namespace's pods that hold (or wait for) resources: GPU capacity."""
+    """Every namespace's pods that hold (or wait for) resources, as much of each as the GPU capacity
+    check reads (planner.capacity.pod_gpu_view)."""
     children: Sequence[dict[str, Any]] = ()
     """This deployment's objects of every child kind."""
     pods: Sequence[dict[str, Any]] = field(default_factory=tuple)
     """This deployment's pods in every phase (serving, router, staging)."""
+
+
+def _active_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+    """Capacity's part of a pod, and the label that tells which deployment's own it is."""
+    return pod_gpu_view(pod, (LABEL_DEPLOYMENT,))
+
+
+def _own_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+    """What a pass reads of its deployment's pods: metadata (labels, owner, creation and deletion
+    times: reconcile/pairing.py, reconcile/weights_status.py), the node it runs on (the stranded
+    check) and the whole status (readiness, IP, a staging pod's termination message). Their specs
+    (a serving pod's command line, env and volumes) and managedFields are most of their size."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {"apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"), "metadata": meta,
+            "spec": {"nodeName": node} if node else {}, "status": pod.get("status") or {}}
+
+
+TEMPLATES = ("template", "leaderWorkerTemplate")
+"""The pod templates of a Job, a Deployment and a LeaderWorkerSet: most of a child's size, and
+never read back (a pass compares our desired-state hash annotation, not the spec)."""
+
+
+def child_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a pass reads of a child: metadata, the spec less its pod template (replicas, a
+    Service's selector), status, data; and of its managedFields what the drift check and the
+    autoscaler's hand-over read (k8s/cluster.py `unchanged_since_our_apply`, reconcile/autoscaler.py
+    `owns_replicas`): every entry but status writers', each field set as canonical JSON text
+    (k8s/managed_fields.py). A deployment's children take ~72 KB of memory so, against ~208 KB whole."""
+    meta = dict(obj.get("metadata") or {})
+    if "managedFields" in meta:
+        meta["managedFields"] = [{**e, "fieldsV1": fields_text(e)} for e in meta["managedFields"]
+                                 if e.get("subresource") != "status"]
+    view = {**obj, "metadata": meta}
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and any(k in spec for k in TEMPLATES):
+        view["spec"] = {k: v for k, v in spec.items() if k not in TEMPLATES}
+    return view
 
 
 def _deployment_index(obj: dict[str, Any]) -> Hashable | None:
@@ -91,12 +137,14 @@ class ClusterCache:
 
         self.deployments = [informer(Watched(f"{GROUP}/{VERSION}", KIND, ns, keep_managed_fields=True))
                             for ns in scopes]
-        self.nodes = informer(Watched("v1", "Node"))
-        self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS))
-        self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=_deployment_index)
+        self.nodes = informer(Watched("v1", "Node"), view=node_view)
+        self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS), view=_active_pod_view)
+        self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=_deployment_index,
+                                 view=_own_pod_view)
         self.children: dict[str, list[Informer]] = {
             kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS, keep_managed_fields=True),
-                                 index=_deployment_index, listener=self._listener(kind)) for ns in scopes]
+                                 index=_deployment_index, listener=self._listener(kind), view=child_view)
+                        for ns in scopes]
             for kind in CHILD_KINDS}
 
     def _listener(self, kind: ChildKind) -> Callable[[str, dict[str, Any]], None] | None:

@@ -38,6 +38,7 @@ from .cache import ACTIVE_PODS, ClusterCache, Observation
 from .config_maps import ConfigMapKey, read_config_map_key
 from .identity import IDENTITY, user_agent
 from .lease import WriteGuard
+from .managed_fields import fields_of, fields_text
 
 HARMLESS_WRITES: dict[str, dict[str, Any]] = {
     PROGRESS_FIELD_MANAGER: {"f:data": {".": {}, f"f:{PROGRESS_KEY}": {}}},
@@ -116,22 +117,23 @@ class _GuardedClient(DynamicClient):  # type: ignore[misc]  # the client is unty
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         if self._guard is not None and method.upper() != "GET":
             self._guard.check()
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         try:
             return super().request(method, path, body=body, **params)
         finally:
             _spent.seconds = getattr(_spent, "seconds", 0.0) + time.monotonic() - started
+            _spent.cpu = getattr(_spent, "cpu", 0.0) + time.thread_time() - cpu
 
 
 _spent = threading.local()
 
 
-def api_seconds() -> float:
-    """Seconds this thread spent waiting on the API server since it last asked: a pass's API time,
-    the rest of its duration being the operator's own work."""
-    spent = getattr(_spent, "seconds", 0.0)
-    _spent.seconds = 0.0
-    return float(spent)
+def api_time() -> tuple[float, float]:
+    """Seconds this thread spent in API requests since it last asked, as (wall, its own CPU): a
+    pass's API time, the rest of its duration and CPU being the operator's own work."""
+    spent = (float(getattr(_spent, "seconds", 0.0)), float(getattr(_spent, "cpu", 0.0)))
+    _spent.seconds = _spent.cpu = 0.0
+    return spent
 
 
 class Cluster:
@@ -319,26 +321,32 @@ def _time(value: Any) -> datetime | None:
 
 
 def writes_digest(obj: dict[str, Any]) -> str:
-    """A digest of the writes to `obj` that may change what we set (`_spec_writes`): its
-    managedFields entries, each with manager, operation, time and field set, harmless writers left
-    out. A write leaves an entry that was not there before: the writer's new one, or the same one
-    with a later time or other fields; one that changes a field we own takes it out of our entry."""
+    """A digest of the fields our apply owns on `obj` (our Apply entries outside status).
+
+    Only a write that took or removed one of them can make the object differ from what we set: an
+    Update that changes a field we own moves it out of our entry, as a forced apply or a /scale write
+    does; one that leaves our fields alone (a controller's annotation, a bound claim's volumeName, a
+    staging pod's progress) cannot be undone by applying again, since an apply removes only fields
+    its own manager owned. So those cost no re-apply, where a digest of every writer's entry paid one
+    no-op apply per foreign write (bench/control_plane.py: the PV controller's and kwok's writes to
+    every cache claim)."""
     entries = ((obj.get("metadata") or {}).get("managedFields")) or []
-    text = sorted(json.dumps(e, sort_keys=True, default=str) for e in _spec_writes(entries) if not harmless(e))
-    return hashlib.sha256("\n".join(text).encode()).hexdigest()
+    ours = sorted(f"{e.get('subresource') or ''} {fields_text(e)}" for e in _spec_writes(entries)
+                  if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
+    return hashlib.sha256("\n".join(ours).encode()).hexdigest()
 
 
 def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
                               applied: str | None = None) -> bool:
     """True when `live` carries the hash of `desired`, still has the replica count we set
-    (`_scaled`), and nobody wrote it (`_spec_writes`: its status aside) since our last apply,
-    whose result had the `writes_digest` `applied`.
+    (`_scaled`), and our fields are as our last apply left them: its result had the
+    `writes_digest` `applied`.
 
     Without `applied` (this process never applied the object: it just started, or took over
     from another replica) only the entries' times tell, and they have one-second resolution: a
     foreign write in the same second as our apply is taken as older, which it almost always is (a
     controller reacting to our apply). With `applied`, times play no part, so a hand edit within
-    that second is repaired too; a controller's same-second reaction then costs one no-op apply."""
+    that second is repaired too, and a write beside our fields costs nothing."""
     meta = live.get("metadata") or {}
     want = ((desired.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
     if want is None or (meta.get("annotations") or {}).get(ANNOTATION_HASH) != want or _scaled(desired, live):
@@ -376,7 +384,7 @@ def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
 def harmless(entry: dict[str, Any]) -> bool:
     """Whether a managedFields entry is one of HARMLESS_WRITES, owning no more than its fields."""
     allowed = HARMLESS_WRITES.get(entry.get("manager", ""))
-    return allowed is not None and _within(entry.get("fieldsV1") or {}, allowed)
+    return allowed is not None and _within(fields_of(entry), allowed)
 
 
 def _within(fields: Any, allowed: dict[str, Any]) -> bool:

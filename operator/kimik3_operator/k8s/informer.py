@@ -94,13 +94,27 @@ def raw_get(api: client.ApiClient, path: str, query: list[tuple[str, Any]], read
     return response.response
 
 
+def _same_but_version(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    if old is None:
+        return False
+
+    def unversioned(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.get("metadata") or {}
+        return {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    return unversioned(old) == unversioned(new)
+
+
 class Informer:
     """The store of one `Watched`, optionally indexed, fed by a thread of its own."""
 
     def __init__(self, dyn: DynamicClient, watched: Watched, listener: Listener | None = None,
                  index: Callable[[dict[str, Any]], Hashable | None] | None = None,
+                 view: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  watch_seconds: tuple[int, int] = (240, 360), rediscover_seconds: float = 300.0) -> None:
         self._dyn, self.watched, self._listener, self._index_of = dyn, watched, listener, index
+        self._view = view
+        """What of each object to keep; an event that changes nothing of it changes nothing here
+        (no revision, no listener call)."""
         self._watch_seconds, self._rediscover = watch_seconds, rediscover_seconds
         self._lock = threading.Lock()
         self._store: dict[Key, dict[str, Any]] = {}
@@ -275,6 +289,8 @@ class Informer:
                 with self._lock:
                     if event_type == "DELETED":
                         self._drop(key_of(obj))
+                    elif self._view is not None and _same_but_version(self._store.get(key_of(obj)), obj):
+                        continue  # the part we keep is unchanged: keep the object at its version
                     else:
                         self._put(obj)
                 self._tell(event_type, obj)
@@ -290,6 +306,8 @@ class Informer:
     # ---- the store ------------------------------------------------------------------------------
 
     def _trimmed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self._view is not None:
+            return self._view(obj)
         meta = obj.get("metadata") or {}
         if self.watched.keep_managed_fields or "managedFields" not in meta:
             return obj

@@ -20,6 +20,26 @@ from .plan import Plan
 NO_CLIQUE = ""
 
 
+def pod_gpu_view(pod: Mapping[str, Any], keep_labels: Sequence[str] = ()) -> dict[str, Any]:
+    """The parts of a pod that `gpus_used` reads, `keep_labels` of its labels (what tells whose pod
+    it is) and its identity: an informer over every pod of the cluster keeps only these (a full pod
+    is kilobytes of spec and status the capacity check never looks at)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    containers = []
+    for container in spec.get("containers") or []:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        gpus = {r: requests[r] for r in GPU_RESOURCES if r in requests}
+        if gpus:
+            containers.append({"name": container.get("name", ""), "resources": {"requests": gpus}})
+    kept = {k: labels[k] for k in keep_labels if k in labels}
+    return {"apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"),
+            "metadata": {**{k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta},
+                         **({"labels": kept} if kept else {})},
+            "spec": {k: v for k, v in (("nodeName", spec.get("nodeName")), ("containers", containers)) if v},
+            "status": {"phase": phase} if (phase := (pod.get("status") or {}).get("phase")) else {}}
+
+
 def gpus_used(pods: Sequence[Mapping[str, Any]], own: Callable[[Any], bool]) -> dict[str, int]:
     """GPUs requested per node by pods that are not `own`."""
     used: dict[str, int] = defaultdict(int)

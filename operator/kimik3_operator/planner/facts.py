@@ -104,6 +104,19 @@ def smallest(shapes: Sequence[NodeShape | None]) -> NodeShape | None:
                      ephemeral_bytes=None if None in disks else min(d for d in disks if d is not None))
 
 
+def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a node that `node_facts` reads (and the identity a memo keys on). An informer
+    keeps only these: a node's heartbeats, images and conditions change every few seconds on a large
+    fleet, and would otherwise each look like a change to plan over again."""
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    spec = {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {}
+    return {"apiVersion": node.get("apiVersion", "v1"), "kind": node.get("kind", "Node"),
+            "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
+            "spec": spec,
+            "status": {k: status[k] for k in ("allocatable", "capacity") if k in status}}
+
+
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     meta = node.get("metadata") or {}
     labels: dict[str, str] = dict(meta.get("labels") or {})

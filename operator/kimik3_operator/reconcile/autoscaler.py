@@ -23,6 +23,7 @@ from ..api.v1alpha1 import KimiK3DeploymentStatus, RoleAutoscalingStatus
 from ..contract.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
 from ..contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..k8s import Cluster
+from ..k8s.managed_fields import fields_of
 from ..metrics import SCALER_DECISIONS, SCALER_REPLICAS
 from ..planner import Plan, PlanningError, PoolPlan
 from ..planner.autoscale import clamp
@@ -59,7 +60,7 @@ def with_live_counts(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[s
 def owns_replicas(obj: Mapping[str, Any], manager: str) -> bool:
     for entry in (obj.get("metadata") or {}).get("managedFields") or []:
         if entry.get("manager") == manager and entry.get("subresource") in (None, ""):
-            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            if "f:replicas" in (fields_of(entry).get("f:spec") or {}):
                 return True
     return False
 

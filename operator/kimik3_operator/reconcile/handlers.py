@@ -3,8 +3,8 @@
 Create, spec update and resume run the pass in the handler, so kopf's retry semantics apply
 (PermanentError for a spec that cannot be served as written, TemporaryError for API trouble).
 Child events (from the informers every pass reads from, k8s/cache.py) and the periodic resync
-go through a de-duplicating queue drained by one worker, so a burst of LeaderWorkerSet updates
-costs one pass. There is no kopf timer: timers make kopf
+go through a de-duplicating queue (queue.py) that a few workers take keys from, so a burst of
+LeaderWorkerSet updates costs one pass. There is no kopf timer: timers make kopf
 add a finalizer, which would block deleting a deployment while the operator is down.
 """
 
@@ -22,12 +22,13 @@ import kopf
 from ..api import GROUP, PLURAL, VERSION
 from ..k8s import UNREACHABLE, Cluster, NotLeaderError, TransientApiError, WriteGuard, api_client
 from ..k8s.cache import CacheNotSynced, ClusterCache
-from ..k8s.cluster import api_seconds
+from ..k8s.cluster import api_time
 from ..metrics import (
     APPLIES,
     DEPLOYMENT_SERIES,
     RECONCILE_API_SECONDS,
     RECONCILE_ERRORS,
+    RECONCILE_PURE_CPU_SECONDS,
     RECONCILE_PURE_SECONDS,
     RECONCILE_SECONDS,
     RESYNCS,
@@ -57,7 +58,7 @@ class State:
         on_child = None
         if loop is not None:
             def on_child(namespace: str, name: str) -> None:  # from an informer's thread
-                loop.call_soon_threadsafe(self.queue.put, (namespace, name))
+                loop.call_soon_threadsafe(self.queue.put_soon, (namespace, name), config.coalesce_seconds)
         self.cache = ClusterCache(api_client(), config.namespaces, on_child).start()
         self.cluster = Cluster(api_client(), guard, self.cache)
         self.phases = PhaseBook()
@@ -81,8 +82,8 @@ class State:
         with self._guard:
             lock = self._locks.setdefault((namespace, name), threading.Lock())
         with lock:
-            started, result = time.monotonic(), "error"
-            api_seconds()  # from here on, this pass's
+            started, cpu, result = time.monotonic(), time.thread_time(), "error"
+            api_time()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
                                     scaler=self.scaler, body=body, facts_of=self.node_facts)
@@ -91,10 +92,12 @@ class State:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
                 raise
             finally:
-                took, waited = time.monotonic() - started, api_seconds()
+                took, used = time.monotonic() - started, time.thread_time() - cpu
+                waited, api_cpu = api_time()
                 RECONCILE_SECONDS.labels(result).observe(took)
                 RECONCILE_API_SECONDS.observe(waited)
                 RECONCILE_PURE_SECONDS.observe(max(0.0, took - waited))
+                RECONCILE_PURE_CPU_SECONDS.observe(max(0.0, used - api_cpu))
             self.phases.record((namespace, name), outcome.phase)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
@@ -143,43 +146,83 @@ def on_deployment(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, *
         raise kopf.PermanentError(f"{outcome.error.reason}: {outcome.error.message}")
 
 
+class ResyncRound:
+    """Whether every deployment listed at a resync has had a pass that started after it: what
+    RESYNCS counts, which a test or a dashboard waits on to know each had one more pass."""
+
+    def __init__(self) -> None:
+        self._waiting: set[tuple[str, str]] = set()
+        self._since = 0.0
+
+    def begin(self, keys: set[tuple[str, str]], now: float) -> None:
+        """A round begins unless one is still under way (a pass slower than the resync interval
+        would otherwise keep every round from ending)."""
+        if self._waiting:
+            return
+        self._waiting, self._since = set(keys), now
+        if not keys:
+            RESYNCS.inc()
+
+    def passed(self, key: tuple[str, str], started: float) -> None:
+        if key in self._waiting and started >= self._since:
+            self._waiting.discard(key)
+            if not self._waiting:
+                RESYNCS.inc()
+
+
 async def _drain(state: State) -> None:
-    """Reconcile queued deployments; every resync interval, all of them.
+    """Reconcile queued deployments with `config.workers` workers; every resync interval, queue
+    all of them, and SLO-scaled deployments whose decision is due.
 
     The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
     failing (requeued every retry interval) or a steady stream of child events would otherwise
-    postpone every other deployment's drift repair and node re-plan forever. Up to
-    `config.workers` deployments are reconciled at once (never one deployment twice at once:
-    State.run's lock): a pass mostly waits on the API server, and a fleet's passes one after the
-    other were slower than kubectl applying the same objects (bench/control_plane.py).
+    postpone every other deployment's drift repair and node re-plan forever. Several deployments
+    are reconciled at once (a pass mostly waits on the API server, and a fleet's passes one after
+    the other were slower than kubectl applying the same objects: bench/control_plane.py), one
+    deployment never twice at once (the queue's rule, and State.run's lock).
     """
     loop = asyncio.get_running_loop()
-    due = loop.time() + state.config.resync_seconds
-    workers = asyncio.Semaphore(state.config.workers)
+    round_ = ResyncRound()
+    passed = asyncio.Event()
+    workers = [asyncio.create_task(_worker(state, round_, passed), name=f"kimik3-worker-{i}")
+               for i in range(state.config.workers)]
+    try:
+        due = loop.time() + state.config.resync_seconds
+        while True:
+            scaler_wait, _ = state.scaler.next_due()
+            try:  # a pass may have set a scaling decision due sooner: look again after each
+                await asyncio.wait_for(passed.wait(), max(0.0, min(due - loop.time(), scaler_wait)))
+            except TimeoutError:
+                pass
+            passed.clear()
+            for key in sorted(state.scaler.next_due()[1]):
+                state.queue.put(key)
+            if loop.time() >= due:
+                due = loop.time() + state.config.resync_seconds
+                listed = set(state.cache.deployment_keys())
+                state.forget_all_but(listed)
+                round_.begin(listed, loop.time())
+                for key in sorted(listed):
+                    state.queue.put(key)
+    finally:
+        for worker in workers:
+            worker.cancel()
+
+
+async def _worker(state: State, round_: ResyncRound, passed: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
     while True:
-        scaler_wait, _ = state.scaler.next_due()
-        keys = await state.queue.take(timeout=max(0.0, min(due - loop.time(), scaler_wait))) or set()
-        keys |= state.scaler.next_due()[1]  # SLO-scaled deployments whose decision is due
-        resync = loop.time() >= due
-        if resync:
-            due = loop.time() + state.config.resync_seconds
-            listed = set(state.cache.deployment_keys())
-            state.forget_all_but(listed)
-            keys |= listed
-        await asyncio.gather(*(_pass(state, key, workers) for key in sorted(keys)))
-        if resync:
-            # What a test or a dashboard waits on to know every deployment had one more pass.
-            RESYNCS.inc()
-
-
-async def _pass(state: State, key: tuple[str, str], workers: asyncio.Semaphore) -> None:
-    namespace, name = key
-    async with workers:
+        key = await state.queue.get()
+        started = loop.time()
         try:
-            await asyncio.to_thread(state.run, namespace, name)
+            await asyncio.to_thread(state.run, *key)
         except NotLeaderError as exc:
-            log.warning("Reconcile of %s/%s stopped: %s", namespace, name, exc)
+            log.warning("Reconcile of %s/%s stopped: %s", *key, exc)
             state.queue.put_later(key, state.config.retry_seconds)
         except Exception:
-            log.exception("Reconcile of %s/%s failed; retrying in %ss", namespace, name, state.config.retry_seconds)
+            log.exception("Reconcile of %s/%s failed; retrying in %ss", *key, state.config.retry_seconds)
             state.queue.put_later(key, state.config.retry_seconds)
+        finally:
+            state.queue.done(key)
+            round_.passed(key, started)
+            passed.set()

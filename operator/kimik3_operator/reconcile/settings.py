@@ -20,6 +20,9 @@ class OperatorConfig:
     """Delay before retrying a pass that failed on an API error."""
     workers: int = 4
     """Deployments reconciled at once by the resync worker (each pass mostly waits on the API server)."""
+    coalesce_seconds: float = 0.5
+    """A child event starts its deployment's pass this much later, shared with the events that
+    follow it meanwhile (queue.WorkQueue.put_soon)."""
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; all when empty."""
     metrics_port: int | None = None
@@ -36,12 +39,15 @@ class OperatorConfig:
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
                  lease: LeaseConfig | None = None, prometheus_url: str | None = None,
                  resync_seconds: float | None = None, retry_seconds: float | None = None,
-                 workers: int | None = None, tools_image: str | None = None) -> OperatorConfig:
+                 workers: int | None = None, tools_image: str | None = None,
+                 coalesce_seconds: float | None = None) -> OperatorConfig:
         """The settings given (`kimik3 run`'s flags), else their environment variable, else the default."""
         return cls(
             resync_seconds=resync_seconds or float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
             retry_seconds=retry_seconds or float(os.environ.get("KIMIK3_RETRY_SECONDS", cls.retry_seconds)),
             workers=workers or max(1, int(os.environ.get("KIMIK3_WORKERS", cls.workers))),
+            coalesce_seconds=coalesce_seconds if coalesce_seconds is not None
+            else float(os.environ.get("KIMIK3_COALESCE_SECONDS", cls.coalesce_seconds)),
             tools_image=tools_image or os.environ.get("KIMIK3_TOOLS_IMAGE") or cls.tools_image,
             namespaces=namespaces,
             metrics_port=metrics_port,
