@@ -124,3 +124,32 @@ def test_a_resync_round_counts_once_every_listed_deployment_had_a_pass_after_it_
         task.cancel()
         assert RESYNCS._value.get() >= before + 1
     asyncio.run(main())
+
+
+def test_a_scaling_decision_that_never_comes_is_not_asked_for_in_a_busy_loop() -> None:
+    """A deployment whose decision is due but whose pass ends before deciding (a plan that fails)
+    keeps its old due time: the drain asks for it again only after the hold, not at loop speed."""
+    state = _State({"stuck": 0.0, "other": 0.0}, resync=60.0)
+    state.scaler._next[("ns", "stuck")] = 0.0  # due since the epoch; its passes never decide
+
+    async def main() -> None:
+        task = asyncio.create_task(_drain(state))  # type: ignore[arg-type]
+        await asyncio.sleep(1.5)
+        task.cancel()
+    asyncio.run(main())
+    assert 1 <= state.runs["stuck"] <= 3, state.runs  # at 0 s and after each 1 s hold
+    assert state.runs["other"] == 0
+
+
+def test_next_due_holds_what_it_returned() -> None:
+    now = [100.0]
+    scaler = SloScaler(None, clock=lambda: now[0])
+    scaler._next = {A: 90.0, B: 105.0}
+    assert scaler.next_due(hold=1.0) == (1.0, {A})
+    assert scaler.next_due(hold=1.0) == (1.0, set())  # A held for a second
+    now[0] = 101.0
+    assert scaler.next_due(hold=1.0) == (1.0, {A})
+    scaler._next[A] = 130.0  # its pass decided: next in 30 s
+    now[0] = 105.0
+    assert scaler.next_due(hold=1.0) == (1.0, {B})
+    assert scaler.next_due() == (0.0, {B})  # without a hold, what is due is due

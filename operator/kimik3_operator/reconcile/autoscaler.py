@@ -132,6 +132,8 @@ class SloScaler:
         self.prometheus_url = prometheus_url
         self._clock = clock
         self._next: dict[Key, float] = {}
+        self._asked: dict[Key, float] = {}
+        """When next_due last returned each deployment."""
         self._clients: dict[str, Prometheus] = {}
 
     def url(self, plan: Plan) -> str | None:
@@ -145,12 +147,20 @@ class SloScaler:
 
     def forget_all_but(self, keys: set[Key]) -> None:
         self._next = {k: v for k, v in self._next.items() if k in keys}
+        self._asked = {k: v for k, v in self._asked.items() if k in keys}
 
-    def next_due(self) -> tuple[float, set[Key]]:
-        """Seconds until the next deployment's decision is due, and the deployments due now."""
+    def next_due(self, hold: float = 0.0) -> tuple[float, set[Key]]:
+        """Seconds until the next deployment's decision is due, and the deployments due now. A
+        deployment returned is not returned again for `hold` seconds: its pass sets its next time
+        when it decides, and one that ends before deciding (a plan that fails, weights that are not
+        staged) would otherwise be due again at once, a busy loop for the caller."""
         now = self._clock()
-        due = {k for k, t in self._next.items() if t <= now}
-        return (min((t - now for t in self._next.values()), default=float("inf")), due)
+        when = {k: max(t, self._asked.get(k, float("-inf")) + hold) for k, t in self._next.items()}
+        due = {k for k, t in when.items() if t <= now}
+        for key in due:
+            self._asked[key] = now
+        waits = [t - now for k, t in when.items() if k not in due] + ([hold] if due else [])
+        return min(waits, default=float("inf")), due
 
     def step(self, cluster: Cluster, owner: Owner, plan: Plan, facts: Mapping[str, PoolFacts],
              used: Mapping[str, int], workloads: Mapping[str, Mapping[str, Any]],

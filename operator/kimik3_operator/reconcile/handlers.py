@@ -146,6 +146,10 @@ def on_deployment(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, *
         raise kopf.PermanentError(f"{outcome.error.reason}: {outcome.error.message}")
 
 
+SCALER_HOLD_SECONDS = 1.0
+"""A deployment whose scaling decision was due and queued is not queued for it again sooner."""
+
+
 class ResyncRound:
     """Whether every deployment listed at a resync has had a pass that started after it: what
     RESYNCS counts, which a test or a dashboard waits on to know each had one more pass."""
@@ -189,14 +193,14 @@ async def _drain(state: State) -> None:
     try:
         due = loop.time() + state.config.resync_seconds
         while True:
-            scaler_wait, _ = state.scaler.next_due()
+            scaler_wait, scaling = state.scaler.next_due(hold=SCALER_HOLD_SECONDS)
+            for key in sorted(scaling):
+                state.queue.put(key)
             try:  # a pass may have set a scaling decision due sooner: look again after each
                 await asyncio.wait_for(passed.wait(), max(0.0, min(due - loop.time(), scaler_wait)))
             except TimeoutError:
                 pass
             passed.clear()
-            for key in sorted(state.scaler.next_due()[1]):
-                state.queue.put(key)
             if loop.time() >= due:
                 due = loop.time() + state.config.resync_seconds
                 listed = set(state.cache.deployment_keys())
