@@ -9,12 +9,12 @@ diff, and write-through of our own writes, in ~250 lines on the kubernetes clien
 The kinds: the KimiK3Deployments (resync keys, bodies), nodes (planning facts), every namespace's
 pods that hold resources (GPU capacity: a field selector keeps finished pods out), this operator's
 own pods in every phase (a staging pod's termination message outlives its run), and every child
-kind, selected by the managed-by label and indexed by deployment. Nodes and pods are kept as the
-views their readers define (node_view, pod_gpu_view, _own_pod_view): a fraction of their size, and a node
-heartbeat that changes nothing planning reads leaves the node store, and the facts memo keyed on
-its revision, as they were. Events of the child kinds the
-registry flags `watched` start a pass of their owner (`on_child`), after the store took them in,
-so that pass sees the change that triggered it.
+kind, selected by the managed-by label and indexed by deployment. Each is kept as the view its
+readers define (node_view, pod_gpu_view, _own_pod_view, child_view): a fraction of its size, and
+an event that changes nothing of the view, as a node heartbeat, leaves the store (and the facts
+memo keyed on the node store's revision) as it was. Events of the child kinds the registry flags
+`watched` start a pass of their owner (`on_child`), after the store took them in, so that pass sees
+the change that triggered it.
 """
 
 from __future__ import annotations
