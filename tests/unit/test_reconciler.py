@@ -20,7 +20,7 @@ from kimik3_operator.api.reasons import (
 )
 from kimik3_operator.contract.names import ANNOTATION_HASH, AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_DEPLOYMENT
 from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
-from kimik3_operator.k8s.cache import Observation, _active_pod_view, _own_pod_view, child_view
+from kimik3_operator.k8s.cache import Observation, active_pod_view, child_view, own_pod_view
 from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.k8s.config_maps import ConfigMapKey
 from kimik3_operator.planner.facts import node_view
@@ -91,9 +91,9 @@ class MemoryCluster:
         the informers' views keep them."""
         pods = self.pods + [p for p in self.active if _labelled(p, namespace, label)]
         return Observation(deployment=copy.deepcopy(body or self.deployment), nodes=[node_view(n) for n in self.nodes],
-                           active_pods=[_active_pod_view(p) for p in self.active],
+                           active_pods=[active_pod_view(p) for p in self.active],
                            children=[child_view(copy.deepcopy(o)) for o in self.objects.values()],
-                           pods=[_own_pod_view(copy.deepcopy(p)) for p in pods])
+                           pods=[own_pod_view(copy.deepcopy(p)) for p in pods])
 
     def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
         key = (desired["kind"], desired["metadata"]["name"])

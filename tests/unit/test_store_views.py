@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kimik3_operator.k8s.cache import _active_pod_view
+from kimik3_operator.k8s.cache import active_pod_view
 from kimik3_operator.k8s.informer import Informer, Watched
 from kimik3_operator.planner.capacity import gpus_used
 from kimik3_operator.planner.facts import node_facts, node_view
@@ -53,7 +53,7 @@ def test_the_capacity_check_reads_nothing_a_pod_view_drops() -> None:
 
     pods = [pod("mine", "n1", 4, "k3"), pod("theirs", "n1", 2, "other"), pod("plain", "n2", 8, None),
             pod("done", "n2", 8, None, phase="Succeeded")]
-    views = [_active_pod_view(p) for p in pods]
+    views = [active_pod_view(p) for p in pods]
 
     def mine(p: Any) -> bool:
         return (p["metadata"].get("labels") or {}).get("serving.kimik3.dev/deployment") == "k3"

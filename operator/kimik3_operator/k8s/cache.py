@@ -10,7 +10,7 @@ The kinds: the KimiK3Deployments (resync keys, bodies), nodes (planning facts), 
 pods that hold resources (GPU capacity: a field selector keeps finished pods out), this operator's
 own pods in every phase (a staging pod's termination message outlives its run), and every child
 kind, selected by the managed-by label and indexed by deployment. Each is kept as the view its
-readers define (node_view, pod_gpu_view, _own_pod_view, child_view): a fraction of its size, and
+readers define (node_view, pod_gpu_view, own_pod_view, child_view): a fraction of its size, and
 an event that changes nothing of the view, as a node heartbeat, leaves the store (and the facts
 memo keyed on the node store's revision) as it was. Events of the child kinds the registry flags
 `watched` start a pass of their owner (`on_child`), after the store took them in, so that pass sees
@@ -68,12 +68,12 @@ class Observation:
     """This deployment's pods in every phase (serving, router, staging)."""
 
 
-def _active_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+def active_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
     """Capacity's part of a pod, and the label that tells which deployment's own it is."""
     return pod_gpu_view(pod, (LABEL_DEPLOYMENT,))
 
 
-def _own_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+def own_pod_view(pod: dict[str, Any]) -> dict[str, Any]:
     """What a pass reads of its deployment's pods: metadata (labels, owner, creation and deletion
     times: reconcile/pairing.py, reconcile/weights_status.py), the node it runs on (the stranded
     check) and the whole status (readiness, IP, a staging pod's termination message). Their specs
@@ -138,13 +138,12 @@ class ClusterCache:
         self.deployments = [informer(Watched(f"{GROUP}/{VERSION}", KIND, ns, keep_managed_fields=True))
                             for ns in scopes]
         self.nodes = informer(Watched("v1", "Node"), view=node_view)
-        self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS), view=_active_pod_view)
+        self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS), view=active_pod_view)
         self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=_deployment_index,
-                                 view=_own_pod_view)
+                                 view=own_pod_view)
         self.children: dict[str, list[Informer]] = {
-            kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS, keep_managed_fields=True),
-                                 index=_deployment_index, listener=self._listener(kind), view=child_view)
-                        for ns in scopes]
+            kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS), index=_deployment_index,
+                                 listener=self._listener(kind), view=child_view) for ns in scopes]
             for kind in CHILD_KINDS}
 
     def _listener(self, kind: ChildKind) -> Callable[[str, dict[str, Any]], None] | None:
@@ -231,4 +230,5 @@ class ClusterCache:
             inf.forget(obj)
 
 
-__all__ = ["ACTIVE_PODS", "OURS", "CacheNotSynced", "ClusterCache", "Observation", "key_of", "owner_of"]
+__all__ = ["ACTIVE_PODS", "OURS", "CacheNotSynced", "ClusterCache", "Observation", "active_pod_view",
+           "child_view", "key_of", "own_pod_view", "owner_of"]

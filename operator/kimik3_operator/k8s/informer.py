@@ -55,7 +55,8 @@ class Watched:
     label_selector: str | None = None
     field_selector: str | None = None
     keep_managed_fields: bool = False
-    """Children keep theirs (drift detection reads them); nodes and pods drop them (most of their size)."""
+    """For an informer without a view: keep the objects' managedFields (the KimiK3Deployments do),
+    else drop them (most of an object's size). An informer with a view keeps what the view keeps."""
 
     def describe(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
