@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -171,8 +172,8 @@ def positive(text: str) -> float:
 
 def not_negative(text: str) -> float:
     value = float(text)
-    if not value >= 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    if not 0 <= value < math.inf:  # NaN and infinity too
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of 0 or more")
     return value
 
 

@@ -176,7 +176,7 @@ def test_run_refuses_bad_settings(started: dict[str, Any], monkeypatch: pytest.M
         main(["run", "--resync-seconds", "0"])
     with pytest.raises(SystemExit):
         main(["run", "--log-format", "xml"])
-    for bad in ("-1", "nan"):
+    for bad in ("-1", "nan", "inf"):
         with pytest.raises(SystemExit):
             main(["run", "--coalesce-seconds", bad])
     monkeypatch.setenv("KIMIK3_LOG_LEVEL", "LOUD")
