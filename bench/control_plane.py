@@ -34,6 +34,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -285,6 +286,31 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
 
 # ---- the audit log ------------------------------------------------------------------------------
 
+def cpu_seconds(state: Path, operator_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) each cluster process (by its pidfile) and the operator have used
+    so far: on a 2-core machine every component takes from the same cores, so where the time went
+    explains a ratio better than the ratio does. kubectl (the floor) is counted as this process's
+    waited-for children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {f.stem: int(text) for f in (state / "run").glob("*.pid") if (text := f.read_text().strip()).isdigit()}
+    if operator_pid is not None:
+        pids["operator"] = operator_pid
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (stat fields 14, 15)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["kubectl"] = usage.ru_utime + usage.ru_stime
+    return out
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 1) for k in sorted(after) if after[k] - before.get(k, 0.0) >= 0.05}
+
+
 def operator_requests(state: Path, since: datetime, until: datetime) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(state.glob("audit*.log")):
@@ -328,6 +354,7 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
     manifest.write_text(yaml.safe_dump_all(crs))
     histograms = {k: buckets(op.scrape(), m) for k, m in HISTOGRAMS.items()}
     log(f"N={n}: applying {n} KimiK3Deployments")
+    cpu_before = cpu_seconds(state, op.proc.pid)
     started, applied_at = time.monotonic(), datetime.now(UTC)
     kubectl("apply", "--server-side", "-f", str(manifest))
     timeline: list[tuple[float, Counter[str]]] = []
@@ -343,6 +370,7 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
                                f"operator log:\n{op.log.read_text()[-3000:]}")
         time.sleep(1)
     ready_seconds = time.monotonic() - started
+    cpu = cpu_used(cpu_before, cpu_seconds(state, op.proc.pid))
     final = reader.children_per_deployment(namespace)
     children_seconds = next(t for t, c in timeline if all(c[d] >= final[d] for d in final))
     after = op.scrape()
@@ -369,12 +397,13 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
         "idle_reads_per_minute": round(sum(c for v, c in by_verb.items() if v not in WRITES) / minutes, 1),
         "idle_writes": sum(c for v, c in by_verb.items() if v in WRITES),
         "rss_mb": round(op.rss_mb(), 1),
+        "cpu_seconds_until_ready": cpu,
     }
     delete_namespace(namespace)
     return result
 
 
-def run_floor(n: int, reader: Reader, folder: Path) -> float:
+def run_floor(n: int, reader: Reader, state: Path, folder: Path) -> dict[str, Any]:
     namespace = f"bench-floor-{n}"
     delete_namespace(namespace)
     kubectl("create", "namespace", namespace)
@@ -388,16 +417,24 @@ def run_floor(n: int, reader: Reader, folder: Path) -> float:
         files[stage].write_text(yaml.safe_dump_all(objs))
     jobs = sum(1 for o in stages["weights"] if o["kind"] == "Job")
     log(f"N={n}: floor: applying {len(objects)} objects with kubectl in two steps")
+    cpu_before = cpu_seconds(state)
     started = time.monotonic()
     kubectl("apply", "--server-side", "--field-manager=floor", "-f", str(files["weights"]))
+    weights_applied = time.monotonic()
     while reader.succeeded_jobs(namespace) < jobs:
         if time.monotonic() > started + 600 + 4 * n:
             raise RuntimeError(f"N={n}: floor Jobs did not complete")
         time.sleep(1)
+    jobs_done = time.monotonic()
     kubectl("apply", "--server-side", "--field-manager=floor", "-f", str(files["serving"]))
-    seconds = time.monotonic() - started
+    done = time.monotonic()
+    cpu = cpu_used(cpu_before, cpu_seconds(state))
     delete_namespace(namespace)
-    return seconds
+    return {"floor_seconds": round(done - started, 2),
+            "floor_steps_seconds": {"apply weights": round(weights_applied - started, 1),
+                                    "Jobs complete": round(jobs_done - weights_applied, 1),
+                                    "apply serving": round(done - jobs_done, 1)},
+            "floor_cpu_seconds": cpu}
 
 
 def table(runs: list[dict[str, Any]]) -> str:
@@ -446,7 +483,7 @@ def main() -> None:
         for n in sizes:
             result = run_operator(n, op, reader, state, args.idle, folder)
             if not args.no_floor:
-                result["floor_seconds"] = round(run_floor(n, reader, folder), 2)
+                result.update(run_floor(n, reader, state, folder))
                 result["ratio"] = round(result["operator_seconds"] / result["floor_seconds"], 2)
             runs.append(result)
             log(json.dumps(result))

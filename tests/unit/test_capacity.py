@@ -61,3 +61,43 @@ def test_pools_planned_ahead_of_their_nodes_are_not_short() -> None:
     plan, facts = _setup([{"name": "later", "nodeSelector": {"x": "y"}, "gpu": {"product": "B300", "perNode": 8},
                            "aggregated": {"replicas": 4}}], [])
     assert shortfalls(plan, facts, {}) == []
+
+
+def test_usage_walked_once_answers_as_a_walk_per_owner_would() -> None:
+    """GpuUsage.used_except(owner) is gpus_used with `own` picking that owner's pods, for every
+    owner, including one with no pod and pods of no deployment."""
+    from kimik3_operator.planner.capacity import GpuUsage
+
+    pods = [_pod("n1", 8, ns="a", label="x"), _pod("n1", 0, ns="a", label="y"), _pod("n2", 4, ns="a", label="y"),
+            _pod("n2", 4, ns="b", label="y"), _pod("n3", 8), _pod("n3", 8, ns="a", label="x", phase="Failed"),
+            {"metadata": {"namespace": "a"}, "spec": {"containers": []}, "status": {"phase": "Pending"}}]
+
+    def owner_of(p: dict[str, Any]) -> tuple[str, str | None]:
+        return p["metadata"]["namespace"], p["metadata"]["labels"].get("serving.kimik3.dev/deployment") \
+            if p["metadata"].get("labels") else None
+
+    usage = GpuUsage(pods, owner_of)
+    for owner in [("a", "x"), ("a", "y"), ("b", "y"), ("c", "z"), ("other", None)]:
+        expected = {n: g for n, g in gpus_used(pods, lambda p, o=owner: owner_of(p) == o).items() if g}
+        assert usage.used_except(owner) == expected, owner
+
+
+def test_a_thousand_free_nodes_are_not_each_looked_at_to_place_one_replica() -> None:
+    """Placement stops at the first nodes that fit; a node holding others' GPUs is passed over."""
+    import dataclasses
+
+    class Counting(dict[str, int]):
+        looked: list[str] = []
+
+        def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+            self.looked.append(key)
+            return super().get(key, default)
+
+    plan, facts = _setup([{"name": "b", "nodeSelector": B200, "aggregated": {"replicas": 2}}], b200_nodes(1))
+    one = facts["b"].nodes[0]
+    pool = dataclasses.replace(facts["b"], nodes=tuple(dataclasses.replace(one, name=f"n{i}") for i in range(1000)))
+    used = Counting({"n0": 8})
+    assert shortfalls(plan, {"b": pool}, used) == []
+    # n0 is full, the first free nodes take the replicas; each placement looks from the first node again
+    needed = plan.pools[0].roles[0].nodes_per_replica * 2
+    assert set(used.looked) == {f"n{i}" for i in range(needed + 1)} and len(used.looked) <= 2 * (needed + 1)

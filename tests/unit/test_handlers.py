@@ -72,7 +72,7 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     from kimik3_operator.reconcile.handlers import State
 
     state = State.__new__(State)  # no API client: only the bookkeeping is under test
-    state._guard, state.phases, state.scaler = threading.Lock(), PhaseBook(), SloScaler(None)
+    state._guard, state.phases, state.scaler, state.pace = threading.Lock(), PhaseBook(), SloScaler(None), None
     busy = threading.Lock()
     busy.acquire()
     state._locks = {("ns", "gone"): threading.Lock(), ("ns", "kept"): threading.Lock(), ("ns", "running"): busy}
@@ -104,3 +104,30 @@ def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
     assert listening == {k.kind for k in CHILD_KINDS if k.watched} >= {"Deployment", "LeaderWorkerSet", "Job"}
     assert started == [("ns", "k3")] * len(listening)
     assert {h.selector.any_name for h in kopf.get_default_registry()._watching.get_all_handlers()} == set()
+
+
+def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that held its status back (reconcile/status_pace.py) queues its deployment for the
+    moment the status may be written, from whichever thread ran it (a worker's or kopf's)."""
+    import threading
+
+    from kimik3_operator.reconcile import handlers
+    from kimik3_operator.reconcile.pass_memo import PassMemo
+    from kimik3_operator.reconcile.reconciler import Outcome
+
+    monkeypatch.setattr(handlers, "reconcile", lambda *a, **kw: Outcome(phase="Progressing", status_due=0.1))
+
+    async def main() -> tuple[float, tuple[str, str]]:
+        state = handlers.State.__new__(handlers.State)  # no API client: only the requeue is under test
+        state.config, state.queue, state._loop = OperatorConfig(), WorkQueue(), asyncio.get_running_loop()
+        state._guard, state._locks, state.phases = threading.Lock(), {}, PhaseBook()
+        state.cluster = state.scaler = state.pace = None
+        state.memo = PassMemo()
+        started = asyncio.get_running_loop().time()
+        await asyncio.to_thread(state.run, "ns", "k3")
+        assert len(state.queue) == 0  # not at once
+        key = await asyncio.wait_for(state.queue.get(), 2)
+        return asyncio.get_running_loop().time() - started, key
+
+    waited, key = asyncio.run(main())
+    assert key == ("ns", "k3") and waited >= 0.1

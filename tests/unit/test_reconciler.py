@@ -53,6 +53,7 @@ class MemoryCluster:
         self.writes: list[str] = []
         self.applied: dict[str, str] = {}
         self.seconds = 0
+        self._stores: dict[str, tuple[str | None, int]] = {}
 
     def _entry(self, manager: str, operation: str, fields: dict[str, Any], subresource: str = "") -> dict[str, Any]:
         """A managedFields entry of a write made now (every write is a second after the last)."""
@@ -75,6 +76,13 @@ class MemoryCluster:
                                   "status": {"phase": "Succeeded", "containerStatuses": [
                                       {"state": {"terminated": {"exitCode": 0, "message": record}}}]}})
 
+    def _revision(self, store: str, items: list[dict[str, Any]]) -> int:
+        """As an informer's revision: moves when the store's contents change, and only then."""
+        seen = json.dumps(items, sort_keys=True)
+        if self._stores.get(store, (None, 0))[0] != seen:
+            self._stores[store] = (seen, self._stores.get(store, (None, 0))[1] + 1)
+        return self._stores[store][1]
+
     def read_config_map_key(self, namespace: str, name: str, key: str) -> ConfigMapKey:
         self.writes.append(f"read configmap {name}")  # a read, counted to show when it happens
         data = self.config_maps.get(name)
@@ -90,8 +98,10 @@ class MemoryCluster:
         pods of every namespace that hold resources (`active`, ours among them), nodes and pods as
         the informers' views keep them."""
         pods = self.pods + [p for p in self.active if _labelled(p, namespace, label)]
-        return Observation(deployment=copy.deepcopy(body or self.deployment), nodes=[node_view(n) for n in self.nodes],
-                           active_pods=[active_pod_view(p) for p in self.active],
+        nodes, active = [node_view(n) for n in self.nodes], [active_pod_view(p) for p in self.active]
+        return Observation(deployment=copy.deepcopy(body or self.deployment), nodes=nodes,
+                           nodes_revision=self._revision("nodes", nodes), active_pods=active,
+                           active_pods_revision=self._revision("active", active),
                            children=[child_view(copy.deepcopy(o)) for o in self.objects.values()],
                            pods=[own_pod_view(copy.deepcopy(p)) for p in pods])
 

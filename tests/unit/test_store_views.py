@@ -130,3 +130,32 @@ def test_a_child_is_kept_without_its_pod_template_and_judged_as_whole() -> None:
         assert unchanged_since_our_apply(desired, view, applied) == unchanged_since_our_apply(desired, lws, applied)
     assert owns_replicas(view, AUTOSCALER_FIELD_MANAGER) and owns_replicas(lws, AUTOSCALER_FIELD_MANAGER)
     assert child_view(view) == view  # our own write's result goes through it again
+
+
+def test_a_childs_status_is_kept_as_far_as_a_pass_reads_it() -> None:
+    """A controller rewriting condition times or counts no pass reads changes nothing of the view,
+    so it starts no pass; a count a pass reads does."""
+    from kimik3_operator.k8s.cache import child_view
+
+    def router(ready: int, stamp: str) -> dict[str, Any]:
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "r", "generation": 2},
+                "spec": {"replicas": 1, "template": {"spec": {}}},
+                "status": {"observedGeneration": 2, "replicas": 1, "readyReplicas": ready, "updatedReplicas": 1,
+                           "availableReplicas": ready, "conditions": [
+                               {"type": "Available", "status": "True", "lastUpdateTime": stamp,
+                                "lastTransitionTime": stamp, "reason": "MinimumReplicasAvailable"}]}}
+
+    assert child_view(router(0, "2026-12-01T00:00:00Z")) == child_view(router(0, "2026-12-01T00:00:07Z"))
+    assert child_view(router(0, "2026-12-01T00:00:00Z")) != child_view(router(1, "2026-12-01T00:00:00Z"))
+    assert child_view(router(1, "t"))["status"] == {"observedGeneration": 2, "replicas": 1, "readyReplicas": 1,
+                                                    "updatedReplicas": 1}
+
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+           "status": {"succeeded": 1, "ready": 0, "startTime": "t0", "completionTime": "t1", "conditions": [
+               {"type": "Complete", "status": "True", "lastProbeTime": "t1", "lastTransitionTime": "t1",
+                "message": "Reached expected number of succeeded pods"}]}}
+    assert child_view(job)["status"] == {"succeeded": 1, "conditions": [
+        {"type": "Complete", "status": "True", "message": "Reached expected number of succeeded pods"}]}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"},
+             "spec": {"volumeName": "pv"}, "status": {"phase": "Bound"}}
+    assert "status" not in child_view(claim)

@@ -62,6 +62,8 @@ class Observation:
     active_pods: Sequence[dict[str, Any]] = ()
     """Every namespace's pods that hold (or wait for) resources, as much of each as the GPU capacity
     check reads (planner.capacity.pod_gpu_view)."""
+    active_pods_revision: int | None = None
+    """Equal while those pods are unchanged: what GPU usage may be remembered by."""
     children: Sequence[dict[str, Any]] = ()
     """This deployment's objects of every child kind."""
     pods: Sequence[dict[str, Any]] = field(default_factory=tuple)
@@ -89,12 +91,27 @@ TEMPLATES = ("template", "leaderWorkerTemplate")
 never read back (a pass compares our desired-state hash annotation, not the spec)."""
 
 
+STATUS_READ: dict[str, tuple[str, ...]] = {
+    "Job": ("active", "succeeded", "failed", "conditions"),  # reconcile/weights_status.py
+    "LeaderWorkerSet": ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration"),  # status.py role_lag
+    "Deployment": ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration"),  # status.py _router_status
+}
+"""Of each child kind's status, the fields a pass reads; of other kinds none (no pass reads a
+claim's, a Service's or a scaler's status). Controllers rewrite the rest on every step (a
+Deployment's conditions carry their lastUpdateTime, a LeaderWorkerSet's their transition times):
+kept, each would be an event that changes the view, so a pass that can decide nothing new."""
+
+CONDITION_READ = ("type", "status", "reason", "message")
+"""Of a Job condition: what weights_status.py reads, not its probe and transition times."""
+
+
 def child_view(obj: dict[str, Any]) -> dict[str, Any]:
     """What a pass reads of a child: metadata, the spec less its pod template (replicas, a
-    Service's selector), status, data; and of its managedFields what the drift check and the
-    autoscaler's hand-over read (k8s/cluster.py `unchanged_since_our_apply`, reconcile/autoscaler.py
-    `owns_replicas`): every entry but status writers', each field set as canonical JSON text
-    (k8s/managed_fields.py). A deployment's children take ~72 KB of memory so, against ~208 KB whole."""
+    Service's selector), data, of the status what STATUS_READ keeps; and of its managedFields what
+    the drift check and the autoscaler's hand-over read (k8s/cluster.py `unchanged_since_our_apply`,
+    reconcile/autoscaler.py `owns_replicas`): every entry but status writers', each field set as
+    canonical JSON text (k8s/managed_fields.py). A deployment's children take ~72 KB of memory so,
+    against ~208 KB whole."""
     meta = dict(obj.get("metadata") or {})
     if "managedFields" in meta:
         meta["managedFields"] = [{**e, "fieldsV1": fields_text(e)} for e in meta["managedFields"]
@@ -103,6 +120,14 @@ def child_view(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj.get("spec")
     if isinstance(spec, dict) and any(k in spec for k in TEMPLATES):
         view["spec"] = {k: v for k, v in spec.items() if k not in TEMPLATES}
+    view.pop("status", None)
+    status = obj.get("status")
+    if isinstance(status, dict) and (read := {k: status[k] for k in STATUS_READ.get(obj.get("kind", ""), ())
+                                              if k in status}):
+        if isinstance(read.get("conditions"), list):
+            read["conditions"] = [{k: c[k] for k in CONDITION_READ if k in c} for c in read["conditions"]
+                                  if isinstance(c, dict)]
+        view["status"] = read
     return view
 
 
@@ -203,8 +228,10 @@ class ClusterCache:
         mark = (namespace, label)
         children = [o for group in self.children.values() for inf in group for o in inf.indexed(mark)]
         nodes, revision = self.nodes.items_at()
+        active, active_revision = self.active_pods.items_at()
         return Observation(
-            deployment=copy.deepcopy(body), nodes=nodes, nodes_revision=revision, active_pods=self.active_pods.items(),
+            deployment=copy.deepcopy(body), nodes=nodes, nodes_revision=revision,
+            active_pods=active, active_pods_revision=active_revision,
             children=copy.deepcopy(children), pods=copy.deepcopy(self.own_pods.indexed(mark)))
 
     # ---- our own writes -------------------------------------------------------------------------

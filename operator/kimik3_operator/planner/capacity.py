@@ -11,10 +11,11 @@ autoscaler, a scale-from-zero pool) make the pods schedule on their own.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
-from .facts import GPU_RESOURCES, PoolFacts, _quantity
+from .facts import GPU_RESOURCES, NodeFacts, PoolFacts, _quantity
 from .plan import Plan
 
 NO_CLIQUE = ""
@@ -40,22 +41,60 @@ def pod_gpu_view(pod: Mapping[str, Any], keep_labels: Sequence[str] = ()) -> dic
             "status": {"phase": phase} if (phase := (pod.get("status") or {}).get("phase")) else {}}
 
 
+def _pod_gpus(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(node, GPUs requested) of a pod that holds GPUs there now, else None."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = sum(_quantity(((c.get("resources") or {}).get("requests") or {}).get(r, 0))
+               for c in (pod.get("spec") or {}).get("containers") or [] for r in GPU_RESOURCES)
+    return node, gpus
+
+
 def gpus_used(pods: Sequence[Mapping[str, Any]], own: Callable[[Any], bool]) -> dict[str, int]:
     """GPUs requested per node by pods that are not `own`."""
     used: dict[str, int] = defaultdict(int)
     for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or own(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            requests = ((container.get("resources") or {}).get("requests") or {})
-            used[node] += sum(_quantity(requests.get(r, 0)) for r in GPU_RESOURCES)
+        if not own(pod) and (held := _pod_gpus(pod)) is not None:
+            used[held[0]] += held[1]
     return used
+
+
+class GpuUsage:
+    """GPUs per node held by every pod, and by each owner's: what `gpus_used` answers for any one
+    owner with one walk over the pods (`used_except`), where a walk per answer cost every pass of
+    every deployment a walk over the cluster's pods."""
+
+    def __init__(self, pods: Sequence[Mapping[str, Any]], owner_of: Callable[[Mapping[str, Any]], Hashable]) -> None:
+        self.total: dict[str, int] = defaultdict(int)
+        self.by_owner: dict[Hashable, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for pod in pods:
+            if (held := _pod_gpus(pod)) is not None:
+                self.total[held[0]] += held[1]
+                self.by_owner[owner_of(pod)][held[0]] += held[1]
+
+    def used_except(self, owner: Hashable) -> dict[str, int]:
+        """`gpus_used(pods, own)` where `own` picks the pods `owner_of` gives `owner`."""
+        mine = self.by_owner.get(owner) or {}
+        return {node: left for node, gpus in self.total.items() if (left := gpus - mine.get(node, 0))}
+
+
+class _Free:
+    """GPUs left per node as replicas are placed: the nodes' GPUs less `used` less what earlier
+    replicas of this placement took, worked out for the nodes looked at only (a pool of a thousand
+    free nodes places a replica on its first)."""
+
+    def __init__(self, used: Mapping[str, int]) -> None:
+        self.used = used
+        self.taken: defaultdict[str, int] = defaultdict(int)
+
+    def __call__(self, node: NodeFacts) -> int:
+        return node.gpus - self.used.get(node.name, 0) - self.taken[node.name]
 
 
 def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int]) -> list[str]:
     """One message per role whose replicas cannot all be placed now."""
-    free = {n.name: n.gpus - used.get(n.name, 0) for pool in facts.values() for n in pool.nodes}
+    free = _Free(used)
     messages = []
     for pool in plan.pools:
         nodes = facts.get(pool.name, PoolFacts()).nodes
@@ -73,27 +112,29 @@ def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, in
     return messages
 
 
-def _groups(nodes: tuple[Any, ...], by_clique: bool) -> dict[str, list[Any]]:
+def _groups(nodes: tuple[Any, ...], by_clique: bool) -> dict[str, Sequence[Any]]:
+    if not by_clique:
+        return {NO_CLIQUE: nodes}
     groups: dict[str, list[Any]] = defaultdict(list)
     for node in nodes:
-        groups[(node.clique or NO_CLIQUE) if by_clique else NO_CLIQUE].append(node)
-    return groups
+        groups[node.clique or NO_CLIQUE].append(node)
+    return dict(groups)
 
 
-def _place(nodes: tuple[Any, ...], free: dict[str, int], count: int, gpus: int, by_clique: bool) -> bool:
+def _place(nodes: tuple[Any, ...], free: _Free, count: int, gpus: int, by_clique: bool) -> bool:
     for members in _groups(nodes, by_clique).values():
-        fitting = [n for n in members if free[n.name] >= gpus]
+        fitting = list(islice((n for n in members if free(n) >= gpus), count))
         if len(fitting) >= count:
-            for node in fitting[:count]:
-                free[node.name] -= gpus
+            for node in fitting:
+                free.taken[node.name] += gpus
             return True
     return False
 
 
 def _message(pool: str, role: str, placed: int, replicas: int, count: int, gpus: int, by_clique: bool,
-             nodes: tuple[Any, ...], free: dict[str, int]) -> str:
+             nodes: tuple[Any, ...], free: _Free) -> str:
     where = "in one NVLink clique" if by_clique else "in the pool"
-    available = ", ".join(f"{clique or 'pool'}: {sum(1 for n in members if free[n.name] >= gpus)}"
+    available = ", ".join(f"{clique or 'pool'}: {sum(1 for n in members if free(n) >= gpus)}"
                           for clique, members in sorted(_groups(nodes, by_clique).items()))
     return (f"pool {pool} role {role}: {replicas - placed} of {replicas} replicas do not fit now; each needs "
             f"{count} node(s) with {gpus} free GPUs {where}; nodes left with {gpus} free GPUs ({available})")
@@ -104,7 +145,7 @@ def replicas_that_fit(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[
     """How many replicas of one role the nodes hold now (at most `most`), once every other role's
     planned replicas are placed: what an autoscaler may ask for without leaving pods Pending. A
     pool planned ahead of its nodes holds none."""
-    free = {n.name: n.gpus - used.get(n.name, 0) for pool in facts.values() for n in pool.nodes}
+    free = _Free(used)
     target = None
     for pool in plan.pools:
         nodes = facts.get(pool.name, PoolFacts()).nodes

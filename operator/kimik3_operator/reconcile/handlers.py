@@ -35,10 +35,11 @@ from ..metrics import (
     PhaseBook,
 )
 from .autoscaler import SloScaler
-from .node_memo import FactsMemo
+from .pass_memo import PassMemo
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
 from .settings import OperatorConfig
+from .status_pace import StatusPace
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ class State:
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.config = config
         self.queue = WorkQueue()
+        self._loop = loop
+        # Held-back status writes are made by a pass queued on the loop: without one, none is held.
+        self.pace = StatusPace() if loop is not None else None
         on_child = None
         if loop is not None:
             def on_child(namespace: str, name: str) -> None:  # from an informer's thread
@@ -63,7 +67,7 @@ class State:
         self.cluster = Cluster(api_client(), guard, self.cache)
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
-        self.node_facts = FactsMemo()
+        self.memo = PassMemo()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self.worker: asyncio.Task[None] | None = None
@@ -75,6 +79,8 @@ class State:
         self.phases.keep_only(keys)
         DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
+        if self.pace is not None:
+            self.pace.forget_all_but(keys)
 
     def run(self, namespace: str, name: str, body: dict[str, Any] | None = None) -> Outcome:
         """Reconcile one deployment (`body`: kopf's copy, fresher than the cache's); passes for the
@@ -86,7 +92,7 @@ class State:
             api_time()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
-                                    scaler=self.scaler, body=body, facts_of=self.node_facts)
+                                    scaler=self.scaler, body=body, memo=self.memo, pace=self.pace)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()
@@ -99,6 +105,8 @@ class State:
                 RECONCILE_PURE_SECONDS.observe(max(0.0, took - waited))
                 RECONCILE_PURE_CPU_SECONDS.observe(max(0.0, used - api_cpu))
             self.phases.record((namespace, name), outcome.phase)
+            if outcome.status_due is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self.queue.put_later, (namespace, name), outcome.status_due)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
             for action, keys in (("apply", outcome.applied), ("delete", outcome.deleted)):
@@ -174,24 +182,36 @@ class ResyncRound:
                 RESYNCS.inc()
 
 
+RESYNC_TICKS = 4
+"""Looks per resync interval for deployments whose last pass is that old."""
+
+
 async def _drain(state: State) -> None:
-    """Reconcile queued deployments with `config.workers` workers; every resync interval, queue
-    all of them, and SLO-scaled deployments whose decision is due.
+    """Reconcile queued deployments with `config.workers` workers; queue each deployment whose
+    last pass started a resync interval ago or longer, and SLO-scaled deployments whose decision
+    is due.
 
     The resync is due by the clock, not when the queue falls quiet: a deployment that keeps
     failing (requeued every retry interval) or a steady stream of child events would otherwise
-    postpone every other deployment's drift repair and node re-plan forever. Several deployments
-    are reconciled at once (a pass mostly waits on the API server, and a fleet's passes one after
-    the other were slower than kubectl applying the same objects: bench/control_plane.py), one
-    deployment never twice at once (the queue's rule, and State.run's lock).
+    postpone every other deployment's drift repair and node re-plan forever. It is due per
+    deployment, a resync interval after its last pass: a deployment whose children just started a
+    pass has nothing to gain from another, and a fleet coming up is not queued whole behind its
+    own child events every interval (bench/control_plane.py: at 300 deployments, more than half
+    the passes of a bring-up were resyncs that found nothing new, and the events that move a
+    deployment on waited behind them). So a deployment gets a pass at least every resync interval
+    and a quarter. Several deployments are reconciled at once (a pass mostly waits on the API
+    server), one deployment never twice at once (the queue's rule, and State.run's lock).
     """
     loop = asyncio.get_running_loop()
     round_ = ResyncRound()
     passed = asyncio.Event()
-    workers = [asyncio.create_task(_worker(state, round_, passed), name=f"kimik3-worker-{i}")
+    last: dict[tuple[str, str], float] = {}
+    workers = [asyncio.create_task(_worker(state, round_, passed, last), name=f"kimik3-worker-{i}")
                for i in range(state.config.workers)]
+    resync = state.config.resync_seconds
+    tick = resync / RESYNC_TICKS
     try:
-        due = loop.time() + state.config.resync_seconds
+        due = loop.time() + tick
         while True:
             scaler_wait, scaling = state.scaler.next_due(hold=SCALER_HOLD_SECONDS)
             for key in sorted(scaling):
@@ -201,23 +221,28 @@ async def _drain(state: State) -> None:
             except TimeoutError:
                 pass
             passed.clear()
-            if loop.time() >= due:
-                due = loop.time() + state.config.resync_seconds
+            if (now := loop.time()) >= due:
+                due = now + tick
                 listed = set(state.cache.deployment_keys())
                 state.forget_all_but(listed)
-                round_.begin(listed, loop.time())
+                for gone in set(last) - listed:
+                    del last[gone]
+                round_.begin(listed, now)
                 for key in sorted(listed):
-                    state.queue.put(key)
+                    # Half a tick of slack: a pass that started just after the last look is due at this one.
+                    if now - last.get(key, -resync) >= resync - tick / 2:
+                        state.queue.put(key)
     finally:
         for worker in workers:
             worker.cancel()
 
 
-async def _worker(state: State, round_: ResyncRound, passed: asyncio.Event) -> None:
+async def _worker(state: State, round_: ResyncRound, passed: asyncio.Event,
+                  last: dict[tuple[str, str], float]) -> None:
     loop = asyncio.get_running_loop()
     while True:
         key = await state.queue.get()
-        started = loop.time()
+        started = last[key] = loop.time()
         try:
             await asyncio.to_thread(state.run, *key)
         except NotLeaderError as exc:

@@ -22,16 +22,17 @@ from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER
 from ..contract.names import ANNOTATION_HASH
 from ..k8s import Cluster, MissingApiError, RejectedApiError
 from ..planner import Plan, PlanningError, plan_deployment, with_staged
-from ..planner.capacity import gpus_used, shortfalls
+from ..planner.capacity import shortfalls
 from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
-from .node_memo import FactsMemo
 from .pairing import leader_endpoints, serving_hash
+from .pass_memo import PassMemo
 from .status import compute_status, transitions
+from .status_pace import StatusPace
 from .weights_status import weights_state
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -50,10 +51,18 @@ class Outcome:
     phase: str | None = None
     """The phase the status shows after this pass (written or not)."""
     error: PlanningError | None = None
+    status_due: float | None = None
+    """Seconds until the status this pass held back may be written (status_pace.py): run a pass then."""
 
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _deployment_of(pod: Mapping[str, Any]) -> tuple[str, str | None]:
+    """Whose pod it is: (namespace, the deployment label), the owner GPU usage is told by."""
+    meta = pod.get("metadata") or {}
+    return meta.get("namespace") or "", (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -67,9 +76,11 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
               tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
-              body: dict[str, Any] | None = None, facts_of: FactsMemo | None = None) -> Outcome:
+              body: dict[str, Any] | None = None, memo: PassMemo | None = None,
+              pace: StatusPace | None = None) -> Outcome:
     """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
-    `facts_of` the node facts remembered from earlier passes."""
+    `memo` what earlier passes worked out (node facts, GPU usage, plans), `pace` when this
+    deployment's status was last written (without it every change is written at once)."""
     outcome = Outcome()
     mine = deployment_label(Owner(name=name, namespace=namespace, uid=""))  # what its children carry
     seen = cluster.observe(namespace, name, mine, body)
@@ -82,28 +93,35 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
 
     def fail(error: PlanningError) -> Outcome:
         outcome.error = error
-        _write_status(cluster, owner, previous, outcome, compute_status(
+        _write_status(cluster, pace, owner, previous, outcome, compute_status(
             owner=owner, generation=meta.generation, previous=previous, plan=None, error=error,
             workloads={}, now=now()))
         return outcome
 
-    try:
-        cr = KimiK3Deployment.model_validate(body)
-    except ValidationError as exc:
-        return fail(PlanningError(INVALID_SPEC, first_error(exc)))
-    memo = facts_of or FactsMemo()
-    facts = {pool.name: memo.pool(pool.node_selector, seen.nodes, seen.nodes_revision) for pool in cr.spec.pools}
+    memo = memo or PassMemo()
+    plan_key = ((meta.uid, meta.generation, seen.nodes_revision, scaler.prometheus_url if scaler else None)
+                if meta.uid and meta.generation and seen.nodes_revision is not None else None)
+    if (known := memo.plans.get(plan_key)) is None:
+        try:
+            cr = KimiK3Deployment.model_validate(body)
+        except ValidationError as exc:
+            return fail(PlanningError(INVALID_SPEC, first_error(exc)))
+    else:
+        cr = known[0]
+    facts = {pool.name: memo.facts.pool(pool.node_selector, seen.nodes, seen.nodes_revision) for pool in cr.spec.pools}
     own_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
     try:
         _check_not_stranded(cr, facts, own_pods)
-        plan = plan_deployment(cr.spec, facts, prometheus_url=scaler.prometheus_url if scaler else None)
+        if known is None:
+            plan = plan_deployment(cr.spec, facts, prometheus_url=scaler.prometheus_url if scaler else None)
+            memo.plans.put(plan_key, cr, plan)
+        else:
+            plan = known[1]
     except PlanningError as exc:
         return fail(exc)
 
-    used = gpus_used(seen.active_pods, lambda pod: (
-        pod["metadata"].get("namespace") == namespace
-        and (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT) == mine))
+    used = memo.usage.used_except(seen.active_pods, seen.active_pods_revision, _deployment_of, (namespace, mine))
     live = {_key(o): o for o in seen.children}
     current: dict[tuple[str, str], dict[str, Any]] = {}
     try:
@@ -151,7 +169,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         workloads = {**workloads, **rescaled}
         plan = with_live_counts(owner, plan, workloads)
     scaling = autoscaling_statuses(owner, plan, scaling)
-    _write_status(cluster, owner, previous, outcome, compute_status(
+    _write_status(cluster, pace, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling))
@@ -227,12 +245,18 @@ def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
         return None  # written by something else: replace it wholesale
 
 
-def _write_status(cluster: Cluster, owner: Owner, previous: KimiK3DeploymentStatus | None, outcome: Outcome,
-                  status: KimiK3DeploymentStatus) -> None:
+def _write_status(cluster: Cluster, pace: StatusPace | None, owner: Owner, previous: KimiK3DeploymentStatus | None,
+                  outcome: Outcome, status: KimiK3DeploymentStatus) -> None:
     outcome.phase = status.phase
     if previous == status:
         return
+    key = (owner.namespace, owner.name)
+    if pace is not None and (wait := pace.wait(key, previous, status)) > 0:
+        outcome.status_due = wait
+        return
     cluster.apply_status(owner.namespace, owner.name, status.wire())
+    if pace is not None:
+        pace.wrote(key)
     outcome.status_written = True
     log.info("Updated status of %s/%s: phase %s", owner.namespace, owner.name, status.phase)
     for type_, reason, message in transitions(previous, status):

@@ -337,17 +337,20 @@ def _exported(owner: Owner, status: KimiK3DeploymentStatus) -> KimiK3DeploymentS
 
 
 def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3DeploymentStatus) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for every condition whose status or reason changed: the
-    Kubernetes events worth posting. A pass that changes only counts or messages posts none."""
+    """The Kubernetes event worth posting for a status write, as (type, reason, message): one at
+    most, for the condition that tells most of those whose status or reason changed (a deployment
+    turning Degraded, else Ready, else Progressing, else no longer Degraded). The conditions of one
+    situation move together (SITUATIONS): an event each said the same news three ways, and a
+    bring-up cost six events where three tell its story. A pass that changes only counts or
+    messages posts none."""
     before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
-    out = []
-    for c in status.conditions:
-        if before.get(c.type) == (c.status, c.reason):
-            continue
-        bad = (c.type == DEGRADED and c.status == "True") or (c.type == READY and status.phase == "Failed")
-        if c.type == PROGRESSING and any(o.type == READY and o.reason == c.reason for o in status.conditions):
-            continue  # says what the Ready event says
-        if c.type == DEGRADED and c.status == "False" and before.get(c.type, ("False",))[0] == "False":
-            continue  # "not degraded" is news only when it was
-        out.append(("Warning" if bad else "Normal", c.reason, f"{c.type}={c.status}: {c.message}"))
-    return out
+    changed = {c.type: c for c in status.conditions if before.get(c.type) != (c.status, c.reason)}
+    degraded = changed.get(DEGRADED)
+    was_degraded = before.get(DEGRADED, ("False",))[0] == "True"
+    for c in (degraded if degraded is not None and degraded.status == "True" else None,
+              changed.get(READY), changed.get(PROGRESSING),
+              degraded if degraded is not None and was_degraded else None):  # "not degraded" is news only when it was
+        if c is not None:
+            bad = c.type == DEGRADED and c.status == "True" or (c.type == READY and status.phase == "Failed")
+            return [("Warning" if bad else "Normal", c.reason, f"{c.type}={c.status}: {c.message}")]
+    return []
