@@ -65,6 +65,7 @@ WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 EXIT_CODE = "kwok.kimik3.dev/exit-code"
 MESSAGE = "kwok.kimik3.dev/termination-message"
 WEIGHTS_PODS = f"app.kubernetes.io/component=weights,app.kubernetes.io/managed-by={MANAGED_BY}"
+CHILD_EVENTS = "kimik3_operator_child_events_total"
 HISTOGRAMS = {"total": "kimik3_operator_reconcile_duration_seconds",
               "api": "kimik3_operator_reconcile_api_seconds",
               "pure": "kimik3_operator_reconcile_pure_seconds",
@@ -268,6 +269,14 @@ def buckets(text: str, metric: str) -> dict[float, float]:
     return dict(out)
 
 
+def labelled(text: str, metric: str, label: str) -> Counter[str]:
+    """A counter's values by one label, from a scrape."""
+    out: Counter[str] = Counter()
+    for m in re.finditer(rf'^{metric}{{[^}}]*{label}="([^"]*)"[^}}]*}} ([0-9.e+]+)$', text, re.M):
+        out[m.group(1)] += float(m.group(2))
+    return out
+
+
 def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
     """The q-quantile of the observations made between two scrapes (linear inside a bucket)."""
     delta = sorted((le, after.get(le, 0) - before.get(le, 0)) for le in after)
@@ -352,7 +361,9 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
     crs = [deployment(namespace, i) for i in range(n)]
     manifest = folder / f"deployments-{n}.yaml"
     manifest.write_text(yaml.safe_dump_all(crs))
-    histograms = {k: buckets(op.scrape(), m) for k, m in HISTOGRAMS.items()}
+    scraped = op.scrape()
+    histograms = {k: buckets(scraped, m) for k, m in HISTOGRAMS.items()}
+    events_before = labelled(scraped, CHILD_EVENTS, "kind")
     log(f"N={n}: applying {n} KimiK3Deployments")
     cpu_before = cpu_seconds(state, op.proc.pid)
     started, applied_at = time.monotonic(), datetime.now(UTC)
@@ -378,6 +389,8 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
                                         is not None else None)
                  for kind, m in HISTOGRAMS.items() for name, q in (("p50", 0.5), ("p99", 0.99))}
     passes = buckets(after, HISTOGRAMS["total"]).get(float("inf"), 0) - histograms["total"].get(float("inf"), 0)
+    child_events = labelled(after, CHILD_EVENTS, "kind")
+    child_events.subtract(events_before)
     log(f"N={n}: children in {children_seconds:.1f} s, all Ready in {ready_seconds:.1f} s; idle for {idle:.0f} s")
     # What the operator wrote to bring them up (the floor writes each child once: 10 per deployment).
     writes = Counter(_what(e) for e in operator_requests(state, applied_at, datetime.now(UTC))
@@ -391,6 +404,7 @@ def run_operator(n: int, op: Operator, reader: Reader, state: Path, idle: float,
     result = {
         "n": n, "children": sum(final.values()), "operator_seconds": round(children_seconds, 2),
         "ready_seconds": round(ready_seconds, 2), "passes": int(passes), **quantiles,
+        "child_events_per_deployment": {k: round(v / n, 2) for k, v in sorted(child_events.items()) if v},
         "writes_per_deployment": round(sum(writes.values()) / n, 1),
         "writes_by_kind": {k: round(c / n, 2) for k, c in sorted(writes.items())},
         "idle_requests_per_minute": {v: round(c / minutes, 1) for v, c in sorted(by_verb.items())},

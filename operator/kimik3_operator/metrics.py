@@ -36,6 +36,12 @@ APPLIES = Counter(
     "kimik3_operator_applies_total", "Server-side applies and deletes of children", ["kind", "action"],
 )
 
+CHILD_EVENTS = Counter(
+    "kimik3_operator_child_events_total",
+    "Changes of a watched child (what a pass reads of it) that asked for a pass of its deployment, by kind; "
+    "changes within the coalescing window share one pass",
+    ["kind"],
+)
 RESYNCS = Counter(
     "kimik3_operator_resyncs_total",
     "Completed resync rounds: every KimiK3Deployment of the watched namespaces reconciled once more",

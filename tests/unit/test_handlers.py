@@ -90,7 +90,7 @@ def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
 
     started: list[tuple[str, str]] = []
     cache = ClusterCache.__new__(ClusterCache)  # no API client: only the wiring is under test
-    cache._on_child = lambda namespace, name: started.append((namespace, name))
+    cache._on_child = lambda namespace, name, kind: started.append((namespace, name))
     owned = {"metadata": {"namespace": "ns", "name": "k3-router", "ownerReferences": [
         {"apiVersion": "serving.kimik3.dev/v1alpha1", "kind": "KimiK3Deployment", "name": "k3", "uid": "u"}]}}
     foreign = {"metadata": {"namespace": "ns", "name": "x", "ownerReferences": [

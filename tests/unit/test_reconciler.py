@@ -364,7 +364,7 @@ def _lists(cluster: MemoryCluster, name: str = "k3-router") -> dict[str, Any]:
     deployment = cluster.objects[("Deployment", name)]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = container["args"]
-    return {"replicas": deployment["spec"]["replicas"],
+    return {"replicas": deployment["spec"]["replicas"], **({"paused": True} if deployment["spec"].get("paused") else {}),
             **{flag: [args[i + 1] for i, a in enumerate(args) if a == flag] for flag in ("--prefill", "--decode")}}
 
 
@@ -378,7 +378,8 @@ def test_the_router_lists_the_ready_leaders_and_follows_a_replaced_one_in_one_pa
     pods: list[dict[str, Any]] = []
     cluster = _serving_pd(pods)
     reconcile(cluster, "ns", "k3")
-    assert _lists(cluster) == {"replicas": 0, "--prefill": [], "--decode": []}  # nothing to route to yet
+    # Nothing to route to yet: no replicas, and paused, so no ReplicaSet is made for these lists.
+    assert _lists(cluster) == {"replicas": 0, "paused": True, "--prefill": [], "--decode": []}
     h = _compat(cluster)
     pods += [_leader("b200", "prefill", "10.0.0.5", h), _leader("gb300", "decode", "10.0.1.70", h),
              _leader("gb300", "decode", "10.0.1.8", h),

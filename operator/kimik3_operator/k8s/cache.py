@@ -147,11 +147,11 @@ def owner_of(obj: dict[str, Any]) -> Key | None:
 
 
 class ClusterCache:
-    """The informers a running operator reads from. `on_child(namespace, name)` is called from an
-    informer thread when a watched child of that deployment changed."""
+    """The informers a running operator reads from. `on_child(namespace, name, kind)` is called
+    from an informer thread when a watched child of that deployment changed."""
 
     def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...] = (),
-                 on_child: Callable[[str, str], None] | None = None, **informer_args: Any) -> None:
+                 on_child: Callable[[str, str, str], None] | None = None, **informer_args: Any) -> None:
         dyn = DynamicClient(api)
         self._api = api
         self._on_child = on_child
@@ -178,7 +178,7 @@ class ClusterCache:
 
         def listen(_: str, obj: dict[str, Any]) -> None:
             if (owner := owner_of(obj)) is not None:
-                on_child(*owner)
+                on_child(*owner, kind.kind)
         return listen
 
     def informers(self) -> list[Informer]:

@@ -25,6 +25,7 @@ from ..k8s.cache import CacheNotSynced, ClusterCache
 from ..k8s.cluster import api_time
 from ..metrics import (
     APPLIES,
+    CHILD_EVENTS,
     DEPLOYMENT_SERIES,
     RECONCILE_API_SECONDS,
     RECONCILE_ERRORS,
@@ -61,7 +62,8 @@ class State:
         self.pace = StatusPace() if loop is not None else None
         on_child = None
         if loop is not None:
-            def on_child(namespace: str, name: str) -> None:  # from an informer's thread
+            def on_child(namespace: str, name: str, kind: str) -> None:  # from an informer's thread
+                CHILD_EVENTS.labels(kind).inc()
                 loop.call_soon_threadsafe(self.queue.put_soon, (namespace, name), config.coalesce_seconds)
         self.cache = ClusterCache(api_client(), config.namespaces, on_child).start()
         self.cluster = Cluster(api_client(), guard, self.cache)

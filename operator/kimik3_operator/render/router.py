@@ -10,7 +10,7 @@ a pod it cannot reach (vllm-router 0.1.17 src/service_discovery.rs); nor could a
 a revision switch without a restart anyway (its selectors would change).
 
 A static router cannot start without at least one engine per list (it waits for them, then exits),
-so until every kind of engine it needs has a ready leader it is rendered with no replicas. Any
+so until every kind of engine it needs has a ready leader it is rendered with no replicas, paused. Any
 change of the lists restarts it: rare for engines that take many minutes to start, and the args
 are sorted so an unchanged set never rewrites the Deployment.
 """
@@ -210,6 +210,10 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
         "metadata": meta,
         "spec": {
             "replicas": targets.replicas,
+            # With nothing to route to it is paused too: the Deployment controller then makes no
+            # ReplicaSet for a template that is replaced as soon as engines are ready (one fewer
+            # revision, and its status writes, per router brought up: bench/control_plane.py).
+            **({"paused": True} if targets.missing else {}),
             "selector": {"matchLabels": selector},
             # Every change of the lists is a new revision: keep few, and never drop below the
             # replicas that serve (a new router is ready only once it reached its engines).
