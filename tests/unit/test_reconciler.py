@@ -364,7 +364,8 @@ def _lists(cluster: MemoryCluster, name: str = "k3-router") -> dict[str, Any]:
     deployment = cluster.objects[("Deployment", name)]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = container["args"]
-    return {"replicas": deployment["spec"]["replicas"], **({"paused": True} if deployment["spec"].get("paused") else {}),
+    paused = {"paused": True} if deployment["spec"].get("paused") else {}
+    return {"replicas": deployment["spec"]["replicas"], **paused,
             **{flag: [args[i + 1] for i, a in enumerate(args) if a == flag] for flag in ("--prefill", "--decode")}}
 
 
