@@ -198,8 +198,8 @@ async def _drain(state: State) -> None:
     postpone every other deployment's drift repair and node re-plan forever. It is due per
     deployment, a resync interval after its last pass: a deployment whose children just started a
     pass has nothing to gain from another, and a fleet coming up is not queued whole behind its
-    own child events every interval (bench/control_plane.py: at 300 deployments, more than half
-    the passes of a bring-up were resyncs that found nothing new, and the events that move a
+    own child events every interval (bench/control_plane.py at 300 deployments: a round queued all
+    300 every 30 s, up to 3,000 of a bring-up's 5,537 passes, and the events that move a
     deployment on waited behind them). So a deployment gets a pass at least every resync interval
     and a quarter. Several deployments are reconciled at once (a pass mostly waits on the API
     server), one deployment never twice at once (the queue's rule, and State.run's lock).
@@ -232,7 +232,7 @@ async def _drain(state: State) -> None:
                 round_.begin(listed, now)
                 for key in sorted(listed):
                     # Half a tick of slack: a pass that started just after the last look is due at this one.
-                    if now - last.get(key, -resync) >= resync - tick / 2:
+                    if now - last.get(key, float("-inf")) >= resync - tick / 2:
                         state.queue.put(key)
     finally:
         for worker in workers:

@@ -341,7 +341,7 @@ def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3Deploymen
     most, for the condition that tells most of those whose status or reason changed (a deployment
     turning Degraded, else Ready, else Progressing, else no longer Degraded). The conditions of one
     situation move together (SITUATIONS): an event each said the same news three ways, and a
-    bring-up cost six events where three tell its story. A pass that changes only counts or
+    bring-up cost six events where four tell its story. A pass that changes only counts or
     messages posts none."""
     before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
     changed = {c.type: c for c in status.conditions if before.get(c.type) != (c.status, c.reason)}
