@@ -172,3 +172,26 @@ def test_the_slo_scaler_never_scales_into_the_one_prefill_one_decode_trap() -> N
     clock.now += 15
     reconcile(cluster, "ns", "k3", scaler=scaler)
     assert cluster.objects[DECODE]["spec"]["replicas"] == 1
+
+
+def test_a_scaling_decision_is_written_at_once_whatever_the_status_pace() -> None:
+    """The scaler's memory (since when a target is missed) lives in the status only: a pass in which
+    it decided writes its status even within the pace of a status whose story is unchanged."""
+    from kimik3_operator.reconcile.status_pace import StatusPace
+
+    clock, prometheus, scaler, cluster = _serving(_autoscaled())
+    cluster.report("LeaderWorkerSet", "k3-gb300-decode", 3, ready=3)
+    reconcile(cluster, "ns", "k3")
+    pace = StatusPace(clock=lambda: 0.0)
+    pace.wrote(("ns", "k3"))  # a status write just now, as far as the pace can tell
+    # Inter-token latency over its 40 ms target at the load three replicas take: a breach begins,
+    # nothing scales yet.
+    prometheus.values = {"num_requests": 25.0, "inter_token_latency": 0.080, "time_to_first_token": 0.5,
+                         "prompt_tokens": 100.0}
+    clock.now += 15
+    before = copy.deepcopy(cluster.deployment["status"])
+    out = reconcile(cluster, "ns", "k3", scaler=scaler, pace=pace)
+    assert cluster.objects[DECODE]["spec"]["replicas"] == 3 and out.phase == before["phase"]
+    assert out.status_written and out.status_due is None  # the same story, written at once
+    (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
+    assert decode["autoscaling"]["breachSince"]

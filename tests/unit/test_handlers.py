@@ -131,3 +131,23 @@ def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.Monkey
 
     waited, key = asyncio.run(main())
     assert key == ("ns", "k3") and waited >= 0.1
+
+
+def test_a_resync_round_does_not_wait_for_a_deployment_deleted_before_its_pass() -> None:
+    """Deployments are queued when due, not all at a round's start: one deleted before its turn
+    would otherwise hold the round (and every later one) open for good."""
+    from kimik3_operator.metrics import RESYNCS
+    from kimik3_operator.reconcile.handlers import ResyncRound
+
+    before = RESYNCS._value.get()
+    round_ = ResyncRound(every=10.0)
+    round_.begin({("ns", "a"), ("ns", "gone")}, now=0.0)
+    round_.passed(("ns", "a"), started=1.0)
+    assert RESYNCS._value.get() == before
+    round_.begin({("ns", "a")}, now=2.5)  # the next look: "gone" is no longer listed
+    assert RESYNCS._value.get() == before + 1
+    round_.begin(set(), now=5.0)  # nothing listed: still one round per interval, not one per look
+    round_.begin(set(), now=7.5)
+    assert RESYNCS._value.get() == before + 1
+    round_.begin(set(), now=10.0)
+    assert RESYNCS._value.get() == before + 2

@@ -248,3 +248,25 @@ def test_without_a_router_the_status_says_what_clients_reach() -> None:
     assert status.endpoint == "http://k3-pd-gb300-decode-decode-leader.inference.svc:8000"
     assert status.routing is not None and status.endpoint in status.routing
     assert "prefill and decode do not disaggregate without the router" in status.routing
+
+
+def test_one_event_per_write_for_the_condition_that_tells_most() -> None:
+    from kimik3_operator.api import KimiK3DeploymentStatus
+    from kimik3_operator.reconcile.status import transitions
+
+    def status(phase: str, ready: tuple[str, str], progressing: tuple[str, str],
+               degraded: tuple[str, str]) -> KimiK3DeploymentStatus:
+        return KimiK3DeploymentStatus(phase=phase, conditions=[
+            Condition(type=t, status=s, reason=r, message=f"{t} {r}", last_transition_time=T0)
+            for t, (s, r) in (("Ready", ready), ("Progressing", progressing), ("Degraded", degraded))])
+
+    serving = status("Ready", ("True", "AllReplicasReady"), ("False", "Stable"), ("False", "AsExpected"))
+    held = status("Degraded", ("True", "AllReplicasReady"), ("False", "InsufficientCapacity"),
+                  ("True", "InsufficientCapacity"))
+    rolling = status("Ready", ("True", "AllReplicasReady"), ("True", "Updating"), ("False", "AsExpected"))
+    assert [(t, r) for t, r, _ in transitions(serving, held)] == [("Warning", "InsufficientCapacity")]
+    # Back from it, Ready unchanged: that it is no longer degraded is the news, not Progressing=Stable.
+    assert [(t, r, m.split(":")[0]) for t, r, m in transitions(held, serving)] == \
+        [("Normal", "AsExpected", "Degraded=False")]
+    assert [(t, r) for t, r, _ in transitions(serving, rolling)] == [("Normal", "Updating")]  # Progressing alone
+    assert transitions(rolling, rolling) == []

@@ -164,21 +164,30 @@ class ResyncRound:
     """Whether every deployment listed at a resync has had a pass that started after it: what
     RESYNCS counts, which a test or a dashboard waits on to know each had one more pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: float = 0.0) -> None:
         self._waiting: set[tuple[str, str]] = set()
-        self._since = 0.0
+        self._since: float | None = None
+        self._every = every
+        """Rounds begin at most this often (with nothing listed, one would end at every look)."""
 
     def begin(self, keys: set[tuple[str, str]], now: float) -> None:
         """A round begins unless one is still under way (a pass slower than the resync interval
-        would otherwise keep every round from ending)."""
+        would otherwise keep every round from ending) or began less than `every` ago. Deployments
+        gone meanwhile are no longer waited for: a deleted one that was not due yet would never
+        have its pass, and no round would end again."""
         if self._waiting:
+            self._waiting &= keys
+            if not self._waiting:
+                RESYNCS.inc()
+            return
+        if self._since is not None and now - self._since < self._every:
             return
         self._waiting, self._since = set(keys), now
         if not keys:
             RESYNCS.inc()
 
     def passed(self, key: tuple[str, str], started: float) -> None:
-        if key in self._waiting and started >= self._since:
+        if key in self._waiting and self._since is not None and started >= self._since:
             self._waiting.discard(key)
             if not self._waiting:
                 RESYNCS.inc()
@@ -205,13 +214,13 @@ async def _drain(state: State) -> None:
     server), one deployment never twice at once (the queue's rule, and State.run's lock).
     """
     loop = asyncio.get_running_loop()
-    round_ = ResyncRound()
+    resync = state.config.resync_seconds
+    tick = resync / RESYNC_TICKS
+    round_ = ResyncRound(every=resync - tick / 2)
     passed = asyncio.Event()
     last: dict[tuple[str, str], float] = {}
     workers = [asyncio.create_task(_worker(state, round_, passed, last), name=f"kimik3-worker-{i}")
                for i in range(state.config.workers)]
-    resync = state.config.resync_seconds
-    tick = resync / RESYNC_TICKS
     try:
         due = loop.time() + tick
         while True:

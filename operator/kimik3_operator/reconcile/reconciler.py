@@ -168,6 +168,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference())
         workloads = {**workloads, **rescaled}
         plan = with_live_counts(owner, plan, workloads)
+        pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
     scaling = autoscaling_statuses(owner, plan, scaling)
     _write_status(cluster, pace, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,

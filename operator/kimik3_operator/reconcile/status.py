@@ -339,7 +339,7 @@ def _exported(owner: Owner, status: KimiK3DeploymentStatus) -> KimiK3DeploymentS
 def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3DeploymentStatus) -> list[tuple[str, str, str]]:
     """The Kubernetes event worth posting for a status write, as (type, reason, message): one at
     most, for the condition that tells most of those whose status or reason changed (a deployment
-    turning Degraded, else Ready, else Progressing, else no longer Degraded). The conditions of one
+    turning Degraded, else Ready, else no longer Degraded, else Progressing). The conditions of one
     situation move together (SITUATIONS): an event each said the same news three ways, and a
     bring-up cost six events where four tell its story. A pass that changes only counts or
     messages posts none."""
@@ -348,8 +348,9 @@ def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3Deploymen
     degraded = changed.get(DEGRADED)
     was_degraded = before.get(DEGRADED, ("False",))[0] == "True"
     for c in (degraded if degraded is not None and degraded.status == "True" else None,
-              changed.get(READY), changed.get(PROGRESSING),
-              degraded if degraded is not None and was_degraded else None):  # "not degraded" is news only when it was
+              changed.get(READY),
+              degraded if degraded is not None and was_degraded else None,  # "not degraded" is news only when it was
+              changed.get(PROGRESSING)):
         if c is not None:
             bad = c.type == DEGRADED and c.status == "True" or (c.type == READY and status.phase == "Failed")
             return [("Warning" if bad else "Normal", c.reason, f"{c.type}={c.status}: {c.message}")]

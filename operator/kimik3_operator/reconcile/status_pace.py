@@ -7,7 +7,9 @@ server-side apply of the whole status that the API server merges and sends to ev
 the resource (kopf's and the operator's own informers among them).
 
 So a change of the story is written at once: the phase, a condition's status or reason, the
-observed generation (what `kubectl wait`, dashboards, Events and the tests follow). A change of
+observed generation (what `kubectl wait`, dashboards, Events and the tests follow); so is every
+status of a pass in which the SLO scaler decided (its memory, the last scale and since when a
+target is breached, lives in the status and must not be lost to a held-back write). A change of
 counts, messages or progress alone is written once PACE_SECONDS have passed since this
 deployment's last status write: the pass that found it asks to be run again then (Outcome.
 status_due), and that pass writes what is true at that moment, if it still differs. Kubernetes'
