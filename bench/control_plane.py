@@ -21,6 +21,9 @@ scheduler, kwok, LWS; loopback only) with a fleet of `--nodes` fake HGX B300 nod
 - idle: `--idle` seconds after all are Ready, the operator's requests per minute by verb from the
   audit log, and its writes (Leases aside; the target is 0).
 - operator RSS (VmRSS) after each run, and after a run of `--rss-size` deployments.
+- where the machine's time went: the CPU seconds each cluster process, the operator and kubectl
+  used until all were Ready (and during the floor), the floor's three waits, and the child events
+  by kind that asked for the operator's passes (`kimik3_operator_child_events_total`).
 
 The operator runs as a host process (`python -m kimik3_operator run`, no leader election) from
 `--operator-src` (default: this checkout), as the audited user kimik3-e2e:operator. Results:
