@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimik3_operator.k8s.cache import _deployment_index
+from kimik3_operator.k8s.cache import deployment_mark
 from kimik3_operator.k8s.informer import Informer, Watched
 
 
@@ -20,7 +20,7 @@ def _informer(keep_managed_fields: bool = True) -> tuple[Informer, list[tuple[st
     heard: list[tuple[str, str]] = []
     informer = Informer(None, Watched("v1", "ConfigMap", keep_managed_fields=keep_managed_fields),  # type: ignore[arg-type]
                         listener=lambda kind, obj: heard.append((kind, obj["metadata"]["name"])),
-                        index=_deployment_index)
+                        index=deployment_mark)
     return informer, heard
 
 

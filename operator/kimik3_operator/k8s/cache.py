@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +131,9 @@ def child_view(obj: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def _deployment_index(obj: dict[str, Any]) -> Hashable | None:
+def deployment_mark(obj: Mapping[str, Any]) -> Hashable | None:
+    """(namespace, deployment label) of an object that carries the label: what the stores index
+    children and our pods by, and whose pod a GPU is counted for (reconcile/pass_memo.py)."""
     meta = obj.get("metadata") or {}
     value = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
     return (meta.get("namespace") or "", value) if value else None
@@ -164,10 +166,10 @@ class ClusterCache:
                             for ns in scopes]
         self.nodes = informer(Watched("v1", "Node"), view=node_view)
         self.active_pods = informer(Watched("v1", "Pod", field_selector=ACTIVE_PODS), view=active_pod_view)
-        self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=_deployment_index,
+        self.own_pods = informer(Watched("v1", "Pod", label_selector=OURS), index=deployment_mark,
                                  view=own_pod_view)
         self.children: dict[str, list[Informer]] = {
-            kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS), index=_deployment_index,
+            kind.kind: [informer(Watched(kind.api_version, kind.kind, ns, OURS), index=deployment_mark,
                                  listener=self._listener(kind), view=child_view) for ns in scopes]
             for kind in CHILD_KINDS}
 
@@ -258,4 +260,4 @@ class ClusterCache:
 
 
 __all__ = ["ACTIVE_PODS", "OURS", "CacheNotSynced", "ClusterCache", "Observation", "active_pod_view",
-           "child_view", "key_of", "own_pod_view", "owner_of"]
+           "child_view", "deployment_mark", "key_of", "own_pod_view", "owner_of"]

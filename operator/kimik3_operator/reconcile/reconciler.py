@@ -21,13 +21,14 @@ from ..api.reasons import APPLY_REJECTED, CHAT_TEMPLATE_INVALID, INVALID_SPEC, M
 from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..contract.names import ANNOTATION_HASH
 from ..k8s import Cluster, MissingApiError, RejectedApiError
+from ..k8s.cache import deployment_mark
 from ..planner import Plan, PlanningError, plan_deployment, with_staged
 from ..planner.capacity import shortfalls
 from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
-from ..render.names import LABEL_COMPAT, LABEL_DEPLOYMENT, LABEL_POOL, deployment_label
+from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .pairing import leader_endpoints, serving_hash
 from .pass_memo import PassMemo
@@ -57,12 +58,6 @@ class Outcome:
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _deployment_of(pod: Mapping[str, Any]) -> tuple[str, str | None]:
-    """Whose pod it is: (namespace, the deployment label), the owner GPU usage is told by."""
-    meta = pod.get("metadata") or {}
-    return meta.get("namespace") or "", (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -99,7 +94,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         return outcome
 
     memo = memo or PassMemo()
-    plan_key = ((meta.uid, meta.generation, seen.nodes_revision, scaler.prometheus_url if scaler else None)
+    prometheus_url = scaler.prometheus_url if scaler else None
+    plan_key = ((meta.uid, meta.generation, seen.nodes_revision, prometheus_url)
                 if meta.uid and meta.generation and seen.nodes_revision is not None else None)
     if (known := memo.plans.get(plan_key)) is None:
         try:
@@ -114,14 +110,14 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     try:
         _check_not_stranded(cr, facts, own_pods)
         if known is None:
-            plan = plan_deployment(cr.spec, facts, prometheus_url=scaler.prometheus_url if scaler else None)
+            plan = plan_deployment(cr.spec, facts, prometheus_url=prometheus_url)
             memo.plans.put(plan_key, cr, plan)
         else:
             plan = known[1]
     except PlanningError as exc:
         return fail(exc)
 
-    used = memo.usage.used_except(seen.active_pods, seen.active_pods_revision, _deployment_of, (namespace, mine))
+    used = memo.usage.used_except(seen.active_pods, seen.active_pods_revision, deployment_mark, (namespace, mine))
     live = {_key(o): o for o in seen.children}
     current: dict[tuple[str, str], dict[str, Any]] = {}
     try:
