@@ -152,7 +152,9 @@ def test_slo_scaler_scales_decode_and_prefill_under_load_within_free_gpus_and_ba
     wait_for("prefill back at minReplicas", lambda: _asked(namespace, prefill) == 1, timeout=180)
     timeline.stop()
     for lws in (decode, prefill):
-        assert sorted(_group_pods(namespace, lws).values()) == [2] * _asked(namespace, lws), "whole groups only"
+        # The LeaderWorkerSet controller deletes a removed group's pods one by one: wait for it to finish.
+        wait_for(f"{lws}: whole groups only", lambda lws=lws: sorted(_group_pods(namespace, lws).values())
+                 == [2] * _asked(namespace, lws), timeout=60)
         turns = timeline.directions(lws)
         assert turns == sorted(turns, reverse=True), f"{lws} oscillated: {timeline.changes(lws)}"
     cr = get_json("k3", "k3-slo", "-n", namespace)

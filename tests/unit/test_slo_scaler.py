@@ -53,14 +53,52 @@ def test_no_scale_up_while_asked_replicas_are_not_ready_or_within_the_cooldown()
 
 
 def test_scale_down_is_one_replica_with_hysteresis_comfortable_latency_and_cooldown() -> None:
+    calm = Memory(calm_since=NOW - 300)
     # 4 replicas carrying 23: 3 would carry 7.7 each, under 80% of 10: one goes.
-    d = run(load=23, current=4)
+    d = run(load=23, current=4, memory=calm)
     assert (d.replicas, d.direction) == (3, "down")
+    assert d.memory == Memory(last_scale=NOW, calm_since=NOW - 300)  # the next one waits the cooldown only
     # 3 carrying 17: 2 would carry 8.5 each, over 80%: hold (the band that keeps it from flapping).
-    assert run(load=17, current=3).direction == "hold"
-    assert run(load=23, current=4, itl=0.035).direction == "hold"  # over 80% of the ITL target
-    assert run(load=23, current=4, memory=Memory(last_scale=NOW - 100)).direction == "hold"
-    assert run(load=0, current=1).direction == "hold"  # minReplicas
+    assert run(load=17, current=3, memory=calm).direction == "hold"
+    assert run(load=23, current=4, itl=0.035, memory=calm).direction == "hold"  # over 80% of the ITL target
+    assert run(load=23, current=4, memory=Memory(last_scale=NOW - 100, calm_since=NOW - 300)).direction == "hold"
+    assert run(load=0, current=1, memory=calm).direction == "hold"  # minReplicas
+
+
+def test_scale_down_waits_until_the_load_has_fit_fewer_replicas_for_the_whole_cooldown() -> None:
+    first = run(load=23, current=4)
+    assert first.direction == "hold" and first.memory.calm_since == NOW and "for 0 of 300 s" in first.reason
+    assert run(load=23, current=4, memory=Memory(calm_since=NOW - 299)).direction == "hold"
+    # Any finding that would keep the replica clears the calm: the window starts again.
+    for busy in (run(load=31, current=4, memory=Memory(calm_since=NOW - 299)),
+                 run(load=23, itl=0.035, current=4, memory=Memory(calm_since=NOW - 299)),
+                 run(load=None, current=4, memory=Memory(calm_since=NOW - 299)),
+                 run(load=41, current=4, memory=Memory(calm_since=NOW - 299))):
+        assert busy.memory.calm_since is None, busy
+
+
+def test_a_load_on_a_replica_line_does_not_flip_a_replica_away_and_back() -> None:
+    # 14 in flight at 4 per replica sits between 3 replicas' threshold (9.6) and their capacity (12):
+    # the engines see 9.5 one decision, 12.1 the next. A dip alone must not take the fourth replica.
+    scaling = RoleScaling(mode="SLO", min_replicas=2, max_replicas=4, metric="RequestsInFlight", target=4.0,
+                          target_source="spec", latency_targets=(("itl", 0.100),))
+    fast = ScalingSettings(interval_seconds=2, window_seconds=10, breach_seconds=0, scale_up_cooldown_seconds=4,
+                           scale_down_cooldown_seconds=12, prometheus_url=None, ratio=None)
+    replicas, memory, seen = 4, Memory(last_scale=NOW - 60), []
+    for step in range(60):
+        load = (9.5, 12.1, 14.0, 9.0, 13.0)[step % 5]
+        d = decide(scaling, fast, now=NOW + 2 * step, current=replicas, ready=replicas,
+                   observed=Observation(load=load, latency={"itl": 0.02}), memory=memory, fits=99)
+        replicas, memory = d.replicas, d.memory
+        seen.append(replicas)
+    assert set(seen) == {4}
+    # Once the load is gone, replicas go one per cooldown.
+    for step in range(60, 90):
+        d = decide(scaling, fast, now=NOW + 2 * step, current=replicas, ready=replicas,
+                   observed=Observation(load=0.0, latency={"itl": None}), memory=memory, fits=99)
+        replicas, memory = d.replicas, d.memory
+        seen.append(replicas)
+    assert seen[60:].count(3) == 6 and seen[-1] == 2, seen[60:]
 
 
 def test_no_data_never_scales_down() -> None:

@@ -779,8 +779,9 @@ class Autoscaling(SpecModel):
     """Least time between a scaling of a role and its next scale-up (a new replica takes minutes to
     load; its effect shows only once Ready)."""
     scale_down_cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
-    """Least time between a scaling of a role and its next scale-down; also KEDA's cooldownPeriod
-    and the HPA's scale-down stabilization window."""
+    """Least time between a scaling of a role and its next scale-down, and how long the load must
+    have fit one replica fewer before the SLO scaler removes it; also KEDA's cooldownPeriod and the
+    HPA's scale-down stabilization window."""
     prefill_decode_ratio: PrefillDecodeRatio | None = None
     """SLO mode: keep prefill replicas per decode replica within these bounds."""
 
@@ -886,6 +887,9 @@ class RoleAutoscalingStatus(StatusModel):
     """SLO mode: that change and its reason, e.g. "up 2 -> 3: itl p90 52 ms > 40 ms for 31 s"."""
     breach_since: Timestamp | None = None
     """SLO mode: since when a latency target is missed (cleared once met)."""
+    calm_since: Timestamp | None = None
+    """SLO mode: since when the load has fit one replica fewer (cleared once it does not); a
+    replica goes once this is scaleDownCooldownSeconds old."""
     capacity_limited: str | None = None
     """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
 

@@ -4,8 +4,11 @@ A replica is a whole multi-node group that loads 1.6 TB before it serves, so the
 to move and quick to explain itself: it adds replicas when the load per replica passes the target
 or a latency target stays missed for `breach_seconds`; it removes one at a time, only when the
 remaining replicas would still run under the scale-down threshold and latency is comfortably
-under target; it waits for the replicas it asked for to become Ready before it asks again; and it
-never asks for more than the pool's free GPUs hold (capacity.py), saying so instead.
+under target, and only once that has held for the scale-down cooldown (the HPA's scale-down
+stabilization window, which render/autoscalers.py sets to the same value: one dip of a load that
+sits on a replica line is not a reason to drop a group that took minutes to load); it waits for
+the replicas it asked for to become Ready before it asks again; and it never asks for more than
+the pool's free GPUs hold (capacity.py), saying so instead.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Memory:
 
     last_scale: float | None = None
     breach_since: float | None = None
+    calm_since: float | None = None
+    """Since when every decision found one replica fewer enough (cleared by any other finding)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     missed = [(name, seen, want) for name, want in scaling.latency_targets
               if (seen := observed.latency.get(name)) is not None and seen > want]
     breach_since = (memory.breach_since if memory.breach_since is not None else now) if missed else None
-    mem = Memory(memory.last_scale, breach_since)
+    mem = Memory(memory.last_scale, breach_since)  # any finding but a calm one clears calm_since
     since_scale = math.inf if memory.last_scale is None else now - memory.last_scale
 
     by_load = None if observed.load is None else math.ceil(observed.load / scaling.target - 1e-9)
@@ -114,10 +119,17 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     if warm:
         name, seen, target = warm[0]
         return hold(f"{name} p90 {_seconds(seen)} is not under {LATENCY_COMFORT:.0%} of {_seconds(target)}", mem)
-    if since_scale < settings.scale_down_cooldown_seconds:
-        return hold(f"scale-down cooldown ({since_scale:.0f} of {settings.scale_down_cooldown_seconds} s)", mem)
+    calm_since = memory.calm_since if memory.calm_since is not None else now
+    calm = Memory(memory.last_scale, breach_since, calm_since)
+    window = settings.scale_down_cooldown_seconds
+    if since_scale < window:
+        return hold(f"scale-down cooldown ({since_scale:.0f} of {window} s)", calm)
+    if now - calm_since < window:
+        return hold(f"{scaling.metric} {observed.load:.3g} fits {fewer} replicas for {now - calm_since:.0f} of "
+                    f"{window} s", calm)
     return Decision(fewer, f"down: {scaling.metric} {observed.load:.3g} fits {fewer} replicas "
-                           f"under {SCALE_DOWN_HEADROOM:.0%} of {scaling.target:.3g} each", Memory(now, None))
+                           f"under {SCALE_DOWN_HEADROOM:.0%} of {scaling.target:.3g} each",
+                    Memory(now, None, calm_since))
 
 
 def within_ratio(prefill: int, decode: int, ratio: tuple[float, float] | None) -> tuple[int, str]:

@@ -121,6 +121,7 @@ def autoscaling_statuses(owner: Owner, plan: Plan, kept: Mapping[Key, RoleAutosc
             last_scale_time=memory.last_scale_time if memory else None,
             last_scale=memory.last_scale if memory else None,
             breach_since=memory.breach_since if memory else None,
+            calm_since=memory.calm_since if memory else None,
             capacity_limited=memory.capacity_limited if memory else None)
     return out
 
@@ -184,8 +185,8 @@ class SloScaler:
                 continue
             key = (pool.name, role.role)
             previous = kept.get(key)
-            memory = Memory(_seconds(previous.last_scale_time) if previous else None,
-                            _seconds(previous.breach_since) if previous else None)
+            memory = Memory(_seconds(previous.last_scale_time), _seconds(previous.breach_since),
+                            _seconds(previous.calm_since)) if previous else Memory()
             current = int((workload.get("spec") or {}).get("replicas") or 0)
             ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
             try:
@@ -207,6 +208,7 @@ class SloScaler:
                                                        target=0, target_source="", scaler=OPERATOR_SCALER)
             update: dict[str, Any] = {
                 "breach_since": _stamp(decision.memory.breach_since) if decision.memory.breach_since else None,
+                "calm_since": _stamp(decision.memory.calm_since) if decision.memory.calm_since else None,
                 "capacity_limited": decision.capacity_limited}
             where = f"pool {pool_name} role {role_name}"
             if decision.replicas != current:
@@ -273,5 +275,6 @@ class SloScaler:
         replicas = clamp(decision.replicas + wanted - prefill, scaling)
         if replicas != decision.replicas:
             direction = "up" if replicas > current else "down"
-            decisions[movable] = (Decision(replicas, f"{direction}: {why}", Memory(now, decision.memory.breach_since),
-                                           decision.capacity_limited), current, workload)
+            moved = dataclasses.replace(decision.memory, last_scale=now)
+            decisions[movable] = (Decision(replicas, f"{direction}: {why}", moved, decision.capacity_limited),
+                                  current, workload)
