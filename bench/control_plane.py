@@ -11,9 +11,12 @@ scheduler, kwok, LWS; loopback only) with a fleet of `--nodes` fake HGX B300 nod
   every one is Ready. Staging pods are completed as soon as they run (the fake stager below annotates
   them as tests/stager.py does after running the real stager), so staging costs what the cluster's
   Job machinery costs, not a download.
-- floor: the same children, rendered by the operator's own planner and renderer for the same specs,
-  applied with `kubectl apply --server-side` into a fresh namespace in the two steps the operator
-  must take too: the weights children, then (once their Jobs completed) the serving children.
+- floor: the same children, rendered by the operator's own planner and renderer for the same specs
+  as the operator keeps them once Ready (the router running, its engines listed), applied with
+  `kubectl apply --server-side` into a fresh namespace in the two steps the operator must take
+  too: the weights children, then (once their Jobs completed) the serving children. (Until
+  session 8 the floor applied the router as it is first rendered, paused at 0 replicas: the
+  operator's run made 2 router pods per deployment that the floor did not.)
   ratio = operator / floor.
 - reconcile p50/p99 from the operator's own histograms (total; API time, pure time and the pure
   part's own CPU time where the operator exports them), over the passes of the run; and the
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -56,10 +60,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 from kimik3_operator.api import GROUP, KIND, VERSION, KimiK3Deployment  # noqa: E402
 from kimik3_operator.contract.kinds import BY_KIND, CHILD_KINDS, WEIGHTS  # noqa: E402
 from kimik3_operator.k8s.informer import raw_get  # noqa: E402
-from kimik3_operator.planner import plan_deployment, pool_facts, with_staged  # noqa: E402
+from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged  # noqa: E402
 from kimik3_operator.reconcile.pairing import leader_endpoints  # noqa: E402
 from kimik3_operator.render import Owner, render_children  # noqa: E402
-from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY  # noqa: E402
+from kimik3_operator.render.names import (  # noqa: E402
+    LABEL_COMPAT,
+    LABEL_DEPLOYMENT,
+    LABEL_POOL,
+    LABEL_ROLE,
+    MANAGED_BY,
+)
+from kimik3_operator.render.workloads import LWS_WORKER_INDEX_LABEL  # noqa: E402
 
 FLEET_LABEL = "bench.kimik3.dev/fleet"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -138,15 +149,28 @@ def deployment(namespace: str, index: int) -> dict[str, Any]:
                                 "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]}}
 
 
-def rendered(cr: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The children the operator renders for `cr` once its weights are staged, without owner
-    references (the floor has no KimiK3Deployment to point at)."""
+def ready_leaders(plan: Plan, index: int) -> list[dict[str, Any]]:
+    """A ready leader pod per replica of each role, with a placeholder IP: what the operator's
+    router lists once the deployment is Ready."""
+    return [{"metadata": {"labels": {LWS_WORKER_INDEX_LABEL: "0", LABEL_POOL: pool.name, LABEL_ROLE: role.role,
+                                     LABEL_COMPAT: plan.compat_hash}},
+             "status": {"podIP": str(ipaddress.ip_address(0x0A000000 + (index << 8) + replica)),
+                        "conditions": [{"type": "Ready", "status": "True"}]}}
+            for pool, role in plan.role_plans() for replica in range(1, role.replicas + 1)]
+
+
+def rendered(cr: dict[str, Any], nodes: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """The children the operator keeps for `cr` once it is Ready (weights staged, its router
+    running with every ready leader listed), without owner references (the floor has no
+    KimiK3Deployment to point at). Its router is the running one, not the paused one the operator
+    renders while the engines start: the floor ends where the operator ends."""
     spec = KimiK3Deployment.model_validate(cr).spec
     plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
     plan = with_staged(plan, {source.name: COMMIT for source in plan.weights.sources})
     owner = Owner(name=cr["metadata"]["name"], namespace=cr["metadata"]["namespace"], uid="floor")
     out = []
-    for obj in render_children(owner, plan, endpoints=leader_endpoints(plan, [], plan.compat_hash)):
+    endpoints = leader_endpoints(plan, ready_leaders(plan, index), plan.compat_hash)
+    for obj in render_children(owner, plan, endpoints=endpoints):
         meta = {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}
         out.append({**obj, "metadata": meta})
     return out
@@ -425,7 +449,7 @@ def run_floor(n: int, reader: Reader, state: Path, folder: Path) -> dict[str, An
     delete_namespace(namespace)
     kubectl("create", "namespace", namespace)
     nodes = json.loads(kubectl("get", "nodes", "-l", FLEET_LABEL, "-o", "json"))["items"]
-    objects = [o for i in range(n) for o in rendered(deployment(namespace, i), nodes)]
+    objects = [o for i in range(n) for o in rendered(deployment(namespace, i), nodes, i)]
     stages = {stage: [o for o in objects if (BY_KIND[o["kind"]].stage == WEIGHTS) == (stage == "weights")]
               for stage in ("weights", "serving")}
     files = {}

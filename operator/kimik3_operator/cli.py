@@ -88,6 +88,9 @@ def _owned_by(pod: dict[str, Any], owner: Owner) -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .malloc_arenas import limit_malloc_arenas
+
+    limit_malloc_arenas()  # first: before any thread of the operator allocates
     from .k8s.identity import IDENTITY
     from .k8s.lease import LeaseConfig, default_lease_namespace
     from .reconcile.runner import run_operator  # imports kopf: only for this command
