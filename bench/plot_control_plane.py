@@ -25,15 +25,17 @@ def main() -> None:
     if not results:
         sys.exit(f"no control_plane-*.json in {folder}")
     fig, (cost, idle) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for result in results:
+    colours = plt.get_cmap("tab20").colors
+    for index, result in enumerate(results):
         runs = sorted(result["runs"], key=lambda r: r["n"])
         n = [r["n"] for r in runs]
         label = result["label"]
-        cost.plot(n, [r["operator_seconds"] for r in runs], marker="o", label=f"operator ({label})")
+        colour = colours[(2 * index) % len(colours)]  # an operator and its own floor share a colour
+        cost.plot(n, [r["operator_seconds"] for r in runs], marker="o", color=colour, label=f"operator ({label})")
         if all("floor_seconds" in r for r in runs):
-            cost.plot(n, [r["floor_seconds"] for r in runs], marker="x", linestyle="--",
+            cost.plot(n, [r["floor_seconds"] for r in runs], marker="x", linestyle="--", color=colour,
                       label=f"kubectl floor ({label})")
-        idle.plot(n, [r["idle_reads_per_minute"] for r in runs], marker="o", label=f"reads ({label})")
+        idle.plot(n, [r["idle_reads_per_minute"] for r in runs], marker="o", color=colour, label=f"reads ({label})")
     cost.set(title="kubectl apply of N deployments -> all children exist", xlabel="deployments (N)",
              ylabel="seconds")
     idle.set(title="operator's API requests per minute while idle", xlabel="deployments (N)",
