@@ -14,7 +14,6 @@ libc without mallopt (musl) nothing is done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 M_ARENA_MAX = -8
@@ -27,7 +26,8 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_ARENA_MAX, arenas))
+        # The process's own symbols, libc's among them: no library search (find_library runs
+        # ldconfig or a compiler in a subprocess) at the operator's start.
+        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas))
     except (OSError, AttributeError):
         return False
