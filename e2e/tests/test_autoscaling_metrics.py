@@ -121,7 +121,8 @@ def test_slo_scaler_scales_decode_and_prefill_under_load_within_free_gpus_and_ba
     timeline = Timeline(namespace)
     # 14 in flight: the decode engines see ~12-15 of them (the rest wait on the capped prefill), so
     # 4 replicas are wanted and 3 (under 80% of 12, 9.6) are not; at 12 the decode count sat on that
-    # line (9.5 one decision, 12.1 the next) and a correct scaler went 4 -> 3 -> 4.
+    # line (9.5 one decision, 12.1 the next), and a scaler that acted on one calm reading went
+    # 4 -> 3 -> 4 (it now waits for a calm scaleDownCooldownSeconds long: planner/slo_scaler.py).
     load = Load(lambda: _router_url(pod_runner, namespace), concurrency=14, max_requests=2000, max_seconds=150,
                 input_words=512, output_tokens=256).start()
     try:
