@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import json
 import os
 import re
@@ -60,17 +59,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 from kimik3_operator.api import GROUP, KIND, VERSION, KimiK3Deployment  # noqa: E402
 from kimik3_operator.contract.kinds import BY_KIND, CHILD_KINDS, WEIGHTS  # noqa: E402
 from kimik3_operator.k8s.informer import raw_get  # noqa: E402
-from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged  # noqa: E402
-from kimik3_operator.reconcile.pairing import leader_endpoints  # noqa: E402
+from kimik3_operator.planner import plan_deployment, pool_facts, with_staged  # noqa: E402
 from kimik3_operator.render import Owner, render_children  # noqa: E402
 from kimik3_operator.render.names import (  # noqa: E402
-    LABEL_COMPAT,
     LABEL_DEPLOYMENT,
-    LABEL_POOL,
-    LABEL_ROLE,
     MANAGED_BY,
 )
-from kimik3_operator.render.workloads import LWS_WORKER_INDEX_LABEL  # noqa: E402
 
 FLEET_LABEL = "bench.kimik3.dev/fleet"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -149,28 +143,16 @@ def deployment(namespace: str, index: int) -> dict[str, Any]:
                                 "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]}}
 
 
-def ready_leaders(plan: Plan, index: int) -> list[dict[str, Any]]:
-    """A ready leader pod per replica of each role, with a placeholder IP: what the operator's
-    router lists once the deployment is Ready."""
-    return [{"metadata": {"labels": {LWS_WORKER_INDEX_LABEL: "0", LABEL_POOL: pool.name, LABEL_ROLE: role.role,
-                                     LABEL_COMPAT: plan.compat_hash}},
-             "status": {"podIP": str(ipaddress.ip_address(0x0A000000 + (index << 8) + replica)),
-                        "conditions": [{"type": "Ready", "status": "True"}]}}
-            for pool, role in plan.role_plans() for replica in range(1, role.replicas + 1)]
-
-
-def rendered(cr: dict[str, Any], nodes: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+def rendered(cr: dict[str, Any], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The children the operator keeps for `cr` once it is Ready (weights staged, its router
-    running with every ready leader listed), without owner references (the floor has no
-    KimiK3Deployment to point at). Its router is the running one, not the paused one the operator
-    renders while the engines start: the floor ends where the operator ends."""
+    running), without owner references (the floor has no KimiK3Deployment to point at). The
+    router finds its engines itself, so what the operator first renders is what it keeps."""
     spec = KimiK3Deployment.model_validate(cr).spec
     plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools})
     plan = with_staged(plan, {source.name: COMMIT for source in plan.weights.sources})
     owner = Owner(name=cr["metadata"]["name"], namespace=cr["metadata"]["namespace"], uid="floor")
     out = []
-    endpoints = leader_endpoints(plan, ready_leaders(plan, index), plan.compat_hash)
-    for obj in render_children(owner, plan, endpoints=endpoints):
+    for obj in render_children(owner, plan):
         meta = {k: v for k, v in obj["metadata"].items() if k != "ownerReferences"}
         out.append({**obj, "metadata": meta})
     return out
@@ -449,7 +431,7 @@ def run_floor(n: int, reader: Reader, state: Path, folder: Path) -> dict[str, An
     delete_namespace(namespace)
     kubectl("create", "namespace", namespace)
     nodes = json.loads(kubectl("get", "nodes", "-l", FLEET_LABEL, "-o", "json"))["items"]
-    objects = [o for i in range(n) for o in rendered(deployment(namespace, i), nodes, i)]
+    objects = [o for i in range(n) for o in rendered(deployment(namespace, i), nodes)]
     stages = {stage: [o for o in objects if (BY_KIND[o["kind"]].stage == WEIGHTS) == (stage == "weights")]
               for stage in ("weights", "serving")}
     files = {}

@@ -28,6 +28,11 @@
 #                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
 #                      later calls need no variables.
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
+#   KIMIK3_POD_CIDR    the pods' addresses (kwok --cidr): a /16 inside 127.0.0.0/8, so that a process
+#                      playing a pod binds its pod IP and every other one reaches it there, on
+#                      loopback (e2e/tests/pod_runner.py). Default 127.64.0.0/16, or with
+#                      KIMIK3_PORT_BASE 127.<64 + BASE/100 % 64>.0.0/16: the demo's, the tests' and
+#                      the bench's clusters never share an address
 #   KIMIK3_NODE_GRACE_SECONDS  KCM's --node-monitor-grace-period (its default when unset): a fleet of
 #                      1,000 fake nodes on 2 cores renews some node Leases late, and nodes that
 #                      flap to Unknown mark their pods NotReady (bench/control_plane.sh sets 600)
@@ -51,7 +56,8 @@
 # `up` is idempotent: a component that runs with the wanted command line and configuration is left
 # alone, one whose flags or config changed is restarted, bootstrap objects are only created when
 # missing, so a second `up` makes no writes to the API server (the audit log stays quiet).
-# Network rule: everything listens on and talks to 127.0.0.1 only; pod and Service IPs are fake.
+# Network rule: everything listens on and talks to loopback only: 127.0.0.1, and the pod IPs, which
+# are loopback addresses too (KIMIK3_POD_CIDR). Service IPs are labels only: nothing routes them.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -181,6 +187,19 @@ resolve_ports() {
     [[ ${PORT[$key]} =~ ^[0-9]+$ ]] || die "port $key=${PORT[$key]} is not a number"
     i=$((i + 1))
   done
+}
+
+pod_cidr() { # the pods' /16 inside 127.0.0.0/8 (KIMIK3_POD_CIDR above)
+  if [[ -n ${KIMIK3_POD_CIDR:-} ]]; then
+    [[ $KIMIK3_POD_CIDR =~ ^127\.[0-9]+\.0\.0/16$ ]] || die "KIMIK3_POD_CIDR=$KIMIK3_POD_CIDR is not a 127.N.0.0/16"
+    echo "$KIMIK3_POD_CIDR"
+  elif [[ -n ${KIMIK3_PORT_BASE:-} ]]; then
+    echo "127.$((64 + KIMIK3_PORT_BASE / 100 % 64)).0.0/16"
+  elif [[ -f $STATE/pod-cidr ]]; then
+    cat "$STATE/pod-cidr"
+  else
+    echo 127.64.0.0/16
+  fi
 }
 
 record_ports() {
@@ -340,17 +359,18 @@ EOF
 kwok_config() { # kwok_config STAGE_DIR
   local f first=1
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-    pod/fast/pod-ready.yaml kimik3/pod-complete.yaml pod/fast/pod-delete.yaml \
+    kimik3/pod-running.yaml kimik3/pod-ready.yaml kimik3/pod-complete.yaml pod/fast/pod-delete.yaml \
     volume/fast/pvc-provision.yaml volume/fast/pv-bind.yaml volume/fast/pv-delete.yaml \
     volume/fast/pvc-delete.yaml; do
     ((first)) || echo "---"
     first=0
-    if [[ $f == kimik3/* ]]; then
-      cat "$ROOT/e2e/cluster/kwok/${f#kimik3/}" # our own stages (see the file)
-    elif [[ $f == pod/fast/pod-ready.yaml ]]; then
+    if [[ $f == kimik3/pod-ready.yaml ]]; then
       # Hold pod readiness back for a moment, as a real engine start would, so tests can see a
       # workload that exists but is not ready yet (KIMIK3_POD_READY_DELAY_MS, 0 disables it).
-      sed "s/^spec:$/spec:\n  delay:\n    durationMilliseconds: ${KIMIK3_POD_READY_DELAY_MS:-3000}/" "$1/$f"
+      sed "s/^spec:$/spec:\n  delay:\n    durationMilliseconds: ${KIMIK3_POD_READY_DELAY_MS:-3000}/" \
+        "$ROOT/e2e/cluster/kwok/${f#kimik3/}"
+    elif [[ $f == kimik3/* ]]; then
+      cat "$ROOT/e2e/cluster/kwok/${f#kimik3/}" # our own stages (see the file)
     else
       cat "$1/$f"
     fi
@@ -523,7 +543,7 @@ command_of() {
       # the service CIDR. No --node-ip: nothing ever tries to reach a fake kubelet.
       CMD=("${BINARY[kwok]}" --kubeconfig="$kc" --config="$CONF/kwok.yaml"
         --manage-all-nodes=false --manage-nodes-with-annotation-selector="$FAKE_NODE_ANNOTATION"
-        --cidr=10.244.0.0/16 --node-lease-duration-seconds=40)
+        --cidr="$(pod_cidr)" --node-lease-duration-seconds=40)
       ;;
     lws-manager)
       CMD=("${BINARY[lws-manager]}" --kubeconfig="$kc" --config="$CONF/lws.yaml" --zap-log-level=info)
@@ -1009,6 +1029,7 @@ cmd_up() {
   ensure_pki
   write_configs
   record_ports
+  pod_cidr | write_file "$STATE/pod-cidr" 644
 
   ensure_running etcd
   wait_healthy etcd 30
@@ -1156,6 +1177,7 @@ cmd_env() {
   # Where to query Prometheus, and where to drop file_sd target files (*.json) for it to scrape.
   printf 'export KIMIK3_PROMETHEUS_URL="http://127.0.0.1:%s"\n' "${PORT[PROMETHEUS_PORT]}"
   printf 'export KIMIK3_PROMETHEUS_TARGETS="%s"\n' "$PROM_TARGETS"
+  printf 'export KIMIK3_POD_CIDR="%s"\n' "$(pod_cidr)"
 }
 
 main() {

@@ -16,7 +16,7 @@ from kimik3_operator.api import KIND, KimiK3Deployment
 from kimik3_operator.api.reasons import NO_MATCHING_NODES
 from kimik3_operator.contract.kinds import CHILD_KINDS, PERSISTENT_VOLUME_CLAIM
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
-from kimik3_operator.reconcile.pairing import leader_endpoints
+from kimik3_operator.reconcile.pairing import revision_pairs
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.names import LABEL_DEPLOYMENT, MANAGED_BY, deployment_label
 
@@ -62,13 +62,13 @@ def planned(cr: dict[str, Any]) -> Plan:
 
 
 def rendered_children(cr: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the operator should have applied for `cr` on the nodes present now, its routers listing
-    the ready leader pods present now."""
+    """What the operator should have applied for `cr` on the nodes present now, a P/D router for
+    each revision of the leader pods present now that has a routable pair."""
     meta = cr["metadata"]
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     plan = planned(cr)
     pods = get_json("pods", "-n", meta["namespace"], "-l", f"{LABEL_DEPLOYMENT}={deployment_label(owner)}")["items"]
-    return render_children(owner, plan, endpoints=leader_endpoints(plan, pods, plan.compat_hash))
+    return render_children(owner, plan, routers=revision_pairs(plan, pods))
 
 
 def contains(live: Any, want: Any, path: str = "") -> list[str]:

@@ -3,27 +3,32 @@
 kwok marks pods Running and runs nothing. For every Running leader pod of a serving role this starts
 the Kimi K3 engine simulator (`python -m kimik3_operator.simulator`) with the pod's rendered command
 and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
-status), on a free 127.0.0.1 port; for every Running router pod it starts the real `vllm-router`
-(from the router image's own hash-locked requirements, scripts/router-venv.sh) with the pod's
-rendered args. The network rule holds: nothing ever connects to a pod IP. The router's worker URLs
-name pod IPs (`http://10.244.x.y:8000`), so exactly those are rewritten to the simulator that plays
-that pod, and its listen addresses to loopback; nothing else of the rendered command changes.
+status); for every Running router pod it starts the real `vllm-router` (from the router image's own
+hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args.
+
+Pod IPs are loopback addresses here (the cluster's KIMIK3_POD_CIDR), so each process listens on its
+own pod IP at the rendered ports, as it would in its pod's network namespace: the one rewrite is the
+rendered wildcard listen address (0.0.0.0 in a pod means "my pod IP"). Nothing else of a command
+changes, and no URL is rewritten: the routers find the engines through the API server, as their
+Kubernetes discovery does in a cluster, with a token of the pod's own ServiceAccount (what the
+kubelet would mount), and reach them at their pod IPs.
 
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
 is gone (or replaced: another uid) is stopped. `pods.json` in the runner's folder maps each pod to
-its loopback port, for tests and for the demo.
+its address, for tests and for the demo.
 
 Given the cluster's Prometheus file_sd folder (`cluster.sh env` prints it as
 KIMIK3_PROMETHEUS_TARGETS), the runner also keeps one target file there, `pod-runner-<pid>.json`,
 that lists every live engine process as Prometheus' Kubernetes discovery with a PodMonitor would
-see its pod: target `127.0.0.1:<port>` (never the pod IP), labels `namespace`, `pod`, the role's
-labels as the chart's PodMonitor relabels them (contract.names.SERIES_LABELS: `kimik3_role`, ...),
-which the scalers' queries select by, and every pod label as podTargetLabels would copy it, so the
-vLLM metrics reach the SLO scaler, prometheus-adapter and KEDA per pod.
+see its pod: target `<pod IP>:8000`, labels `namespace`, `pod`, the role's labels as the chart's
+PodMonitor relabels them (contract.names.SERIES_LABELS: `kimik3_role`, ...), which the scalers'
+queries select by, and every pod label as podTargetLabels would copy it, so the vLLM metrics reach
+the SLO scaler, prometheus-adapter and KEDA per pod.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -32,9 +37,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from kimik3_operator.contract.names import SERIES_LABELS
 from tests.support import kubelet
@@ -48,11 +56,11 @@ ROUTER = "router"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
-WORKER_URL = re.compile(r"^http://([0-9.]+):(\d+)$")
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-# Router flags whose value is a list of worker URLs (P/D: one URL, optionally a bootstrap port).
-URL_FLAGS = ("--prefill", "--decode", "--worker-urls")
+ENGINE_PORT = 8000
+ROUTER_PORT = 8000
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def free_port() -> int:
@@ -77,6 +85,13 @@ def scrape_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[
     return {**labels, **relabelled, "namespace": namespace, "pod": pod}
 
 
+def _lifecycle(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, float]:
+    """The container's preStop sleep and the pod's grace period, as the kubelet would honour them."""
+    sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    return {"pre_stop": float(sleep.get("seconds") or 0),
+            "grace": float(pod["spec"].get("terminationGracePeriodSeconds", 30))}
+
+
 def router_venv() -> Path:
     out = subprocess.run([str(ROOT / "scripts" / "router-venv.sh")], capture_output=True, text=True, check=True,
                          timeout=900).stdout
@@ -95,14 +110,18 @@ class Proc:
     log: Path
     compat: str = ""
     metrics_port: int | None = None
-    workers: frozenset[str] = frozenset()
-    """A router's worker pod IPs, as its rendered args list them."""
     labels: dict[str, str] = field(default_factory=dict)
     """The pod's labels."""
+    pre_stop: float = 0.0
+    """The container's preStop sleep, seconds."""
+    grace: float = 30.0
+    """The pod's terminationGracePeriodSeconds."""
+    cut: threading.Event = field(default_factory=threading.Event)
+    """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.ip}:{self.port}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -118,6 +137,8 @@ class PodRunner:
     router_health_seconds: int = 1
     procs: dict[str, Proc] = field(default_factory=dict)
     """By pod uid."""
+    leaving: list[Proc] = field(default_factory=list)
+    """Processes of deleted pods still in their preStop pause or drain."""
     problems: list[str] = field(default_factory=list)
     namespaces: set[str] | None = None
     """The namespaces whose pods are played (`play`); None: every namespace (the demo). Tests that
@@ -142,7 +163,7 @@ class PodRunner:
         self._stop.set()
         self._thread.join(30)
         with self._lock:
-            for proc in self.procs.values():
+            for proc in [*self.procs.values(), *self.leaving]:
                 self._terminate(proc)
             self.procs.clear()
             self._write_map()
@@ -200,11 +221,15 @@ class PodRunner:
                 wanted[meta["uid"]] = pod
         with self._lock:
             for uid in [u for u in self.procs if u not in wanted]:
-                self._terminate(self.procs.pop(uid))
-            # Engines first: a router starts only once every pod its args name is played here.
+                self._leave(self.procs.pop(uid))
             for uid, pod in sorted(wanted.items(), key=lambda kv: kv[1]["metadata"]["labels"].get(
                     "app.kubernetes.io/component") == ROUTER):
                 if uid in self.procs:
+                    continue
+                holders = [p for p in self.leaving if p.ip == pod["status"]["podIP"] and p.alive()]
+                if holders:  # the address is still held by a pod on its way out (see _leave)
+                    for holder in holders:
+                        holder.cut.set()
                     continue
                 kind = pod["metadata"]["labels"]["app.kubernetes.io/component"]
                 started = (self._start_router(pod) if kind == ROUTER
@@ -228,12 +253,24 @@ class PodRunner:
                                     env=env, cwd=self.root, start_new_session=True)
         return proc, log
 
-    def _start_engine(self, pod: dict[str, Any], node_labels: dict[str, str]) -> Proc:
+    def _bindable(self, pod: dict[str, Any]) -> str | None:
+        """The pod's IP when this machine can listen on it for the pod (a loopback address, see the
+        module docstring), else None with a problem recorded: never listen on, or send to, any
+        other address."""
+        ip = pod["status"]["podIP"]
+        if ipaddress.ip_address(ip) in LOOPBACK:
+            return str(ip)
+        self.problems.append(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']} has IP {ip}, outside "
+                             "127.0.0.0/8: the cluster's kwok must hand out loopback pod IPs (KIMIK3_POD_CIDR)")
+        return None
+
+    def _start_engine(self, pod: dict[str, Any], node_labels: dict[str, str]) -> Proc | None:
         meta = pod["metadata"]
+        if (ip := self._bindable(pod)) is None:
+            return None
         container = next(c for c in pod["spec"]["containers"] if c.get("command"))
         env = self._env(pod, container)
         argv = kubelet.argv(container, env)
-        port = free_port()
         sim_env = {
             "PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(self.root),
             **env,
@@ -243,49 +280,80 @@ class PodRunner:
             "K3SIM_HANDSHAKE_DIR": str(self.handshake),
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
         }
-        # The rendered listen address is the pod's; appended flags win (argparse keeps the last).
+        # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
-                                [sys.executable, "-m", "kimik3_operator.simulator", *argv,
-                                 "--host", "127.0.0.1", "--port", str(port)], sim_env)
+                                [sys.executable, "-m", "kimik3_operator.simulator", *argv, "--host", ip], sim_env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
-                    pod["status"]["podIP"], port, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
-                    labels=dict(meta["labels"]))
+                    ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
+                    labels=dict(meta["labels"]), **_lifecycle(pod, container))
+
+    def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
+        """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
+        volume would hold), for the API server this runner talks to."""
+        meta, spec = pod["metadata"], pod["spec"]
+        account = spec.get("serviceAccountName") or "default"
+        token = kubectl("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
+        admin = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
+        (cluster,) = admin["clusters"]
+        path = self.root / "tokens" / f"{meta['uid']}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "pod", "context": {"cluster": cluster["name"], "user": account,
+                                                     "namespace": meta["namespace"]}}],
+            "current-context": "pod"}))
+        path.chmod(0o600)
+        return path
 
     def _start_router(self, pod: dict[str, Any]) -> Proc | None:
         meta = pod["metadata"]
+        if (ip := self._bindable(pod)) is None:
+            return None
         (container,) = pod["spec"]["containers"]
         env = self._env(pod, container)
         args = [kubelet.expand(a, env) for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
-        rewritten: list[str] = []
-        workers: set[str] = set()
-        for arg in args:
-            match = WORKER_URL.match(arg)
-            if match:
-                workers.add(match.group(1))
-                engine = next((p for p in self.procs.values()
-                               if p.ip == match.group(1) and p.kind != ROUTER and p.alive()), None)
-                if engine is None:
-                    return None  # a worker it names is not played yet: try again on the next round
-                arg = engine.url
-            rewritten.append(arg)
-        port, metrics_port = free_port(), free_port()
+        args = [ip if a == "0.0.0.0" else a for a in args]  # the pod's wildcard: its own IP
         health = str(self.router_health_seconds)
-        argv = [str(self.router_bin), *rewritten, "--host", "127.0.0.1", "--port", str(port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-                # A dead engine must leave the lists within seconds in a test, not the pod's 10 s.
-                "--worker-startup-check-interval", health, "--health-check-interval-secs", health,
-                "--health-failure-threshold", "1"]
-        env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.1,localhost",
-               "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        argv = [str(self.router_bin), *args,
+                # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
+                "--health-check-interval-secs", health]
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
+               "KUBECONFIG": str(self._router_kubeconfig(pod)), "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
-        return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, pod["status"]["podIP"], port, proc, log,
-                    metrics_port=metrics_port, workers=frozenset(workers))
+        return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
+                    metrics_port=29000, labels=dict(meta["labels"]), **_lifecycle(pod, container))
 
-    def _terminate(self, proc: Proc) -> None:
+    def _leave(self, proc: Proc) -> None:
+        """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
+        serving: the routers and the Service have already dropped it), then SIGTERM, and SIGKILL
+        once the grace period is spent. On a thread: the loop goes on meanwhile.
+
+        kwok hands a deleted pod's IP to the next pod at once (its ipPool reuses freed addresses),
+        where a kubelet's network namespace would hold it until the old containers exit. A router
+        that added the new pod would then reach the old process at that address: another revision,
+        a NIXL mismatch no cluster could produce. So a new pod on the address ends the old pod's
+        preStop pause at once (`cut`): SIGTERM, which closes its listener and lets what it is
+        serving finish, and the new pod starts once the old process has exited. kwok holds the new
+        pod unready for its first seconds (KIMIK3_POD_READY_DELAY_MS), and routers add only Ready
+        pods, so no router reaches the old process under the new pod's name."""
+        def run() -> None:
+            deadline = time.monotonic() + proc.pre_stop
+            while time.monotonic() < deadline and not proc.cut.is_set():
+                if self._stop.wait(0.1):
+                    return  # the runner itself stops: stop() ends it at once
+            self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
+            with self._lock:
+                self.leaving.remove(proc)
+
+        self.leaving.append(proc)  # under the caller's lock
+        threading.Thread(target=run, name=f"leave-{proc.pod}", daemon=True).start()
+
+    def _terminate(self, proc: Proc, grace: float = 15.0) -> None:
         if proc.alive():
             proc.proc.send_signal(signal.SIGTERM)
             try:
-                proc.proc.wait(15)
+                proc.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 proc.proc.kill()
                 proc.proc.wait(10)
@@ -309,7 +377,7 @@ class PodRunner:
         temporary name outside its `*.json` pattern and a rename, so it never reads half a file."""
         if self.targets is None or not self.targets.is_dir():
             return
-        groups = [{"targets": [f"127.0.0.1:{p.port}"], "labels": scrape_labels(p.namespace, p.pod, p.labels)}
+        groups = [{"targets": [f"{p.ip}:{p.port}"], "labels": scrape_labels(p.namespace, p.pod, p.labels)}
                   for p in sorted(self.procs.values(), key=lambda p: (p.namespace, p.pod))
                   if p.kind != ROUTER and p.alive()]
         text = json.dumps(groups, indent=1, sort_keys=True)
@@ -331,7 +399,7 @@ def main() -> None:
     """`python -m e2e.tests.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
     root, stop = host_daemon()
     runner = PodRunner(root, targets=prometheus_targets()).start()
-    print(f"serving and router pods run here; their loopback ports: {root / 'pods.json'}", flush=True)
+    print(f"serving and router pods run here, on their (loopback) pod IPs: {root / 'pods.json'}", flush=True)
     while not stop.wait(1):
         for problem in runner.problems:
             print(problem, flush=True)

@@ -1,6 +1,7 @@
-"""A spec change that P/D must agree on rolls out with both roles' Services and the router's engine
-lists moving to the new revision together (never a prefill of one revision paired with a decode of
-another), and the default surge keeps every replica serving meanwhile."""
+"""A spec change that P/D must agree on rolls out with both roles' Services moving to the new revision
+together, each P/D router pairing one revision only (never a prefill of one revision with a decode of
+another), a router serving at every moment, and the default surge holding the old groups (LWS
+partition) so that capacity never dips."""
 
 from __future__ import annotations
 
@@ -18,22 +19,30 @@ pytestmark = pytest.mark.e2e
 COMPAT = "serving.kimik3.dev/compat-hash"
 
 
+def _selector_hashes(deployment: dict[str, Any]) -> set[str]:
+    """The compatibility hashes a router Deployment's engine selectors name (one, if it pairs one
+    revision)."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {a.partition("=")[2] for a in container["args"] if a.startswith(f"{COMPAT}=")}
+
+
 def _state(namespace: str) -> dict[str, Any]:
     # the role Services (the router's has no role label)
     services = get_json("services", "-n", namespace, "-l", "serving.kimik3.dev/deployment=k3,serving.kimik3.dev/role")
     pods = get_json("pods", "-n", namespace, "-l", "serving.kimik3.dev/role")["items"]
-    lws = {o["metadata"]["name"]: o.get("status") or {} for o in get_json("leaderworkersets", "-n", namespace)["items"]}
-    (router,) = get_json("deployment", "k3-router", "-n", namespace)["spec"]["template"]["spec"]["containers"]
-    by_url = {f"http://{p['status']['podIP']}:8000": p["metadata"]["labels"][COMPAT]
-              for p in pods if p.get("status", {}).get("podIP")}
-    listed = [a for i, a in enumerate(router["args"]) if i and router["args"][i - 1] in ("--prefill", "--decode")]
+    lws = {o["metadata"]["name"]: o for o in get_json("leaderworkersets", "-n", namespace)["items"]}
+    routers = get_json("deployments", "-n", namespace, "-l", "app.kubernetes.io/component=router")["items"]
     return {"selected": {s["metadata"]["name"]: s["spec"]["selector"].get(COMPAT) for s in services["items"]},
             "pods": {(p["metadata"]["labels"][COMPAT], any(c["type"] == "Ready" and c["status"] == "True"
                                                           for c in p["status"].get("conditions") or []))
                      for p in pods},
-            # revisions of the engines the router lists (a pod gone since has no revision to show)
-            "routed": {by_url[url] for url in listed if url in by_url},
-            "decode_ready": int(lws.get("k3-gb300-decode", {}).get("readyReplicas") or 0)}
+            # per router Deployment: the revisions its selectors pair, and its ready replicas
+            "routers": {d["metadata"]["name"]: (frozenset(_selector_hashes(d)),
+                                                int((d.get("status") or {}).get("readyReplicas") or 0))
+                        for d in routers},
+            "partition": {n: int(o["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"].get("partition", 0))
+                          for n, o in lws.items()},
+            "decode_ready": int((lws.get("k3-gb300-decode") or {}).get("status", {}).get("readyReplicas") or 0)}
 
 
 def test_paired_roles_switch_revision_together_without_losing_capacity(operator: Path, namespace: str) -> None:
@@ -71,9 +80,20 @@ def test_paired_roles_switch_revision_together_without_losing_capacity(operator:
     switch = "".join(p[0] for p in phases)
     mixed = [s["selected"] for s in samples if len(set(s["selected"].values())) > 1]
     assert re.fullmatch(r"o+m{0,2}n+", switch), (switch, mixed)
-    # The router's engine lists never mix revisions either, and end on the new one.
-    assert all(len(s["routed"]) <= 1 for s in samples), [s["routed"] for s in samples]
-    assert samples[-1]["routed"] == {new}
+    # Every P/D router pairs exactly one revision; some router was ready at every sample (the one
+    # Service never had nothing behind it); both revisions were served at once during the switch;
+    # and the old revision's router is gone at the end.
+    assert all(len(hashes) == 1 for s in samples for hashes, _ in s["routers"].values()), \
+        [s["routers"] for s in samples]
+    assert all(any(ready for _, ready in s["routers"].values()) for s in samples), [s["routers"] for s in samples]
+    assert any({h for hs, ready in s["routers"].values() if ready for h in hs} == {old, new} for s in samples)
+    deadline = time.monotonic() + 60
+    while {h for hs, _ in _state(namespace)["routers"].values() for h in hs} != {new}:
+        assert time.monotonic() < deadline, _state(namespace)["routers"]
+        time.sleep(0.5)
+    # The old groups were held while the new revision filled (partition), then let go.
+    assert any(s["partition"].get("k3-gb300-decode") for s in samples)
+    assert _state(namespace)["partition"] == dict.fromkeys(_state(namespace)["partition"], 0)
     # The switch waited for the new revision: some sample had new pods not ready yet while the
     # Services still sent traffic to the old pairs.
     assert any((new, False) in s["pods"] and set(s["selected"].values()) == {old} for s in samples)

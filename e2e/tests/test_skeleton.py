@@ -104,20 +104,23 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
         cliques[pod["metadata"]["labels"][LWS_GROUP_KEY]].add(clique)
     assert len(cliques) == 3 and all(len(c) == 1 for c in cliques.values()), cliques
 
-    # The endpoint is the P/D router, which lists every role's ready leader pods by IP.
+    # The endpoint is the P/D router, which finds every role's ready leader pods itself: one
+    # Deployment for the serving revision, whose selectors name that revision.
     svc = get_json("service", "k3-gb300-decode-leader", "-n", namespace)
     assert svc["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     assert cr["status"]["endpoint"] == f"http://k3-router.{namespace}.svc:8000"
     (router,) = cr["status"]["routers"]
     assert (router["mode"], router["readyReplicas"], router["prefillWorkers"], router["decodeWorkers"]) == (
         "PrefillDecode", 2, 1, 3)
-    (container,) = get_json("deployment", "k3-router", "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    compat = cr["status"]["engine"]["compatibilityHash"]
+    assert router["name"] == f"k3-router-{compat[:10]}" and router["compatibilityHash"] == compat
+    (container,) = get_json("deployment", router["name"], "-n", namespace)["spec"]["template"]["spec"]["containers"]
     args = container["args"]
-    leaders = {role: {f"http://{p['status']['podIP']}:8000" for p in by_role[role]
-                      if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"}
-               for role in ("prefill", "decode")}
-    for role, urls in leaders.items():
-        assert {args[i + 1] for i, a in enumerate(args) if a == f"--{role}"} == urls, (role, args)
+    assert "--prefill" not in args and "--decode" not in args  # no list to restart for
+    for role in ("prefill", "decode"):
+        selector = args[args.index(f"--{role}-selector") + 1:]
+        assert f"serving.kimik3.dev/role={role}" in selector and f"serving.kimik3.dev/compat-hash={compat}" in selector
+    assert cr["status"]["routableCapacityPercent"] == 100
     printed = kubectl("get", "k3", "k3", "-n", namespace).stdout
     assert "Ready" in printed and "4/4" in printed and "40" in printed, printed
 
@@ -173,7 +176,10 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
     names = {"k3-prune-gb300-decode", "k3-prune-b200-prefill", "k3-prune-gb300-agg-aggregated"}
     wait_for("three workloads", lambda: {o["metadata"]["name"] for o in get_json(
         "leaderworkersets", "-n", namespace)["items"]} == names, timeout=60)
-    routers = {"k3-prune-router", "k3-prune-router-aggregated"}  # one router is P/D or aggregated, never both
+    compat = wait_for("the compatibility hash", lambda: (get_json("k3", "k3-prune", "-n", namespace).get("status")
+                                                         or {}).get("engine", {}).get("compatibilityHash"))
+    pd_router = f"k3-prune-router-{compat[:10]}"
+    routers = {pd_router, "k3-prune-router-aggregated"}  # one router is P/D or aggregated, never both
     wait_for("two routers", lambda: {o["metadata"]["name"] for o in get_json(
         "deployments", "-n", namespace)["items"]} == routers, timeout=60)
     body["spec"]["pools"].pop()
@@ -187,7 +193,7 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
         return (lws == names - {"k3-prune-gb300-agg-aggregated"}
                 and "k3-prune-gb300-agg-aggregated-leader" not in svcs
                 and "k3-prune-gb300-agg-aggregated-cd" not in cds
-                and deployments == {"k3-prune-router"} and "k3-prune-router-aggregated" not in svcs)
+                and deployments == {pd_router} and "k3-prune-router-aggregated" not in svcs)
 
     wait_for("the removed pool's children to be pruned", pruned, timeout=60)
 

@@ -1,8 +1,12 @@
 """Requests through what the operator builds: the rendered router in front of the rendered engines.
 
 kwok runs no containers, so pod_runner.py plays each leader pod with the Kimi K3 engine simulator
-(the pod's own rendered command) and each router pod with the real vllm-router (its rendered args,
-worker pod IPs mapped to the simulators' loopback ports). Every request goes to 127.0.0.1.
+(the pod's own rendered command) and each router pod with the real vllm-router (its rendered args;
+it finds the engines through the API server). Pod IPs are loopback addresses (KIMIK3_POD_CIDR), so
+every request goes to 127.0.0.0/8.
+
+Under change, every outcome counts: an HTTP error, a refused or reset connection, and a moment with
+no ready router to send to (the Service would have no endpoint) are all failures.
 """
 
 from __future__ import annotations
@@ -126,7 +130,7 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     assert all(stats(d)["requests"]["local_prefill"] == 0 for d in decode)
     spread = {d.pod: sum(d.pod in r for r in decoded.values()) for d in decode}
     # The router's own metrics agree.
-    routed = metric(f"http://127.0.0.1:{router.metrics_port}/metrics", "vllm_router_pd_decode_requests_total")
+    routed = metric(f"http://{router.ip}:{router.metrics_port}/metrics", "vllm_router_pd_decode_requests_total")
     assert routed >= len(answers)
 
     # Measured through the router against the perf model's prediction for the same roles.
@@ -173,7 +177,7 @@ def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds
     assert len(broken.text) >= streamed > 0
 
     # The router drops the dead engine after its health check (1 s in e2e): then requests succeed.
-    health = f"http://127.0.0.1:{router.metrics_port}/metrics"
+    health = f"http://{router.ip}:{router.metrics_port}/metrics"
     wait_for("the router to mark the dead decode unhealthy",
              lambda: metric_line(health, "vllm_router_worker_health", worker=victim.url) == 0, timeout=30)
     after = post(router.url, "/v1/completions", {"model": MODEL, "prompt": prompt(256, "after-"), "max_tokens": 16})
@@ -197,67 +201,178 @@ def test_aggregated_example_serves_through_the_router(
     assert len(paths) == len(answers) and set(paths) == {"local_prefill"}, paths
 
 
-def test_a_rollout_never_pairs_a_new_prefill_with_an_old_decode(
+class OpenLoop:
+    """A bounded open-loop load through the router Service's endpoints: one request every
+    `interval` seconds, whatever the answers, each to the next ready router pod in turn (as a
+    Service spreads connections; a pod on its way out is no endpoint). Every outcome is kept: a
+    moment with no ready router is a failure too ("no endpoint"), never skipped."""
+
+    def __init__(self, runner: PodRunner, namespace: str, interval: float = 0.25, max_requests: int = 1200) -> None:
+        self.runner, self.namespace, self.interval, self.max_requests = runner, namespace, interval, max_requests
+        self.outcomes: list[tuple[float, Answer]] = []
+        self.routers: list[Proc | None] = []
+        """The router pod each outcome's request went to (None: no endpoint), for a failure's story."""
+        self.stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def _endpoints(self) -> list[Proc]:
+        return [p for p in self.runner.running(self.namespace, "router") if _ready_endpoint(p)]
+
+    def _one(self, index: int, started: float) -> None:
+        endpoints = self._endpoints()
+        router = endpoints[index % len(endpoints)] if endpoints else None
+        if router is None:
+            answer = Answer(0, "", error="no endpoint: no ready router pod")
+        else:
+            answer = post(router.url, "/v1/completions",
+                          {"model": MODEL, "prompt": prompt(96, f"o{index}-"), "max_tokens": 4}, timeout=30)
+        with self._lock:
+            self.outcomes.append((time.monotonic() - started, answer))
+            self.routers.append(router)
+
+    def run(self, seconds: float) -> OpenLoop:
+        started = time.monotonic()
+        index = 0
+        while not self.stop.is_set() and time.monotonic() - started < seconds and index < self.max_requests:
+            thread = threading.Thread(target=self._one, args=(index, started), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            index += 1
+            self.stop.wait(self.interval)
+        for thread in self._threads:
+            thread.join(40)
+        return self
+
+    def failed(self) -> list[tuple[float, Answer]]:
+        return [(t, a) for t, a in self.outcomes if not (a.status == 200 and a.done)]
+
+    def story(self, lines: int = 25) -> str:
+        """Each failed request with the router that answered it and the end of that router's log."""
+        out = []
+        for (t, answer), router in zip(self.outcomes, self.routers, strict=True):
+            if answer.status == 200 and answer.done:
+                continue
+            out.append(f"at {t:.2f} s: {answer.status} {answer.error!r} from "
+                       f"{router.pod if router else 'no router'}")
+            if router is not None:
+                out += [f"    {line}" for line in router.tail(20000).splitlines()[-lines:]]
+        return "\n".join(out)
+
+    def summary(self) -> str:
+        failed = self.failed()
+        kinds: dict[str, int] = {}
+        for _, a in failed:
+            kind = ("no endpoint" if a.error.startswith("no endpoint") else f"HTTP {a.status}" if a.status
+                    else "connection")
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return f"{len(self.outcomes)} sent, {len(self.outcomes) - len(failed)} served, {len(failed)} failed {kinds}"
+
+
+def _ready_endpoint(router: Proc) -> bool:
+    try:
+        return SESSION.get(f"{router.url}/readiness", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _under_load(runner: PodRunner, namespace: str, change: Any, done: Any, seconds: float = 150) -> OpenLoop:
+    """Run `change()`, then keep the load on until `done()` holds (checked every second) and 5 s
+    after it, within `seconds`."""
+    load = OpenLoop(runner, namespace)
+    thread = threading.Thread(target=load.run, args=(seconds,), daemon=True)
+    thread.start()
+    time.sleep(2)
+    change()
+    deadline = time.monotonic() + seconds - 10
+    while not done() and time.monotonic() < deadline:
+        time.sleep(1)
+    finished = done()
+    time.sleep(5)
+    load.stop.set()
+    thread.join(60)
+    assert finished, f"the change did not finish under load ({load.summary()})"
+    return load
+
+
+def _router_uids(namespace: str) -> set[str]:
+    return {p["metadata"]["uid"] for p in get_json("pods", "-n", namespace, "-l",
+                                                 "app.kubernetes.io/component=router")["items"]}
+
+
+def _scale_under_load(pod_runner: PodRunner, namespace: str, name: str, role: str, steps: tuple[int, ...]) -> None:
+    """`role` through `steps` replicas by spec under an open-loop load: 0 failed requests, and the
+    router pods are the same ones throughout (they follow the engines; nothing about them changes)."""
+    body = _example(PD_EXAMPLE, namespace, name)
+    _serve(pod_runner, namespace, body)
+    ready_router(pod_runner, namespace, f"{name}-router")
+    uids = _router_uids(namespace)
+    pool = next(p for p in body["spec"]["pools"] if role in p)
+    loads = []
+    for n in steps[1:]:
+        def change(n: int = n) -> None:
+            pool[role]["replicas"] = n
+            apply(body)
+
+        def engines(n: int = n) -> bool:
+            return len(running := pod_runner.running(namespace, role)) == n and all(_healthy(e) for e in running)
+        loads.append(_under_load(pod_runner, namespace, change, engines))
+    REPORT.append(f"{role} " + "; ".join(f"{a} -> {b} under load: {load.summary()}"
+                                         for a, b, load in zip(steps, steps[1:], loads, strict=True))
+                  + f"; router pods unchanged: {_router_uids(namespace) == uids}")
+    for load in loads:
+        assert not load.failed(), load.story()
+    assert _router_uids(namespace) == uids
+
+
+def test_scaling_decode_under_load_loses_no_request_and_never_restarts_the_router(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
-    """Requests flow during a P/D rollout that changes the compatibility hash. The simulators check
-    the pairing as NIXL's handshake does (K3SIM_HANDSHAKE_DIR): a decode engine handed KV by a
-    prefill engine of another revision fails the request. None may. The refusals allowed are the
-    router's own: "no available workers" while a role has no ready engine of the serving revision
-    (LeaderWorkerSet rolls each role on its own, so the old prefill can be gone before the new
-    decode is ready), and a connection refused by an engine whose pod is gone but still listed
-    until the router's health check or its next revision drops it. Both are measured and reported."""
+    _scale_under_load(pod_runner, namespace, "k3-scale", "decode", (2, 4, 2))
+
+
+def test_scaling_prefill_under_load_loses_no_request_and_never_restarts_the_router(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """A prefill leaving drops out of its router before it stops, and serves the KV pulls it owes
+    during its preStop pause (each prefill replica is two B200 nodes: 1 -> 2 takes all four)."""
+    _scale_under_load(pod_runner, namespace, "k3-pscale", "prefill", (1, 2, 1))
+
+
+def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisions(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """Requests flow, open loop, during a P/D rollout that changes the compatibility hash. The
+    simulators check the pairing as NIXL's handshake does (K3SIM_HANDSHAKE_DIR): a decode engine
+    handed KV by a prefill engine of another revision fails the request. Every outcome counts:
+    an HTTP error, a refused connection, a moment with no ready router. None may fail: the old
+    revision serves whole until the new one has a pair (LWS partition), each revision's router
+    pairs its own engines, and a leaving pod is dropped by its router before it stops."""
     body = _example(PD_EXAMPLE, namespace, "k3-roll")
     cr = _serve(pod_runner, namespace, body)
     old = cr["status"]["engine"]["compatibilityHash"]
     ready_router(pod_runner, namespace, "k3-roll-router")
     new_body = copy.deepcopy(body)
     new_body["spec"]["engine"]["speculative"]["numSpeculativeTokens"] = 5  # enters the compatibility hash
-    apply(new_body)
-
-    outcomes: list[tuple[float, Answer]] = []
     hashes_seen: set[str] = set()
-    started = time.monotonic()
-    new = old
-    while time.monotonic() - started < 240 and len(outcomes) < 600:
-        routers = pod_runner.running(namespace, "router")
-        if not routers:
-            time.sleep(0.2)
-            continue
-        answer = post(routers[-1].url, "/v1/completions",
-                      {"model": MODEL, "prompt": prompt(128, f"r{len(outcomes)}-"), "max_tokens": 4})
-        if answer.status == 0 and "Connection" in answer.error:
-            continue  # a router process that just stopped: its Service would no longer send it traffic
-        outcomes.append((time.monotonic() - started, answer))
-        engines = [p for p in pod_runner.running(namespace) if p.kind in ("prefill", "decode")]
-        hashes_seen |= {p.compat for p in engines}
-        cr = get_json("k3", "k3-roll", "-n", namespace)
-        new = cr["status"]["engine"]["compatibilityHash"]
-        if new != old and (condition(cr, "Ready") or {}).get("status") == "True" and engines \
-                and all(p.compat == new for p in engines):
-            break
-        time.sleep(0.1)
-    assert new != old and {old, new} <= hashes_seen, (old, new, hashes_seen)
-    after = [post(ready_router(pod_runner, namespace, "k3-roll-router").url, "/v1/completions",
-                  {"model": MODEL, "prompt": prompt(128, f"after{i}-"), "max_tokens": 4}) for i in range(5)]
+    capacity: list[int] = []
 
-    refused = [(t, a) for t, a in outcomes if a.status != 200]
-    # The router's refusals: no ready engine of a role in its lists, or an engine it still lists
-    # whose pod is gone or going (until its health check or the next router revision drops it): its
-    # port refuses the connection or resets it as the process exits, or, draining after SIGTERM, vLLM
-    # answers 503 "shutting down". (The pod runner sends SIGTERM when the pod is deleted; a kubelet
-    # would run the engine's 10 s preStop pause first, which narrows this window but cannot close it:
-    # vllm-router's P/D path does not retry.)
-    gone = [a for _, a in refused if any(why in a.error for why in GOING_AWAY)]
-    wrong = [a for _, a in refused if "No available workers" not in a.error and a not in gone]
+    def done() -> bool:
+        engines = [p for p in pod_runner.running(namespace) if p.kind in ("prefill", "decode")]
+        hashes_seen.update(p.compat for p in engines)
+        status = get_json("k3", "k3-roll", "-n", namespace).get("status") or {}
+        if (percent := status.get("routableCapacityPercent")) is not None:
+            capacity.append(int(percent))
+        new = (status.get("engine") or {}).get("compatibilityHash")
+        routers = {p.labels.get("serving.kimik3.dev/router-revision") for p in pod_runner.running(namespace, "router")}
+        return bool(new != old and status.get("phase") == "Ready" and engines
+                    and all(p.compat == new for p in engines) and routers == {new})
+
+    load = _under_load(pod_runner, namespace, lambda: apply(new_body), done, seconds=200)
+    new = get_json("k3", "k3-roll", "-n", namespace)["status"]["engine"]["compatibilityHash"]
     problems = [r for rs in _paths(pod_runner.running(namespace, "prefill")
                                    + pod_runner.running(namespace, "decode")).values()
                 for r in rs.values() if r.get("problem")]
-    window = f"{refused[0][0]:.1f}-{refused[-1][0]:.1f} s after the change" if refused else "none"
-    REPORT.append(f"traffic during a P/D rollout: {len(outcomes)} requests in {outcomes[-1][0]:.0f} s, "
-                  f"{len(outcomes) - len(refused)} served, {len(refused) - len(gone)} refused by the router with "
-                  f"no ready pair of the serving revision and {len(gone)} sent to an engine gone or draining "
-                  f"(window {window}), {len(wrong) + len(problems)} mismatched; "
-                  f"after it: {sum(a.status == 200 for a in after)}/5 served")
-    assert not wrong, wrong[:3]
+    REPORT.append(f"traffic during a P/D rollout: {load.summary()}, {len(problems)} mismatched; "
+                  f"routable capacity in status min {min(capacity, default=-1)}% over {len(capacity)} samples")
+    assert new != old and {old, new} <= hashes_seen, (old, new, hashes_seen)
     assert not problems, problems[:3]
-    assert all(a.status == 200 and a.done for a in after), after
+    assert not load.failed(), load.story()
+    assert min(capacity) >= 100, capacity

@@ -4,6 +4,7 @@ what a user measures (time to first token, inter-token gaps) from the bytes as t
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,15 +121,25 @@ def metric_line(url: str, name: str, **labels: str) -> float | None:
     return found[0] if len(found) == 1 else None
 
 
+def router_workers(router: Proc) -> set[str] | None:
+    """The engine IPs a router has found (its GET /workers), None when it does not answer."""
+    try:
+        body = SESSION.get(f"{router.url}/workers", timeout=2).text
+    except requests.RequestException:
+        return None
+    return set(re.findall(r"http://\[?([0-9a-fA-F.:]+?)\]?:\d+", body))
+
+
 def ready_router(runner: PodRunner, namespace: str, name: str, timeout: float = 120) -> Proc:
-    """The router process playing `name`'s pod, once it answers /readiness (one healthy worker per role)
-    and its args list exactly the engines running now. A router whose lists miss an engine that became
-    ready later is about to be replaced by the Deployment's next revision (the operator renders the
-    lists), and a test holding it would lose its connection in mid-test."""
+    """A router process playing one of `name`'s router pods, once it answers /readiness (a healthy
+    engine of each kind) and has found every engine of its revision running now (its discovery adds
+    them one at a time)."""
     def probe() -> Proc | None:
-        engines = {p.ip for p in runner.running(namespace) if p.kind != "router"}
         for proc in runner.running(namespace, "router"):
-            if proc.pod.startswith(f"{name}-") and proc.workers == engines and _ok(f"{proc.url}/readiness"):
+            revision = proc.labels.get("serving.kimik3.dev/router-revision")
+            engines = {p.ip for p in runner.running(namespace) if p.kind != "router"
+                       and (revision is None or p.kind == "aggregated" or p.compat == revision)}
+            if proc.pod.startswith(f"{name}-") and _ok(f"{proc.url}/readiness") and router_workers(proc) == engines:
                 return proc
         return None
     return wait_for(f"router {namespace}/{name} ready", probe, timeout=timeout)

@@ -17,7 +17,8 @@ Per case, what `vllm-router ARGS` does before it contacts an engine:
   parse     the launcher's argparse (vllm_router.launch_router.parse_router_args): names,
             types, choices, the --prefill URL [BOOTSTRAP_PORT] form; and every flag spelled out
             in full (argparse would take an abbreviation, which a later flag can make ambiguous).
-  launcher  RouterArgs._validate_router_args: P/D mode needs a --prefill and a --decode.
+  launcher  RouterArgs._validate_router_args: P/D mode needs a --prefill and a --decode, or
+            service discovery.
   core      the Rust core's own validation (URL schemes and hosts, policy constraints such as
             power_of_two's two workers per role), which runs only inside Router.start(): start
             is called with the metrics listener moved to a loopback port this script holds, so
@@ -70,12 +71,20 @@ def _parsed(args) -> dict:
         "kv_connector": args.kv_connector,
         "host": args.host, "port": args.port,
         "prometheus_host": args.prometheus_host, "prometheus_port": args.prometheus_port,
+        "service_discovery": bool(args.service_discovery),
+        "service_discovery_namespace": args.service_discovery_namespace,
+        "service_discovery_port": args.service_discovery_port,
+        "selector": dict(args.selector), "prefill_selector": dict(args.prefill_selector),
+        "decode_selector": dict(args.decode_selector),
+        "worker_startup_timeout_secs": args.worker_startup_timeout_secs,
     }
 
 
 def _core_errors(args, held_port: int) -> list[str]:
     from vllm_router.router import Router
 
+    # No cluster here: the core's discovery finds no kubeconfig and "continues without service
+    # discovery" (src/server.rs startup) after the validation this is for.
     probe = dataclasses.replace(args, host="127.0.0.1", prometheus_host="127.0.0.1", prometheus_port=held_port)
     try:
         Router.from_args(probe).start()

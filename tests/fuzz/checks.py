@@ -93,7 +93,7 @@ def check_children(cr: KimiK3Deployment, plan: Plan, replanned: Plan, owner: Own
         assert meta.get("ownerReferences") == (None if retained else [owner.reference()]), f"{keys}: owner reference"
         assert ours.items() <= meta["labels"].items()
         if meta["labels"].get("app.kubernetes.io/component") == "router":
-            _check_router(child)
+            _check_router(child, children, owner)
         elif child["kind"] in SERVING_KINDS and not _shared_domain(plan, child):
             assert LABEL_POOL in meta["labels"] and LABEL_ROLE in meta["labels"], keys
         assert len(meta["name"]) <= 63, meta["name"]
@@ -190,13 +190,34 @@ def _check_shapes(cr: KimiK3Deployment, plan: Plan, children: list[dict[str, Any
             assert ("--enable-eplb" in argv) == (shape.eplb_redundant_experts is not None), argv
 
 
-def _check_router(child: dict[str, Any]) -> None:
-    """A router selects its own pods only, and never gets API access."""
+ROUTER_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+"""All the router's discovery may do with its token: list and watch pods, in its namespace."""
+
+
+def _check_router(child: dict[str, Any], children: list[dict[str, Any]], owner: Owner) -> None:
+    """A router selects its own pods only, finds the engines in its own namespace, and its token
+    is its own ServiceAccount's, which may only list and watch pods there (one RoleBinding, to a
+    namespaced Role; the account mounts no token in pods that do not ask for one)."""
     assert LABEL_ROLE not in child["metadata"]["labels"]  # `-l serving.kimik3.dev/role` finds engines only
-    if child["kind"] == "Deployment":
-        template = child["spec"]["template"]
-        assert child["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-        assert template["spec"]["automountServiceAccountToken"] is False
+    if child["kind"] != "Deployment":
+        return
+    template = child["spec"]["template"]
+    assert child["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    (c,) = pod["containers"]
+    args = c["args"]
+    assert "--service-discovery" in args and args[args.index("--service-discovery-namespace") + 1] == owner.namespace
+    assert pod["automountServiceAccountToken"] is True
+    name = pod["serviceAccountName"]
+    assert name not in {j["spec"]["template"]["spec"].get("serviceAccountName") for j in children if j["kind"] == "Job"}
+    by = {(o["kind"], o["metadata"]["name"]): o for o in children}
+    assert by[("ServiceAccount", name)]["automountServiceAccountToken"] is False
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}
+    bindings = [o for o in children if "subjects" in o and subject in o["subjects"]]
+    assert [(b["kind"], b["roleRef"]) for b in bindings] == [
+        ("RoleBinding", {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name})], bindings
+    assert by[("Role", name)]["rules"] == ROUTER_RULES
+    assert not [o for o in children if o["kind"].startswith("Cluster") and o["kind"].endswith(("Role", "RoleBinding"))]
 
 
 def _check_secret(cr: KimiK3Deployment, child: dict[str, Any]) -> None:

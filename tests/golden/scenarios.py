@@ -73,5 +73,5 @@ def leader_pods(name: str, compat_hash: str) -> list[dict[str, Any]]:
     return [{"metadata": {"labels": {"serving.kimik3.dev/pool": pool, "serving.kimik3.dev/role": role,
                                      "serving.kimik3.dev/compat-hash": compat_hash,
                                      "leaderworkerset.sigs.k8s.io/worker-index": "0"}},
-             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+             "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
             for (pool, role), ips in LEADER_IPS[name].items() for ip in ips]

@@ -16,7 +16,7 @@ import yaml
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import Plan, plan_deployment, pool_facts, with_staged
-from kimik3_operator.reconcile.pairing import leader_endpoints
+from kimik3_operator.reconcile.pairing import revision_pairs
 from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.report import plan_report
 from tests.support.nodes import all_pools
@@ -44,8 +44,7 @@ def rendered_objects(name: str) -> list[dict[str, Any]]:
     body = SCENARIOS[name]
     plan = plan_scenario(body)
     owner = Owner(name=body["metadata"]["name"], namespace=body["metadata"]["namespace"], uid=OWNER_UID)
-    endpoints = leader_endpoints(plan, leader_pods(name, plan.compat_hash), plan.compat_hash)
-    return render_children(owner, plan, endpoints=endpoints)
+    return render_children(owner, plan, routers=revision_pairs(plan, leader_pods(name, plan.compat_hash)))
 
 
 def rendered(name: str) -> dict[str, str]:

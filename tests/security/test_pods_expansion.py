@@ -22,7 +22,7 @@ from kimik3_operator.api.owned_flags import flag_name
 from kimik3_operator.contract.stager import S3_SECRET_KEYS
 from kimik3_operator.contract.uri import parse_model_uri
 from kimik3_operator.planner import plan_deployment, pool_facts, with_staged
-from kimik3_operator.render import Owner, RoleEndpoints, render_children
+from kimik3_operator.render import Owner, render_children
 from kimik3_operator.render.kubelet import literal
 from tests.support.cases import base_deployment
 from tests.support.kubelet import argv, container_env, expand
@@ -150,7 +150,7 @@ def test_every_user_string_reaches_its_container_as_written(body: dict[str, Any]
     location = parse_model_uri(spec.model.uri)
     commit = HUB_COMMIT if location.scheme == "hf" else CONTENT_COMMIT
     plan = with_staged(plan, {"model": commit})
-    children = render_children(OWNER, plan, endpoints=[RoleEndpoints("gb300", "aggregated", ("10.244.0.9",))])
+    children = render_children(OWNER, plan)  # the router is rendered whether or not an engine is up
     seen = set()
     for name, pod in pod_specs(children):
         for c, env, args in started(pod):
@@ -173,4 +173,7 @@ def test_every_user_string_reaches_its_container_as_written(body: dict[str, Any]
                 assert {e.name: env[e.name] for e in spec.engine.env} == {e.name: e.value for e in spec.engine.env}
             elif c["name"] == "wait-model":
                 assert args[4] == commit  # python3 -c SCRIPT DEST COMMIT TIMEOUT
+            elif c["name"] == "router":  # finds its engines in its own namespace, by labels
+                assert after(args, "--service-discovery-namespace") == OWNER.namespace
+                assert after(args, "--selector").startswith("app.kubernetes.io/managed-by=")
     assert {"stage", "wait-model", "vllm", "router"} <= seen

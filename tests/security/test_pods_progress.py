@@ -80,11 +80,19 @@ def test_the_staging_pod_may_patch_its_progress_configmaps_and_nothing_else() ->
     spec = KimiK3Deployment.model_validate(body).spec
     objs = render_weights(OWNER, plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools())
                                                         for p in spec.pools}))
-    (role,) = [o for o in objs if o["kind"] == "Role"]
+    roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Role"}
+    assert sorted(roles) == ["k3-router", "k3-weights"]  # the stager's, and the router's of its own
+    role = roles["k3-weights"]
     progress = [o["metadata"]["name"] for o in objs if o["kind"] == CONFIG_MAP.kind]
     assert len(progress) == 2  # the model's and the draft's
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
                               "resourceNames": progress}]
+    # The staging pod's ServiceAccount is bound to its Role alone: the router's (list/watch pods)
+    # is bound to the router's ServiceAccount only.
+    (sa,) = {o["spec"]["template"]["spec"]["serviceAccountName"] for o in objs if o["kind"] == "Job"}
+    bound = [o["roleRef"]["name"] for o in objs if o["kind"] == "RoleBinding"
+             if any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in o["subjects"])]
+    assert sa == "k3-weights" and bound == ["k3-weights"]
     for cm in (o for o in objs if o["kind"] == CONFIG_MAP.kind):
         assert set(cm) == {"apiVersion", "kind", "metadata"}  # nothing of ours for the pod to overwrite
 

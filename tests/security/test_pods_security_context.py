@@ -4,7 +4,8 @@ Every pod the operator renders is held to Pod Security Standards, checked here t
 admission controller's levels read (k8s.io/pod-security-admission policy checks, the parts a pod
 template can break): staging and router pods are "restricted"; serving pods are "baseline" (vLLM
 runs as root, render/workloads.py `pod_security` says why), except IPC_LOCK on the pods that do
-RDMA, and nothing else; no serving or router pod carries a ServiceAccount token.
+RDMA, and nothing else; no serving pod carries a ServiceAccount token, and the router pod's is
+its own ServiceAccount's, which may only list and watch pods in its namespace (its discovery).
 """
 
 from __future__ import annotations
@@ -91,9 +92,32 @@ def test_staging_and_router_pods_are_restricted(kind: str) -> None:
         assert restricted_violations(pod) == [], where
 
 
-def test_staging_pods_get_a_token_for_their_progress_and_router_pods_none() -> None:
-    assert all(pod.get("automountServiceAccountToken") is False for _, pod in pods("Deployment"))
+def test_staging_pods_get_a_token_for_their_progress_and_router_pods_one_that_only_lists_and_watches_pods() -> None:
     assert all(pod["serviceAccountName"].endswith("-weights") for _, pod in pods("Job"))
+    routers = 0
+    for scenario in SCENARIOS:
+        objs = rendered_objects(scenario)
+        by = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+        for deployment in (o for o in objs if o["kind"] == "Deployment"):
+            routers += 1
+            where = f"{scenario}/{deployment['metadata']['name']}"
+            pod = deployment["spec"]["template"]["spec"]
+            name = pod["serviceAccountName"]
+            assert name == f"{SCENARIOS[scenario]['metadata']['name']}-router", where  # not the stager's
+            assert pod["automountServiceAccountToken"] is True, where  # the pod asks; the account mounts none
+            account = by[("ServiceAccount", name)]
+            assert account["automountServiceAccountToken"] is False, where
+            # Every binding of that account: one, to its own Role, in its namespace.
+            namespace = deployment["metadata"]["namespace"]
+            bindings = [o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                        and any(s == {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+                                for s in o["subjects"])]
+            assert [(b["kind"], b["roleRef"]) for b in bindings] == [
+                ("RoleBinding", {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name})], where
+            role = by[("Role", name)]
+            assert role["metadata"]["namespace"] == namespace, where
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}], where
+    assert routers, "no golden scenario renders a router"
 
 
 def test_serving_pods_are_baseline_but_ipc_lock_on_rdma_and_have_no_api_access() -> None:

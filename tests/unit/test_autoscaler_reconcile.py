@@ -192,6 +192,6 @@ def test_a_scaling_decision_is_written_at_once_whatever_the_status_pace() -> Non
     before = copy.deepcopy(cluster.deployment["status"])
     out = reconcile(cluster, "ns", "k3", scaler=scaler, pace=pace)
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3 and out.phase == before["phase"]
-    assert out.status_written and out.status_due is None  # the same story, written at once
+    assert out.status_written and out.due is None  # the same story, written at once
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["autoscaling"]["breachSince"]

@@ -115,7 +115,7 @@ def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.Monkey
     from kimik3_operator.reconcile.pass_memo import PassMemo
     from kimik3_operator.reconcile.reconciler import Outcome
 
-    monkeypatch.setattr(handlers, "reconcile", lambda *a, **kw: Outcome(phase="Progressing", status_due=0.1))
+    monkeypatch.setattr(handlers, "reconcile", lambda *a, **kw: Outcome(phase="Progressing", due=0.1))
 
     async def main() -> tuple[float, tuple[str, str]]:
         state = handlers.State.__new__(handlers.State)  # no API client: only the requeue is under test

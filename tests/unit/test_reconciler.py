@@ -197,8 +197,10 @@ def _staged(cluster: MemoryCluster) -> MemoryCluster:
 def test_weights_are_staged_before_anything_serves_then_steady_state_writes_nothing() -> None:
     cluster = MemoryCluster(_pd(), NODES)
     first = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:00:00Z")
+    # the staging Job's identity, and the routers' (they may run while a new revision stages)
     assert sorted(k.split("/")[0] for k in first.applied) == [
-        "ConfigMap", "Job", "PersistentVolumeClaim", "Role", "RoleBinding", "ServiceAccount"]
+        "ConfigMap", "Job", "PersistentVolumeClaim", "Role", "Role", "RoleBinding", "RoleBinding",
+        "ServiceAccount", "ServiceAccount"]
     status = cluster.deployment["status"]
     assert status["phase"] == "Progressing"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -241,9 +243,12 @@ def test_removed_pool_is_pruned_and_foreign_objects_are_kept() -> None:
     body = _pd()
     body["spec"]["pools"] = [{"name": "gb300", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
                               "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
+    h = cluster.deployment["status"]["engine"]["compatibilityHash"]
     cluster.deployment["spec"] = body["spec"]
     outcome = reconcile(cluster, "ns", "k3")
-    assert sorted(outcome.deleted) == ["ComputeDomain/k3-gb300-decode-cd", "LeaderWorkerSet/k3-b200-prefill",
+    # the P/D router goes with the P/D roles; the aggregated one takes its Service's name
+    assert sorted(outcome.deleted) == ["ComputeDomain/k3-gb300-decode-cd", f"Deployment/k3-router-{h[:10]}",
+                                       "LeaderWorkerSet/k3-b200-prefill",
                                        "LeaderWorkerSet/k3-gb300-decode", "Service/k3-b200-prefill-leader",
                                        "Service/k3-gb300-decode-leader"]
     assert ("Service", "someone-elses") in cluster.objects
@@ -343,7 +348,7 @@ def test_an_object_the_api_server_refuses_is_a_condition_not_a_retry_loop() -> N
     assert ("LeaderWorkerSet", "k3-gb300-decode") in cluster.objects  # what serves is left alone
 
 
-# ---- the router's engine lists --------------------------------------------------------------------
+# ---- the routers and the rollout of a new P/D revision -------------------------------------------
 
 def _leader(pool: str, role: str, ip: str, compat: str, ready: bool = True, index: str = "0",
             **meta: str) -> dict[str, Any]:
@@ -360,13 +365,14 @@ def _compat(cluster: MemoryCluster) -> str:
     return cluster.deployment["status"]["engine"]["compatibilityHash"]  # type: ignore[no-any-return]
 
 
-def _lists(cluster: MemoryCluster, name: str = "k3-router") -> dict[str, Any]:
-    deployment = cluster.objects[("Deployment", name)]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    paused = {"paused": True} if deployment["spec"].get("paused") else {}
-    return {"replicas": deployment["spec"]["replicas"], **paused,
-            **{flag: [args[i + 1] for i, a in enumerate(args) if a == flag] for flag in ("--prefill", "--decode")}}
+def _routers(cluster: MemoryCluster) -> dict[str, int]:
+    """Router Deployment -> replicas."""
+    return {n: o["spec"]["replicas"] for (k, n), o in cluster.objects.items() if k == "Deployment"}
+
+
+def _partition(cluster: MemoryCluster, lws: str) -> int:
+    spec = cluster.objects[("LeaderWorkerSet", lws)]["spec"]
+    return int(spec["rolloutStrategy"]["rollingUpdateConfiguration"].get("partition", 0))
 
 
 def _serving_pd(pods: list[dict[str, Any]]) -> MemoryCluster:
@@ -375,13 +381,13 @@ def _serving_pd(pods: list[dict[str, Any]]) -> MemoryCluster:
     return cluster
 
 
-def test_the_router_lists_the_ready_leaders_and_follows_a_replaced_one_in_one_pass() -> None:
+def test_the_router_runs_before_any_engine_is_ready_and_engines_coming_and_going_never_touch_it() -> None:
     pods: list[dict[str, Any]] = []
     cluster = _serving_pd(pods)
     reconcile(cluster, "ns", "k3")
-    # Nothing to route to yet: no replicas, and paused, so no ReplicaSet is made for these lists.
-    assert _lists(cluster) == {"replicas": 0, "paused": True, "--prefill": [], "--decode": []}
     h = _compat(cluster)
+    router = f"k3-router-{h[:10]}"
+    assert _routers(cluster) == {router: 2}  # not paused, not 0: it finds the engines itself
     pods += [_leader("b200", "prefill", "10.0.0.5", h), _leader("gb300", "decode", "10.0.1.70", h),
              _leader("gb300", "decode", "10.0.1.8", h),
              _leader("gb300", "decode", "10.0.1.9", h, ready=False),  # starting
@@ -389,67 +395,104 @@ def test_the_router_lists_the_ready_leaders_and_follows_a_replaced_one_in_one_pa
              _leader("gb300", "decode", "10.0.1.11", h, deletionTimestamp="2026-11-30T00:00:00Z"),
              _leader("gb300", "decode", "10.0.1.12", h, namespace="other")]  # another deployment's
     outcome = reconcile(cluster, "ns", "k3")
-    assert outcome.applied == ["Deployment/k3-router"]
-    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.5:8000"],
-                               "--decode": ["http://10.0.1.8:8000", "http://10.0.1.70:8000"]}
-    (router,) = cluster.deployment["status"]["routers"]
-    assert (router["prefillWorkers"], router["decodeWorkers"], router["compatibilityHash"]) == (1, 2, h)
+    assert not [k for k in outcome.applied if k.startswith("Deployment/")]
+    (status,) = cluster.deployment["status"]["routers"]
+    assert (status["prefillWorkers"], status["decodeWorkers"], status["compatibilityHash"]) == (1, 2, h)
     assert cluster.deployment["status"]["endpoint"] == "http://k3-router.ns.svc:8000"
+    assert cluster.deployment["status"]["routableCapacityPercent"] == 100
 
     pods[1] = _leader("gb300", "decode", "10.0.1.71", h)  # replaced: same leader, new IP
-    assert reconcile(cluster, "ns", "k3").applied == ["Deployment/k3-router"]
-    assert _lists(cluster)["--decode"] == ["http://10.0.1.8:8000", "http://10.0.1.71:8000"]
+    assert not [k for k in reconcile(cluster, "ns", "k3").applied if k.startswith("Deployment/")]
     cluster.writes.clear()
     assert reconcile(cluster, "ns", "k3").applied == [] and not [w for w in cluster.writes if w.startswith("apply")]
 
 
 def _routing_pd() -> tuple[MemoryCluster, list[dict[str, Any]], str]:
-    """A P/D deployment whose router lists one prefill (10.0.0.5) and one decode (10.0.1.5)."""
+    """A P/D deployment with one routable prefill (10.0.0.5) and two decodes (10.0.1.5, .6)."""
     pods: list[dict[str, Any]] = []
     cluster = _serving_pd(pods)
     reconcile(cluster, "ns", "k3")
     compat = _compat(cluster)
-    pods += [_leader("b200", "prefill", "10.0.0.5", compat), _leader("gb300", "decode", "10.0.1.5", compat)]
+    pods += [_leader("b200", "prefill", "10.0.0.5", compat), _leader("gb300", "decode", "10.0.1.5", compat),
+             _leader("gb300", "decode", "10.0.1.6", compat)]
     reconcile(cluster, "ns", "k3")
     return cluster, pods, compat
 
 
-def test_the_router_pairs_one_revision_and_switches_when_both_roles_can_serve() -> None:
+def _router_pod(revision: str, ip: str, ready: bool = True, **meta: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": f"router-{ip}", **meta, "labels": {
+                "serving.kimik3.dev/deployment": "k3", "app.kubernetes.io/component": "router",
+                "serving.kimik3.dev/router": "k3-router", "serving.kimik3.dev/router-revision": revision}},
+            "spec": {"nodeName": "node", "containers": []},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_pd_rollout_serves_both_revisions_and_holds_the_old_groups_until_the_new_ones_fill() -> None:
     cluster, pods, old = _routing_pd()
+    pods += [_router_pod(old, "10.0.9.1"), _router_pod(old, "10.0.9.2")]
     # enters the compatibility hash (fp8 is the default on these Blackwell pools)
     cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "auto"}
     reconcile(cluster, "ns", "k3")
     new = _compat(cluster)
     assert new != old
+    # nothing new is Ready: every old group is held; only the surge groups start on the new template
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 2)
+    assert _routers(cluster) == {f"k3-router-{old[:10]}": 2, f"k3-router-{new[:10]}": 1}
+    pods.append(_router_pod(new, "10.0.9.3", ready=False))  # no engine of its revision yet
     pods.append(_leader("b200", "prefill", "10.0.0.6", new))  # the new prefill is up, no new decode yet
     reconcile(cluster, "ns", "k3")
-    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.5:8000"],
-                               "--decode": ["http://10.0.1.5:8000"]}
-    pods.append(_leader("gb300", "decode", "10.0.1.6", new))
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 2)
+    assert cluster.deployment["status"]["routableCapacityPercent"] == 100  # the old revision whole
+    pods.append(_leader("gb300", "decode", "10.0.1.7", new))  # a new pair: both revisions serve
+    pods[-3] = _router_pod(new, "10.0.9.3")
     reconcile(cluster, "ns", "k3")
-    assert _lists(cluster) == {"replicas": 2, "--prefill": ["http://10.0.0.6:8000"],
-                               "--decode": ["http://10.0.1.6:8000"]}
+    assert _routers(cluster) == {f"k3-router-{old[:10]}": 1, f"k3-router-{new[:10]}": 1}
+    # every role keeps its old group 0 (the old router keeps a whole pair) and rolls the others
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 1)
+    assert cluster.deployment["status"]["routableCapacityPercent"] == 150  # 3 decodes routed of 2
+    del pods[2]  # the old decode group 1 ...
+    pods.append(_leader("gb300", "decode", "10.0.1.8", new))  # ... replaced by a new one: every role full
+    outcome = reconcile(cluster, "ns", "k3")
+    # the old router goes first, its pairs held until its pods are gone; a pass looks again soon
+    assert _routers(cluster) == {f"k3-router-{new[:10]}": 2}
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 1)
+    assert outcome.due is not None and outcome.due <= 2
+    pods[2] = _router_pod(old, "10.0.9.1", deletionTimestamp="2026-12-02T00:00:00Z")  # draining
+    del pods[3]  # the other one gone
+    assert reconcile(cluster, "ns", "k3").due is not None
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 1)
+    del pods[2]  # the old router's pods are gone: the last old groups go
+    assert reconcile(cluster, "ns", "k3").due is None
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (0, 0)
+    assert [p["metadata"]["labels"].get("serving.kimik3.dev/compat-hash") for p in pods[:2]] == [old, old]
+    del pods[:2]
+    reconcile(cluster, "ns", "k3")
+    assert _routers(cluster) == {f"k3-router-{new[:10]}": 2}
     assert cluster.deployment["status"]["routers"][0]["compatibilityHash"] == new
+    assert cluster.deployment["status"]["routableCapacityPercent"] == 100
 
 
 def test_routers_follow_the_serving_leaders_while_a_new_revision_stages() -> None:
     cluster, pods, h = _routing_pd()
     workloads = {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"}
+    routers = _routers(cluster)
     cluster.deployment["spec"]["model"]["revision"] = "v2"
     reconcile(cluster, "ns", "k3")
-    pods[1] = _leader("gb300", "decode", "10.0.1.6", h)
-    outcome = reconcile(cluster, "ns", "k3")
-    assert "Deployment/k3-router" in outcome.applied
-    assert _lists(cluster)["--decode"] == ["http://10.0.1.6:8000"]
+    pods[1] = _leader("gb300", "decode", "10.0.1.9", h)
+    reconcile(cluster, "ns", "k3")
+    assert _routers(cluster) == routers
+    assert cluster.deployment["status"]["routers"][0]["decodeWorkers"] == 2
     assert {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"} == workloads
 
 
 def test_no_router_replicas_is_no_router_and_the_endpoint_falls_back() -> None:
     cluster = _staged(MemoryCluster(_pd(), NODES))
     reconcile(cluster, "ns", "k3")
+    h = _compat(cluster)
     cluster.deployment["spec"]["router"] = {"replicas": 0}
     outcome = reconcile(cluster, "ns", "k3")
-    assert sorted(outcome.deleted) == ["Deployment/k3-router", "Service/k3-router"]
+    assert sorted(outcome.deleted) == [f"Deployment/k3-router-{h[:10]}", "Service/k3-router"]
     status = cluster.deployment["status"]
     assert status["endpoint"] == "http://k3-gb300-decode-leader.ns.svc:8000" and status["routers"] == []
     assert "do not disaggregate" in status["routing"]
@@ -457,15 +500,14 @@ def test_no_router_replicas_is_no_router_and_the_endpoint_falls_back() -> None:
 
 # ---- replicas changed through /scale ---------------------------------------------------------------
 
-DECODE, PREFILL, ROUTER = ("LeaderWorkerSet", "k3-gb300-decode"), ("LeaderWorkerSet", "k3-b200-prefill"), \
-    ("Deployment", "k3-router")
+DECODE, PREFILL = ("LeaderWorkerSet", "k3-gb300-decode"), ("LeaderWorkerSet", "k3-b200-prefill")
 
 
 def _ready_pd() -> MemoryCluster:
     """The P/D deployment Ready: both roles' groups (2 decode, 1 prefill) and the router's pods
     reported ready and updated by their controllers; nothing left to write."""
-    cluster, _, _ = _routing_pd()
-    for key, replicas in ((DECODE, 2), (PREFILL, 1), (ROUTER, 2)):
+    cluster, _, h = _routing_pd()
+    for key, replicas in ((DECODE, 2), (PREFILL, 1), (("Deployment", f"k3-router-{h[:10]}"), 2)):
         cluster.report(*key, replicas)
     reconcile(cluster, "ns", "k3")
     assert cluster.deployment["status"]["phase"] == "Ready"

@@ -39,9 +39,19 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     assert sorted(_by_kind(objs, "Service")) == [
         "k3-pd-b200-prefill-prefill-leader", "k3-pd-gb300-decode-decode-leader", "k3-pd-router"]
     assert [o["kind"] for o in objs] == [
-        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding",
+        "PersistentVolumeClaim", "ServiceAccount", "ServiceAccount", "Role", "Role", "RoleBinding", "RoleBinding",
         "ConfigMap", "ConfigMap", "Job", "Job",  # model and draft: progress and Job
         "Service", "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet", "Deployment"]
+    # The stager's identity and the router's, each its own.
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        assert sorted(_by_kind(objs, kind)) == ["k3-pd-router", "k3-pd-weights"]
+    # One P/D router Deployment, for the plan's own revision, behind the one router Service.
+    (router,) = _by_kind(objs, "Deployment").values()
+    revision = {o["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"][LABEL_COMPAT]
+                for o in _by_kind(objs, "LeaderWorkerSet").values()}
+    (compat,) = revision
+    assert router["metadata"]["name"] == f"k3-pd-router-{compat[:10]}"
+    assert router["spec"]["selector"]["matchLabels"]["serving.kimik3.dev/router-revision"] == compat
 
 
 def test_multi_tray_nvlink_replicas_claim_a_compute_domain_channel() -> None:

@@ -1,10 +1,10 @@
-"""The router: which routers a deployment gets, the engine lists they carry (sorted, one revision,
-none until they can start), their policies, probes, hardening and resources."""
+"""The router: which routers a deployment gets, what they select (the leaders of one role, of one
+revision for P/D, found by the router itself), one Deployment per P/D revision with a pair, the
+identity they watch pods with, their policies, probes, hardening and resources."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from itertools import takewhile
 from typing import Any
 
@@ -12,8 +12,8 @@ import pytest
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import Plan, plan_deployment, pool_facts
-from kimik3_operator.render import Owner, RoleEndpoints, render_serving
-from kimik3_operator.render.router import STARTUP_TIMEOUT_SECONDS
+from kimik3_operator.render import Owner, render_serving, render_weights
+from kimik3_operator.render.router import ADD_WAIT_SECONDS, router_replicas
 from tests.support.cases import load_examples
 from tests.support.nodes import all_pools
 
@@ -30,13 +30,13 @@ def _plan(body: dict[str, Any], **router: Any) -> Plan:
     return plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools})
 
 
-def _routers(plan: Plan, endpoints: Iterable[RoleEndpoints] = (), owner: Owner = OWNER) -> dict[str, dict[str, Any]]:
-    """Name -> Deployment of every router rendered, its Service checked along the way."""
-    objs = render_serving(owner, plan, endpoints=endpoints)
+def _routers(plan: Plan, pairs: dict[str, int] | None = None, owner: Owner = OWNER) -> dict[str, dict[str, Any]]:
+    """Name -> Deployment of every router rendered, their Services checked along the way."""
+    objs = render_serving(owner, plan, routers=pairs)
     deployments = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
     services = {o["metadata"]["name"]: o for o in objs
                 if o["kind"] == "Service" and o["metadata"]["labels"]["app.kubernetes.io/component"] == "router"}
-    assert services.keys() == deployments.keys()
+    assert services.keys() == {d["metadata"]["labels"]["serving.kimik3.dev/router"] for d in deployments.values()}
     return deployments
 
 
@@ -46,81 +46,106 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def _values(args: list[str], flag: str) -> list[str]:
-    """Every value given to `flag`: the next argument each time, or all of them up to the next flag."""
-    if flag == "--worker-urls":
+    """Every value given to `flag`: all of them up to the next flag (nargs=+), or the next one."""
+    if flag.endswith("selector"):
         return list(takewhile(lambda a: not a.startswith("--"), args[args.index(flag) + 1:]))
     return [args[i + 1] for i, a in enumerate(args) if a == flag]
 
 
-PD_READY = (RoleEndpoints("b200-prefill", "prefill", ("10.244.0.10", "10.244.0.9"), "h"),
-            RoleEndpoints("gb300-decode", "decode", ("10.244.1.2",), "h"))
-
-
-def test_a_pd_router_lists_every_ready_leader_sorted_by_address() -> None:
-    (deployment,) = _routers(_plan(PD), PD_READY).values()
+def test_a_pd_router_finds_the_leaders_of_its_revision_itself() -> None:
+    plan = _plan(PD)
+    (deployment,) = _routers(plan).values()
+    assert deployment["metadata"]["name"] == f"k3-router-{plan.compat_hash[:10]}"
     args = _container(deployment)["args"]
-    assert _values(args, "--prefill") == ["http://10.244.0.9:8000", "http://10.244.0.10:8000"]
-    assert _values(args, "--decode") == ["http://10.244.1.2:8000"]
+    assert "--service-discovery" in args
+    assert _values(args, "--service-discovery-namespace") == ["inference"]
+    assert _values(args, "--service-discovery-port") == ["8000"]  # its default is 80
+    common = ["app.kubernetes.io/managed-by=kimik3-operator", "serving.kimik3.dev/deployment=k3"]
+    for role in ("prefill", "decode"):
+        assert _values(args, f"--{role}-selector") == [
+            *common, f"serving.kimik3.dev/role={role}", "leaderworkerset.sigs.k8s.io/worker-index=0",
+            f"serving.kimik3.dev/compat-hash={plan.compat_hash}"]
+        assert f"--{role}" not in args  # no static list: nothing to restart for
     assert "--vllm-pd-disaggregation" in args and _values(args, "--kv-connector") == ["nixl"]
-    assert "--worker-urls" not in args and "--policy" not in args  # both dropped in P/D mode
+    assert "--policy" not in args and "--selector" not in args
     assert deployment["spec"]["replicas"] == 2
 
 
-def test_the_lists_do_not_depend_on_the_order_the_pods_were_seen_in() -> None:
-    shuffled = tuple(RoleEndpoints(e.pool, e.role, tuple(reversed(e.addresses)), e.compat_hash) for e in PD_READY)
-    assert _routers(_plan(PD), PD_READY) == _routers(_plan(PD), reversed(shuffled))
+def test_the_router_never_depends_on_which_engines_are_ready() -> None:
+    """Scaling, crashes and replacements change pods, never the router: its Deployment is the same
+    whatever the pairs of its own revision, but for the replica count."""
+    plan = _plan(PD)
+    base = _routers(plan)
+    for pairs in ({plan.compat_hash: 1}, {plan.compat_hash: 3}, {}):
+        assert _routers(plan, pairs) == base
 
 
-def test_ipv6_engines_are_bracketed() -> None:
-    endpoints = (RoleEndpoints("gb300-rack-a", "aggregated", ("fd00::10", "fd00::9", "10.0.0.1")),)
-    (deployment,) = _routers(_plan(AGGREGATED), endpoints).values()
-    assert _values(_container(deployment)["args"], "--worker-urls") == [
-        "http://10.0.0.1:8000", "http://[fd00::9]:8000", "http://[fd00::10]:8000"]
+def test_each_revision_with_a_pair_gets_a_router_behind_the_one_service() -> None:
+    plan = _plan(PD)
+    objs = render_serving(OWNER, plan, routers={"0ld0ld0ld0ldhash": 3, plan.compat_hash: 1})
+    deployments = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "k3-router"]
+    assert sorted(deployments) == sorted(["k3-router-0ld0ld0ld0", f"k3-router-{plan.compat_hash[:10]}"])
+    for deployment in deployments.values():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()  # the Service spreads over both
+        revision = labels["serving.kimik3.dev/router-revision"]
+        assert deployment["spec"]["selector"]["matchLabels"]["serving.kimik3.dev/router-revision"] == revision
+        decode = _values(_container(deployment)["args"], "--decode-selector")
+        assert decode[-1] == f"serving.kimik3.dev/compat-hash={revision}"
+    # replicas follow the pairs each revision can route (2 in all; at least one each)
+    assert deployments["k3-router-0ld0ld0ld0"]["spec"]["replicas"] == 2
+    assert deployments[f"k3-router-{plan.compat_hash[:10]}"]["spec"]["replicas"] == 1
 
 
-@pytest.mark.parametrize(("endpoints", "replicas"), [
-    ((), 0),
-    (PD_READY[:1], 0),  # prefill without decode: the router would wait, then exit
-    (PD_READY[1:], 0),
-    ((PD_READY[0], RoleEndpoints("gb300-decode", "decode", (), "h")), 0),
-    (PD_READY, 2),
+@pytest.mark.parametrize(("total", "weights", "expected"), [
+    (2, {}, {"new": 2}),
+    (2, {"new": 3}, {"new": 2}),
+    (2, {"old": 4}, {"new": 1, "old": 2}),  # the plan's own router is never scaled to 0
+    (2, {"old": 4, "new": 1}, {"new": 1, "old": 2}),
+    (4, {"old": 2, "new": 2}, {"new": 2, "old": 2}),
+    (4, {"old": 3, "new": 1}, {"new": 1, "old": 3}),
+    (1, {"old": 1, "new": 1}, {"new": 1, "old": 1}),
+    (2, {"old": 0, "new": 2}, {"new": 2}),  # no pair left: the old revision's router goes
 ])
-def test_no_router_pod_until_every_kind_of_engine_has_a_ready_leader(endpoints: tuple[RoleEndpoints, ...],
-                                                                     replicas: int) -> None:
-    (deployment,) = _routers(_plan(PD), endpoints).values()
-    assert deployment["spec"]["replicas"] == replicas
+def test_router_replicas_per_revision(total: int, weights: dict[str, int], expected: dict[str, int]) -> None:
+    assert router_replicas(total, weights, "new") == expected
 
 
 def test_a_mixed_deployment_gets_a_pd_router_and_an_aggregated_one() -> None:
-    endpoints = (RoleEndpoints("gb300-rack-a", "prefill", ("10.0.0.1",), "h"),
-                 RoleEndpoints("gb300-rack-a", "decode", ("10.0.0.2",), "h"),
-                 RoleEndpoints("b200-hgx", "aggregated", ("10.0.1.1",)))
-    routers = _routers(_plan(MIXED), endpoints)
-    assert sorted(routers) == ["k3-router", "k3-router-aggregated"]
-    pd, aggregated = _container(routers["k3-router"])["args"], _container(routers["k3-router-aggregated"])["args"]
-    assert (_values(pd, "--prefill"), _values(pd, "--decode")) == (["http://10.0.0.1:8000"], ["http://10.0.0.2:8000"])
-    assert "--worker-urls" not in pd
-    assert "--vllm-pd-disaggregation" not in aggregated
-    assert _values(aggregated, "--worker-urls") == ["http://10.0.1.1:8000"] and "--prefill" not in aggregated
+    plan = _plan(MIXED)
+    routers = _routers(plan)
+    assert sorted(routers) == sorted([f"k3-router-{plan.compat_hash[:10]}", "k3-router-aggregated"])
+    pd = _container(routers[f"k3-router-{plan.compat_hash[:10]}"])["args"]
+    aggregated = _container(routers["k3-router-aggregated"])["args"]
+    assert "--selector" not in pd
+    assert "--vllm-pd-disaggregation" not in aggregated and "--prefill-selector" not in aggregated
+    assert _values(aggregated, "--selector") == [
+        "app.kubernetes.io/managed-by=kimik3-operator", "serving.kimik3.dev/deployment=k3",
+        "serving.kimik3.dev/role=aggregated", "leaderworkerset.sigs.k8s.io/worker-index=0"]  # any revision
 
 
-def test_every_prefill_pool_pairs_with_every_decode_pool_in_one_router() -> None:
-    body = copy.deepcopy(MIXED)
-    body["spec"]["pools"][1] = {"name": "b200-hgx", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B200"},
-                                "decode": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}}
-    endpoints = (RoleEndpoints("gb300-rack-a", "prefill", ("10.0.0.1",), "h"),
-                 RoleEndpoints("gb300-rack-a", "decode", ("10.0.0.2",), "h"),
-                 RoleEndpoints("b200-hgx", "decode", ("10.0.1.1",), "h"))
-    (deployment,) = _routers(_plan(body), endpoints).values()
-    assert _values(_container(deployment)["args"], "--decode") == ["http://10.0.0.2:8000", "http://10.0.1.1:8000"]
+def test_the_routers_may_watch_pods_in_their_namespace_and_nothing_else() -> None:
+    plan = _plan(MIXED)
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render_weights(OWNER, plan)}
+    role = objs[("Role", "k3-router")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    binding = objs[("RoleBinding", "k3-router")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k3-router", "namespace": "inference"}]
+    assert binding["roleRef"]["name"] == "k3-router"
+    assert objs[("ServiceAccount", "k3-router")]["automountServiceAccountToken"] is False  # only where asked
+    for deployment in _routers(plan).values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "k3-router" and pod["automountServiceAccountToken"] is True
+    assert not [o for o in render_weights(OWNER, _plan(MIXED, replicas=0)) if o["metadata"]["name"] == "k3-router"]
 
 
 def test_no_router_replicas_renders_no_router() -> None:
-    assert _routers(_plan(MIXED, replicas=0), PD_READY) == {}
+    assert _routers(_plan(MIXED, replicas=0)) == {}
 
 
 def test_policies_are_the_routers_own_words() -> None:
-    (pd,) = _routers(_plan(PD, prefillPolicy="RoundRobin", decodePolicy="StickyLeastLoaded"), PD_READY).values()
+    (pd,) = _routers(_plan(PD, prefillPolicy="RoundRobin", decodePolicy="StickyLeastLoaded")).values()
     args = _container(pd)["args"]
     assert (_values(args, "--prefill-policy"), _values(args, "--decode-policy")) == (
         ["round_robin"], ["sticky_least_loaded"])
@@ -137,24 +162,24 @@ def test_policies_outside_the_list_are_refused() -> None:
         KimiK3Deployment.model_validate(body)
 
 
-def test_probes_wait_as_long_as_the_router_waits_for_its_engines() -> None:
-    container = _container(_routers(_plan(PD), PD_READY)["k3-router"])
+def test_probes_and_the_add_wait() -> None:
+    (deployment,) = _routers(_plan(PD)).values()
+    container = _container(deployment)
+    # ready only with a healthy engine of each kind (/health says 200 with none at all)
     assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
-    startup = container["startupProbe"]
-    assert startup["httpGet"]["path"] == "/liveness"
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= STARTUP_TIMEOUT_SECONDS
-    assert _values(container["args"], "--worker-startup-timeout-secs") == [str(STARTUP_TIMEOUT_SECONDS)]
+    assert "startupProbe" not in container  # it listens at once: nothing to wait for
+    assert _values(container["args"], "--worker-startup-timeout-secs") == [str(ADD_WAIT_SECONDS)]
+    assert ADD_WAIT_SECONDS <= 30  # one unreachable Ready pod stalls every add behind it this long
     # both listeners on every address (the router's defaults are loopback only), and exposed
     args = container["args"]
     assert _values(args, "--host") == _values(args, "--prometheus-host") == ["0.0.0.0"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8000), ("metrics", 29000)]
 
 
-def test_the_router_is_hardened_and_has_no_api_access() -> None:
-    deployment = _routers(_plan(PD), PD_READY)["k3-router"]
+def test_the_router_is_hardened() -> None:
+    (deployment,) = _routers(_plan(PD)).values()
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     security = _container(deployment)["securityContext"]
@@ -169,35 +194,31 @@ def test_the_router_is_hardened_and_has_no_api_access() -> None:
 
 
 def test_resources_default_and_follow_the_spec() -> None:
-    default = _container(_routers(_plan(PD))["k3-router"])["resources"]
+    (router,) = _routers(_plan(PD)).values()
+    default = _container(router)["resources"]
     assert default == {"requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "256Mi"},
                        "limits": {"memory": "2Gi", "ephemeral-storage": "1Gi"}}
     plan = _plan(PD, resources={"requests": {"cpu": "500m"}, "limits": {"cpu": "4", "memory": "3Gi"}})
-    assert _container(_routers(plan)["k3-router"])["resources"] == {
+    (router,) = _routers(plan).values()
+    assert _container(router)["resources"] == {
         "requests": {"cpu": "500m", "memory": "1Gi", "ephemeral-storage": "256Mi"},
         "limits": {"cpu": "4", "memory": "3Gi", "ephemeral-storage": "1Gi"}}
 
 
-def test_the_service_fronts_the_router_pods_and_only_the_lists_roll_the_router() -> None:
-    objs = render_serving(OWNER, _plan(PD), endpoints=PD_READY)
+def test_the_service_fronts_the_router_pods() -> None:
+    objs = render_serving(OWNER, _plan(PD))
     (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "k3-router"]
     (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
     assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
         ("http", 8000, "http"), ("metrics", 29000, "metrics")]
-    selector = deployment["spec"]["selector"]["matchLabels"]
-    assert service["spec"]["selector"] == selector
-    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    moved = (PD_READY[0], RoleEndpoints("gb300-decode", "decode", ("10.244.1.3",), "h"))
-    again = render_serving(OWNER, _plan(PD), endpoints=moved)
-    changed = {(o["kind"], o["metadata"]["name"]) for o, p in zip(objs, again, strict=True) if o != p}
-    assert changed == {("Deployment", "k3-router")}
-    (new,) = [o for o in again if o["kind"] == "Deployment"]
-    assert new["spec"]["selector"] == deployment["spec"]["selector"]  # immutable on a live Deployment
+    assert service["spec"]["selector"].items() <= deployment["spec"]["selector"]["matchLabels"].items()
+    template = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template.items()
 
 
 def test_long_names_stay_valid_service_names_and_distinct() -> None:
     owner = Owner(name="k" * 70, namespace="inference", uid="u")
-    names = list(_routers(_plan(MIXED), owner=owner))
+    names = [d["metadata"]["labels"]["serving.kimik3.dev/router"] for d in _routers(_plan(MIXED), owner=owner).values()]
     assert len(names) == 2 and len(set(names)) == 2 and all(len(n) <= 63 for n in names)
 
 

@@ -34,8 +34,11 @@ def _lws(ready: int, updated: int) -> dict[str, Any]:
 
 
 ALL_READY = {"k3-pd-b200-prefill-prefill": _lws(1, 1), "k3-pd-gb300-decode-decode": _lws(2, 2)}
-ENDPOINTS = (RoleEndpoints("b200-prefill", "prefill", ("10.0.0.1",), "h1"),
-             RoleEndpoints("gb300-decode", "decode", ("10.0.1.1", "10.0.1.2"), "h1"))
+H = _plan().compat_hash
+ROUTER = f"k3-pd-router-{H[:10]}"
+"""The P/D router Deployment of the plan's own revision."""
+ENDPOINTS = (RoleEndpoints("b200-prefill", "prefill", ("10.0.0.1",), H),
+             RoleEndpoints("gb300-decode", "decode", ("10.0.1.1", "10.0.1.2"), H))
 
 
 def _router(ready: int, updated: int | None = None, generation: int = 1, observed: int = 1) -> dict[str, Any]:
@@ -46,7 +49,7 @@ def _router(ready: int, updated: int | None = None, generation: int = 1, observe
                        "readyReplicas": ready, "updatedReplicas": updated}}
 
 
-SERVING = {"workloads": ALL_READY, "endpoints": ENDPOINTS, "routers": {"k3-pd-router": _router(2)}}
+SERVING = {"workloads": ALL_READY, "endpoints": ENDPOINTS, "pairs": {H: 1}, "routers": {ROUTER: _router(2)}}
 """Every engine and the router ready."""
 
 
@@ -206,22 +209,41 @@ def test_the_router_reports_its_lists_and_readiness() -> None:
     status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0, **SERVING)
     (router,) = status.routers
     assert router.model_dump(exclude_none=True) == {
-        "name": "k3-pd-router", "mode": "PrefillDecode", "endpoint": "http://k3-pd-router.inference.svc:8000",
+        "name": ROUTER, "service": "k3-pd-router", "mode": "PrefillDecode",
+        "endpoint": "http://k3-pd-router.inference.svc:8000",
         "prefill_policy": "CacheAware", "decode_policy": "CacheAware",
-        "replicas": 2, "ready_replicas": 2, "compatibility_hash": "h1", "prefill_workers": 1, "decode_workers": 2}
+        "replicas": 2, "ready_replicas": 2, "compatibility_hash": H, "prefill_workers": 1, "decode_workers": 2}
+    assert status.routable_capacity_percent == 100
+
+
+def test_routable_capacity_counts_every_revision_with_a_pair() -> None:
+    """During a rollout the old pairs and the new ones both serve: capacity is their sum per role."""
+    old = (RoleEndpoints("b200-prefill", "prefill", ("10.0.0.9",), "old"),
+           RoleEndpoints("gb300-decode", "decode", ("10.0.1.8", "10.0.1.9"), "old"))
+    new = (RoleEndpoints("b200-prefill", "prefill", ("10.0.0.1",), H),
+           RoleEndpoints("gb300-decode", "decode", ("10.0.1.1",), H))
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
+                            **{**SERVING, "endpoints": old + new, "pairs": {"old": 1, H: 1}})
+    assert status.routable_capacity_percent == 150  # decode: 3 routed of 2 planned; prefill 2 of 1
+    assert {r.compatibility_hash for r in status.routers} == {"old", H}
+    # a revision with a decode only has no pair: its engines are not routable
+    lonely = (RoleEndpoints("gb300-decode", "decode", ("10.0.1.8",), "old"), *new)
+    status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
+                            **{**SERVING, "endpoints": lonely, "pairs": {H: 1}})
+    assert status.routable_capacity_percent == 50
 
 
 def test_engines_ready_behind_a_router_that_is_not_is_not_ready() -> None:
     def ready_with(router: dict[str, Any]) -> Condition:
         status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
-                                **{**SERVING, "routers": {"k3-pd-router": router}})
+                                **{**SERVING, "routers": {ROUTER: router}})
         assert status.phase == ("Ready" if _cond(status, "Ready").status == "True" else "Progressing")
         return _cond(status, "Ready")
 
     assert ready_with(_router(2)).status == "True"
     starting = ready_with(_router(0))
     assert (starting.status, starting.reason) == ("False", ROUTER_NOT_READY)
-    assert starting.message == "router k3-pd-router: 0/2 ready, 0 updated"
+    assert starting.message == f"router {ROUTER}: 0/2 ready, 0 updated"
     # New lists: the counts of the generation before say nothing until the Deployment saw the new one.
     assert ready_with(_router(2, generation=2, observed=1)).reason == ROUTER_NOT_READY
     # Rolling onto new lists: the old pods still serve, the new ones are not ready yet.
@@ -229,15 +251,17 @@ def test_engines_ready_behind_a_router_that_is_not_is_not_ready() -> None:
     assert ready_with({}).reason == ROUTER_NOT_READY  # not created yet
 
 
-def test_a_router_waits_for_a_ready_leader_of_each_kind_of_engine() -> None:
-    no_decode = (ENDPOINTS[0], RoleEndpoints("gb300-decode", "decode", (), "h1"))
+def test_a_router_serves_only_with_a_routable_leader_of_each_kind_of_engine() -> None:
+    no_decode = (ENDPOINTS[0], RoleEndpoints("gb300-decode", "decode", (), H))
     status = compute_status(owner=OWNER, generation=1, previous=None, plan=_plan(), error=None, now=T0,
-                            **{**SERVING, "endpoints": no_decode, "routers": {"k3-pd-router": _router(0)}})
+                            **{**SERVING, "endpoints": no_decode, "pairs": {}, "routers": {ROUTER: _router(0)}})
     (router,) = status.routers
-    assert (router.replicas, router.prefill_workers, router.decode_workers) == (0, 1, 0)
+    # it keeps its replicas (it has served: never scaled to 0), and says what it lacks
+    assert (router.replicas, router.prefill_workers, router.decode_workers) == (2, 1, 0)
     ready = _cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", ROUTER_NOT_READY)
-    assert "no ready decode leader of compatibility hash h1" in ready.message
+    assert f"no routable decode leader of compatibility hash {H}" in ready.message
+    assert status.routable_capacity_percent == 0
 
 
 def test_without_a_router_the_status_says_what_clients_reach() -> None:

@@ -7,7 +7,7 @@ from kimik3_operator.reconcile.reconciler import reconcile
 from kimik3_operator.reconcile.status import compute_status
 from kimik3_operator.reconcile.status_pace import PACE_SECONDS, StatusPace
 from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
-from tests.unit.test_status import ALL_READY, ENDPOINTS, OWNER, _lws, _plan, _router
+from tests.unit.test_status import ALL_READY, ENDPOINTS, OWNER, ROUTER, H, _lws, _plan, _router
 
 
 class Clock:
@@ -21,8 +21,8 @@ class Clock:
 def _status(ready_router: int, decode: tuple[int, int] = (2, 2), generation: int = 1):
     workloads = {**ALL_READY, "k3-pd-gb300-decode-decode": _lws(*decode)}
     return compute_status(owner=OWNER, generation=generation, previous=None, plan=_plan(), error=None,
-                          now="t", workloads=workloads, endpoints=ENDPOINTS,
-                          routers={"k3-pd-router": _router(ready_router)})
+                          now="t", workloads=workloads, endpoints=ENDPOINTS, pairs={H: 1},
+                          routers={ROUTER: _router(ready_router)})
 
 
 def test_counts_alone_wait_for_the_pace_and_a_new_story_does_not() -> None:
@@ -51,17 +51,17 @@ def test_a_held_back_status_is_written_by_the_pass_it_asks_for() -> None:
     pace = StatusPace(clock=clock)
     cluster = _staged(MemoryCluster(_pd(), NODES))
     first = reconcile(cluster, "ns", "k3", pace=pace)  # serving children applied: a new story
-    assert first.status_written and first.status_due is None
+    assert first.status_written and first.due is None
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
     lws["status"] = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0, "observedGeneration": 1}
     lws["metadata"]["generation"] = 1
     before = cluster.deployment["status"]
     clock.now += 1
     held = reconcile(cluster, "ns", "k3", pace=pace)
-    assert not held.status_written and held.status_due == PACE_SECONDS - 1
+    assert not held.status_written and held.due == PACE_SECONDS - 1
     assert cluster.deployment["status"] == before
-    clock.now += held.status_due
+    clock.now += held.due
     later = reconcile(cluster, "ns", "k3", pace=pace)
-    assert later.status_written and later.status_due is None
+    assert later.status_written and later.due is None
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["updatedReplicas"] == 2

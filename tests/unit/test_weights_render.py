@@ -54,13 +54,25 @@ def test_hub_sources_stage_into_the_cache_claim_with_the_token_as_a_secret_refer
         assert c["command"][c["command"].index("--report-configmap") + 1] == f"{job['metadata']['name']}-progress"
         assert c["command"][c["command"].index("--progress-file") + 1] == "/dev/termination-log"
         assert c["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
-    (role,) = _kinds(objs, "Role")  # its progress, nothing of its Job
+    # Two identities, each with its own Role: the stager's and the router's (rendered with the
+    # weights, since it never changes and a router may run while a new revision stages).
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        assert sorted(o["metadata"]["name"] for o in _kinds(objs, kind)) == ["k3-router", "k3-weights"]
+    roles = {o["metadata"]["name"]: o for o in _kinds(objs, "Role")}
+    role = roles["k3-weights"]  # its progress, nothing of its Job
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"],
                               "resourceNames": [f"{j['metadata']['name']}-progress" for j in jobs]}]
     assert [m["metadata"]["name"] for m in _kinds(objs, "ConfigMap")] == role["rules"][0]["resourceNames"]
     assert all("data" not in m for m in _kinds(objs, "ConfigMap"))  # the staging pod's to fill
-    (binding,) = _kinds(objs, "RoleBinding")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "k3-weights", "namespace": "ns"}]
+    # The router's: list and watch pods, nothing else (no get, no secrets, no writes).
+    assert roles["k3-router"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    bindings = {o["metadata"]["name"]: o for o in _kinds(objs, "RoleBinding")}
+    for name in ("k3-weights", "k3-router"):
+        assert bindings[name]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+        assert bindings[name]["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "ns"}]
+    # The router's token is mounted only where a pod asks for it (the router pod does).
+    (router_sa,) = [a for a in _kinds(objs, "ServiceAccount") if a["metadata"]["name"] == "k3-router"]
+    assert router_sa["automountServiceAccountToken"] is False
 
 
 def test_a_new_revision_is_a_new_job_and_a_new_folder() -> None:

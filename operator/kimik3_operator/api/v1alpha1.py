@@ -1045,7 +1045,9 @@ class RouterStatus(StatusModel):
     """One router: where it listens and which engines it sends requests to."""
 
     name: str
-    """The router's Deployment and Service."""
+    """The router's Deployment (a P/D router runs one per revision that has a pair)."""
+    service: str | None = None
+    """Its Service: the one endpoint of every revision's router."""
     mode: RouterMode
     """PrefillDecode (prefill, then decode with the KV hand-off) | Aggregated (load balancing)."""
     prefill_policy: RouterPolicy | None = None
@@ -1057,18 +1059,18 @@ class RouterStatus(StatusModel):
     endpoint: str | None = None
     """In-cluster URL of the router's Service."""
     replicas: int = 0
-    """Desired router replicas: 0 until it has a ready leader of each kind of engine it needs (a
-    prefill and a decode, or an aggregated one), since a router with an empty list cannot start."""
+    """Desired router replicas: spec.router.replicas, shared between revisions in proportion to
+    their routable pairs while a rollout serves both (at least one each)."""
     ready_replicas: int = 0
     """Ready router pods."""
     compatibility_hash: str | None = None
     """PrefillDecode: the revision whose engines it pairs (the hash both roles' leaders carry)."""
     prefill_workers: int | None = None
-    """Prefill engines (ready leader pods) it lists."""
+    """Prefill engines it finds (routable leader pods: Ready, not terminating)."""
     decode_workers: int | None = None
-    """Decode engines (ready leader pods) it lists."""
+    """Decode engines it finds."""
     aggregated_workers: int | None = None
-    """Aggregated engines (ready leader pods) it lists."""
+    """Aggregated engines it finds."""
 
 
 class KimiK3DeploymentStatus(StatusModel):
@@ -1085,8 +1087,12 @@ class KimiK3DeploymentStatus(StatusModel):
     endpoint: str | None = None
     """The URL clients send requests to: the router's Service, else (spec.router.replicas 0) a
     role's leader Service."""
-    routers: Annotated[list[RouterStatus], Field(max_length=2), list_map("name")] = []
-    """The routers and the engines each one lists."""
+    routers: Annotated[list[RouterStatus], Field(max_length=8), list_map("name")] = []
+    """The routers and the engines each one finds."""
+    routable_capacity_percent: int | None = None
+    """The fewest, over the roles, of routed Ready leaders per planned replica, in percent: what the
+    routers can send requests to now against what the plan asks (a rollout holds it at 100 or more
+    while surge groups can start)."""
     routing: str | None = None
     """Set when no router is rendered: what clients reach instead, and what that costs."""
     engine: EngineStatus | None = None

@@ -107,8 +107,8 @@ class State:
                 RECONCILE_PURE_SECONDS.observe(max(0.0, took - waited))
                 RECONCILE_PURE_CPU_SECONDS.observe(max(0.0, used - api_cpu))
             self.phases.record((namespace, name), outcome.phase)
-            if outcome.status_due is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(self.queue.put_later, (namespace, name), outcome.status_due)
+            if outcome.due is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self.queue.put_later, (namespace, name), outcome.due)
             if outcome.error:
                 RECONCILE_ERRORS.labels(outcome.error.reason).inc()
             for action, keys in (("apply", outcome.applied), ("delete", outcome.deleted)):

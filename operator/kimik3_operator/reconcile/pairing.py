@@ -1,15 +1,13 @@
-"""Which revision the prefill and decode Services and the router send traffic to while a rollout
-is under way, and which engines the router lists.
+"""Which revision the prefill and decode leader Services select while a rollout is under way, and
+which revisions get a P/D router.
 
 NIXL hands KV and KDA state over only between engines that agree on the compatibility hash, so a
 prefill of one revision must never serve a decode of another. Both roles' Services select one
 compatibility hash, and switch together: they keep the revision that serves now until the new one
-has a ready leader in every paired role, then move at once. Old pods are left to the rolling update.
-The P/D router lists the ready leaders of that same hash only, so it switches at the same moment.
-
-The lists follow the pods through the LeaderWorkerSet events: a leader that turns ready or unready
-changes its workload's ready count, and a leader replaced under a new IP does both. A change the
-workload's status does not show (a restart faster than its controller looks) waits for the resync.
+has a routable leader in every paired role, then move at once. The routers find their engines
+themselves (render/router.py): each P/D router pairs one revision, and every revision with a
+routable pair has one (`revision_pairs`), so old and new pairs both serve while a rollout holds the
+old groups (rollout.py).
 """
 
 from __future__ import annotations
@@ -26,17 +24,21 @@ from ..render.workloads import LWS_WORKER_INDEX_LABEL
 PAIRED = ("prefill", "decode")
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+def routable(pod: Mapping[str, Any]) -> bool:
+    """Ready and not terminating: what the router's discovery adds (vllm-router 0.1.17
+    src/service_discovery.rs: Running, Ready=True, no deletionTimestamp)."""
+    status = pod.get("status") or {}
+    return (status.get("phase") == "Running" and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []))
 
 
 def ready_leader_hashes(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    """(pool, role) -> compatibility hashes of its ready leader pods."""
+    """(pool, role) -> compatibility hashes of its routable leader pods (a terminating pod no
+    longer counts: the router has already dropped it)."""
     out: dict[tuple[str, str], set[str]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        if labels.get(LABEL_ROLE) in PAIRED and labels.get(LWS_WORKER_INDEX_LABEL) == "0" and _ready(pod):
+        if labels.get(LABEL_ROLE) in PAIRED and labels.get(LWS_WORKER_INDEX_LABEL) == "0" and routable(pod):
             out.setdefault((labels.get(LABEL_POOL, ""), labels[LABEL_ROLE]), set()).add(labels.get(LABEL_COMPAT, ""))
     return out
 
@@ -66,22 +68,49 @@ def _address(pod: Mapping[str, Any]) -> str | None:
         return None
 
 
-def leader_endpoints(plan: Plan, pods: Iterable[Mapping[str, Any]], paired_hash: str) -> tuple[RoleEndpoints, ...]:
-    """Per role of the plan, the IPs of its ready leader pods that are not terminating: of
-    `paired_hash` only for prefill and decode; of any revision for aggregated roles, which pair
-    with nothing (their rolling update keeps old leaders serving until new ones are ready, as their
-    Service does). `pods` are the deployment's own."""
-    found: dict[tuple[str, str], set[str]] = {}
+def revision_pairs(plan: Plan, pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Compatibility hash -> how many pairs of that revision can be routed: the fewest routable
+    leaders of it over the plan's paired roles (0 and left out when a role has none)."""
+    roles = [(pool.name, role.role) for pool, role in plan.role_plans() if role.role in PAIRED]
+    counts: dict[str, dict[tuple[str, str], int]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        if (labels.get(LWS_WORKER_INDEX_LABEL) != "0" or not _ready(pod)
-                or (pod.get("metadata") or {}).get("deletionTimestamp")):
+        key = (labels.get(LABEL_POOL, ""), labels.get(LABEL_ROLE, ""))
+        if key in roles and labels.get(LWS_WORKER_INDEX_LABEL) == "0" and routable(pod):
+            per = counts.setdefault(labels.get(LABEL_COMPAT, ""), {})
+            per[key] = per.get(key, 0) + 1
+    out = {h: min(per.get(key, 0) for key in roles) for h, per in counts.items()} if roles else {}
+    return {h: n for h, n in sorted(out.items()) if n > 0}
+
+
+def _address_key(address: str) -> tuple[int, Any]:
+    ip = ipaddress.ip_address(address)
+    return ip.version, ip
+
+
+def leader_endpoints(plan: Plan, pods: Iterable[Mapping[str, Any]], paired_hash: str | None = None
+                     ) -> tuple[RoleEndpoints, ...]:
+    """The IPs of the plan's routable leader pods, what the routers' discovery finds: per role, and
+    for prefill and decode per revision (only `paired_hash`'s when one is given, with an empty entry
+    when it has none); aggregated roles pair with nothing and list every revision's. `pods` are the
+    deployment's own."""
+    found: dict[tuple[str, str, str | None], set[str]] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(LWS_WORKER_INDEX_LABEL) != "0" or not routable(pod):
             continue
-        if labels.get(LABEL_ROLE) in PAIRED and labels.get(LABEL_COMPAT) != paired_hash:
+        paired = labels.get(LABEL_ROLE) in PAIRED
+        if paired and paired_hash is not None and labels.get(LABEL_COMPAT) != paired_hash:
             continue
         if (address := _address(pod)) is not None:
-            found.setdefault((labels.get(LABEL_POOL, ""), labels.get(LABEL_ROLE, "")), set()).add(address)
-    return tuple(RoleEndpoints(pool=pool.name, role=role.role,
-                               addresses=tuple(sorted(found.get((pool.name, role.role), ()))),
-                               compat_hash=paired_hash if role.role in PAIRED else None)
-                 for pool, role in plan.role_plans())
+            revision = labels.get(LABEL_COMPAT, "") if paired else None
+            found.setdefault((labels.get(LABEL_POOL, ""), labels.get(LABEL_ROLE, ""), revision), set()).add(address)
+    out = []
+    for pool, role in plan.role_plans():
+        hashes = ([paired_hash] if paired_hash is not None else
+                  sorted(h for p, r, h in found if (p, r) == (pool.name, role.role) and h is not None)
+                  ) if role.role in PAIRED else [None]
+        out += [RoleEndpoints(pool=pool.name, role=role.role, compat_hash=h,
+                              addresses=tuple(sorted(found.get((pool.name, role.role, h), ()), key=_address_key)))
+                for h in hashes]
+    return tuple(out)

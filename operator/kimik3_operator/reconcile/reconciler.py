@@ -30,8 +30,9 @@ from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
-from .pairing import leader_endpoints, serving_hash
+from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
+from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
 from .status import compute_status, transitions
 from .status_pace import StatusPace
 from .weights_status import weights_state
@@ -52,8 +53,10 @@ class Outcome:
     phase: str | None = None
     """The phase the status shows after this pass (written or not)."""
     error: PlanningError | None = None
-    status_due: float | None = None
-    """Seconds until the status this pass held back may be written (status_pace.py): run a pass then."""
+    due: float | None = None
+    """Seconds until a pass should run again: when the status this pass held back may be written
+    (status_pace.py), or sooner while a rollout waits for old routers to drain (no child event tells
+    when their pods are gone)."""
 
 
 def utc_now() -> str:
@@ -131,9 +134,16 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         wanted = {_key(o) for o in desired}
         plan = with_staged(plan, weights.commits) if weights.all_staged else plan
         paired = serving_hash(plan, own_pods, _selected_hashes(live))
-        endpoints = leader_endpoints(plan, own_pods, paired)
+        endpoints = leader_endpoints(plan, own_pods)
+        pairs = revision_pairs(plan, own_pods)
         if weights.all_staged:
-            serving = render_serving(owner, plan, paired, endpoints)
+            # each role's count as this pass applies it (an autoscaled role's: its scaler's)
+            counted = with_live_counts(owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind})
+            replicas: dict[tuple[str, str], int] = {(p.name, r.role): r.replicas for p, r in counted.role_plans()}
+            held = partitions(plan, own_pods, replicas)
+            serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, pairs), held)
+            if held and old_routers(plan, own_pods):
+                outcome.due = ROLLOUT_POLL_SECONDS
             if (problem := _chat_template_problem(cluster, plan, serving, live)) is not None:
                 return fail(problem)
             hand_over(cluster, owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind},
@@ -144,7 +154,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
             # What serves now keeps serving (a new revision stages into a folder of its own), and
             # its routers keep following the leaders that serve.
             wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
-            _apply_all(cluster, [o for o in render_routers(owner, plan, endpoints) if _key(o) in live],
+            _apply_all(cluster, [o for o in render_routers(owner, plan, pairs) if _key(o) in live],
                        live, current, outcome)
     except MissingApiError as exc:
         hint = BY_KIND[exc.kind].missing_hint
@@ -169,6 +179,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     _write_status(cluster, pace, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
+        pairs=pairs,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling))
     return outcome
 
@@ -249,7 +260,7 @@ def _write_status(cluster: Cluster, pace: StatusPace | None, owner: Owner, previ
         return
     key = (owner.namespace, owner.name)
     if pace is not None and (wait := pace.wait(key, previous, status)) > 0:
-        outcome.status_due = wait
+        outcome.due = min(wait, outcome.due or wait)
         return
     cluster.apply_status(owner.namespace, owner.name, status.wire())
     if pace is not None:

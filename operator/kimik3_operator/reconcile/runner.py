@@ -31,6 +31,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Protocol
 
 import kopf
+from kopf._core.engines.peering import Identity as KopfIdentity  # not re-exported by kopf
 
 from ..k8s import api_client
 from ..k8s.identity import IDENTITY
@@ -161,14 +162,19 @@ class _Replica:
         return 0
 
     async def _kopf(self) -> None:
-        """kopf until `stop` is set. spawn_tasks + run_tasks is kopf.operator() with one change:
-        kopf installs its own signal handlers, and ours must stay (they set kopf's stop flag)."""
+        """kopf until `stop` is set. spawn_tasks + run_tasks is kopf.operator() with two changes:
+        kopf installs its own signal handlers, and ours must stay (they set kopf's stop flag); and
+        kopf is told our identity. Left to itself it calls `getpass.getuser()`
+        (kopf/_core/engines/peering.py, detect_own_id), which raises KeyError under a uid with no
+        passwd entry: the image's 65532, or any uid a platform's policy assigns. That crash-looped
+        every operator pod under a real container runtime."""
         settings = kopf.OperatorSettings()
         self.kopf_pool = settings.execution.executor
         existing = asyncio.all_tasks()  # ours (health, lease): kopf must not cancel them on exit
         tasks = await kopf.spawn_tasks(
             settings=settings, standalone=self.standalone, clusterwide=not self.config.namespaces,
             namespaces=self.config.namespaces, liveness_endpoint=None, stop_flag=self.stop,
+            identity=KopfIdentity(IDENTITY),
             memo=kopf.Memo(config=self.config, guard=self.guard))
         self._trap_signals()
         await kopf.run_tasks(tasks, ignored=existing)

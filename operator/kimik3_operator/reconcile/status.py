@@ -129,31 +129,53 @@ def entry_endpoint(pools: list[PoolStatus]) -> str | None:
     return None
 
 
-def _router_status(owner: Owner, targets: RouterTargets, live: Mapping[str, Any]) -> tuple[RouterStatus, str | None]:
-    """A router's status, and why it does not serve as rendered yet (None when it does)."""
+def _router_status(owner: Owner, targets: RouterTargets, endpoints: Sequence[RoleEndpoints],
+                   live: Mapping[str, Any]) -> tuple[RouterStatus, str | None]:
+    """A router Deployment's status, and why it does not serve as rendered yet (None when it does)."""
     status = live.get("status") or {}
     desired = targets.replicas
     ready = min(int(status.get("readyReplicas") or 0), desired)
-    # Counts of an older generation (lists just changed) say nothing about the new pods.
+    # Counts of an older generation say nothing about the new pods.
     observed = int(status.get("observedGeneration") or 0) >= int((live.get("metadata") or {}).get("generation") or 0)
     updated = int(status.get("updatedReplicas") or 0) if observed else 0
+    found = {role: len({a for e in endpoints if e.role == role and (e.pool, e.role) in targets.plan.routes
+                        and (targets.compat_hash is None or e.compat_hash == targets.compat_hash)
+                        for a in e.addresses}) for role in targets.plan.roles}
     out = RouterStatus(
-        **router_fields(targets.plan), name=targets.name, endpoint=router_url(owner, targets.name),
-        replicas=desired, ready_replicas=ready, compatibility_hash=targets.compat_hash,
-        **{f"{role}_workers": len(targets.urls(role)) for role in targets.plan.roles})
-    if targets.missing:
+        **router_fields(targets.plan), name=targets.deployment, service=targets.name,
+        endpoint=router_url(owner, targets.name), replicas=desired, ready_replicas=ready,
+        compatibility_hash=targets.compat_hash, **{f"{role}_workers": n for role, n in found.items()})
+    if missing := [role for role, n in found.items() if not n]:
         revision = f" of compatibility hash {targets.compat_hash}" if targets.compat_hash else ""
-        return out, (f"router {targets.name}: no ready {' or '.join(targets.missing)} leader{revision} to send "
-                     "requests to, so it is not started yet")
+        return out, f"router {targets.deployment}: no routable {' or '.join(missing)} leader{revision}"
     done = observed and updated >= desired and ready >= desired and int(status.get("replicas") or 0) <= desired
-    return out, None if done else f"router {targets.name}: {ready}/{desired} ready, {updated} updated"
+    return out, None if done else f"router {targets.deployment}: {ready}/{desired} ready, {updated} updated"
 
 
-def router_statuses(owner: Owner, plan: Plan, endpoints: Sequence[RoleEndpoints],
+def router_statuses(owner: Owner, plan: Plan, endpoints: Sequence[RoleEndpoints], pairs: Mapping[str, int],
                     routers: Mapping[str, Mapping[str, Any]]) -> tuple[list[RouterStatus], list[str]]:
-    """Each router's status, and a line for each one that does not serve as rendered yet."""
-    pairs = [_router_status(owner, t, routers.get(t.name) or {}) for t in router_targets(owner, plan, endpoints)]
-    return [status for status, _ in pairs], [why for _, why in pairs if why]
+    """Each router Deployment's status, and a line for each one of the plan's own revision (or
+    the aggregated router) that does not serve as rendered yet: an old revision's router without
+    a pair is on its way out, not a reason to call the deployment unready."""
+    out = [(t, *_router_status(owner, t, endpoints, routers.get(t.deployment) or {}))
+           for t in router_targets(owner, plan, pairs)]
+    return ([status for _, status, _ in out],
+            [why for t, _, why in out if why and t.compat_hash in (None, plan.compat_hash)])
+
+
+def routable_capacity(plan: Plan, endpoints: Sequence[RoleEndpoints], pairs: Mapping[str, int]) -> int | None:
+    """Per role, the routable leaders some router sends requests to (for prefill and decode: of a
+    revision that has a pair) over its planned replicas; the fewest over the roles, in percent.
+    None without a router or a role."""
+    if not plan.routers:
+        return None
+    routed: dict[tuple[str, str], int] = {(p.name, r.role): 0 for p, r in plan.role_plans()}
+    for e in endpoints:
+        if (e.pool, e.role) in routed and (e.role == "aggregated" or pairs.get(e.compat_hash or "", 0) > 0):
+            routed[(e.pool, e.role)] += len(e.addresses)
+    planned: dict[tuple[str, str], int] = {(p.name, r.role): r.replicas for p, r in plan.role_plans()}
+    shares = [100 * n // planned[key] for key, n in routed.items() if planned[key] > 0]
+    return min(shares) if shares else None
 
 
 def without_router(plan: Plan, endpoint: str | None) -> str | None:
@@ -278,14 +300,15 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                    plan: Plan | None, error: PlanningError | None,
                    workloads: Mapping[str, Mapping[str, Any]], now: str,
                    capacity: list[str] | None = None, weights: WeightsState | None = None,
-                   endpoints: Sequence[RoleEndpoints] = (),
+                   endpoints: Sequence[RoleEndpoints] = (), pairs: Mapping[str, int] | None = None,
                    routers: Mapping[str, Mapping[str, Any]] | None = None,
                    autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
                    ) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
     checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
-    the routers (live Deployments by name) list the `endpoints` and are ready, or it is not Ready."""
+    the routers (live Deployments by name) find the `endpoints` (routable leaders of every revision,
+    `pairs` per revision) and are ready, or it is not Ready."""
     conditions = list(previous.conditions) if previous else []
 
     def put(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -303,7 +326,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
             "observed_generation": generation, "phase": "Failed", "conditions": conditions}))
     pools = role_statuses(owner, plan, workloads, autoscaling)
     roles = [(p.name, r) for p in pools for r in p.roles]
-    statuses, routing = router_statuses(owner, plan, endpoints, routers or {})
+    statuses, routing = router_statuses(owner, plan, endpoints, pairs or {}, routers or {})
     endpoint = statuses[0].endpoint if statuses else entry_endpoint(pools)
     seen = Seen(
         ready=sum(r.ready_replicas for _, r in roles), desired=sum(r.replicas for _, r in roles),
@@ -321,6 +344,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         pools=pools,
         endpoint=endpoint,
         routers=statuses,
+        routable_capacity_percent=routable_capacity(plan, endpoints, pairs or {}),
         routing=without_router(plan, endpoint),
         engine=engine_status(plan),
         ready_summary=f"{seen.ready}/{seen.desired}",

@@ -12,7 +12,7 @@ status of a pass in which the SLO scaler decided (its memory, the last scale and
 target is breached, lives in the status and must not be lost to a held-back write). A change of
 counts, messages or progress alone is written once PACE_SECONDS have passed since this
 deployment's last status write: the pass that found it asks to be run again then (Outcome.
-status_due), and that pass writes what is true at that moment, if it still differs. Kubernetes'
+due), and that pass writes what is true at that moment, if it still differs. Kubernetes'
 own controllers write each change; the kubelet's status manager batches the same way for the same
 reason.
 """

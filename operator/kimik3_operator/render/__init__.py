@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from ..contract.kinds import APPLY_ORDER
@@ -12,7 +12,7 @@ from . import compile_cache
 from .autoscalers import scalers
 from .compute_domain import compute_domain, role_domain_name
 from .names import Owner, stamp_hash
-from .router import RoleEndpoints, router_children
+from .router import RoleEndpoints, router_children, router_identity
 from .services import leader_service
 from .weights import weights_children
 from .workloads import leader_worker_set
@@ -21,14 +21,20 @@ from .workloads import leader_worker_set
 def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) -> list[dict[str, Any]]:
     """What stages the checkpoints: needed before (and independent of) anything that serves."""
     return _in_apply_order(weights_children(owner, plan.weights, tools_image)
-                           + compile_cache.own_claim(owner, plan.weights))
+                           + compile_cache.own_claim(owner, plan.weights)
+                           # The routers' identity: it never changes, and a router may run while
+                           # a new revision stages.
+                           + router_identity(owner, plan))
 
 
 def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
-                   endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
+                   routers: Mapping[str, int] | None = None,
+                   partitions: Mapping[tuple[str, str], int] | None = None) -> list[dict[str, Any]]:
     """What serves, once the plan carries the staged commits; prefill and decode Services select
-    `paired_hash` (default: the plan's own), the routers list the `endpoints` (the ready leaders the
-    reconciler saw). Nothing here depends on the operator's version."""
+    `paired_hash` (default: the plan's own); the P/D router runs per revision of `routers`
+    (compatibility hash -> routable pairs, router.router_replicas); a (pool, role) in `partitions`
+    keeps that many of its groups on the template they run. Nothing here depends on the operator's
+    version."""
     children: list[dict[str, Any]] = []
     domains: set[str] = set()
     for pool, role in plan.role_plans():
@@ -36,19 +42,19 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
         if role.compute_domain and (domain := role_domain_name(owner, pool, role)) not in domains:
             domains.add(domain)  # prefill and decode may share one
             children.append(compute_domain(owner, pool, role))
-        children.append(leader_worker_set(owner, plan, pool, role))
-    return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, endpoints))
+        children.append(leader_worker_set(owner, plan, pool, role, (partitions or {}).get((pool.name, role.role), 0)))
+    return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers))
 
 
-def render_routers(owner: Owner, plan: Plan, endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
+def render_routers(owner: Owner, plan: Plan, routers: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """The routers alone: they depend on the leaders that serve, not on the staged commits."""
-    return _in_apply_order(router_children(owner, plan, endpoints))
+    return _in_apply_order(router_children(owner, plan, routers))
 
 
 def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
-                    endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
+                    routers: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """Every child of one deployment, each stamped with its desired-state hash, in apply order."""
-    return render_weights(owner, plan, tools_image) + render_serving(owner, plan, endpoints=endpoints)
+    return render_weights(owner, plan, tools_image) + render_serving(owner, plan, routers=routers)
 
 
 def _in_apply_order(children: list[dict[str, Any]]) -> list[dict[str, Any]]:

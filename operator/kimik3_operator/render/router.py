@@ -1,47 +1,69 @@
-"""The router in front of the engines: a Deployment of vllm-router 0.1.17 and its Service.
+"""The router in front of the engines: vllm-router 0.1.17 that follows the pods itself, its Service,
+and the identity it watches them with.
 
-Its engines are static lists the operator keeps current: one URL per ready leader pod, passed in
-as `RoleEndpoints` (the reconciler reads the pods; this stays pure). A P/D router lists prefill and
-decode leaders of one compatibility hash only, so a request is never handed from a prefill of one
-revision to a decode of another; switching revision is a rollout of the router itself, gated by
-its readiness. The router's own Kubernetes discovery is not used: it needs list/watch on every pod
-of the namespace, matches labels client-side, and blocks its watch for the whole startup timeout on
-a pod it cannot reach (vllm-router 0.1.17 src/service_discovery.rs); nor could a P/D router follow
-a revision switch without a restart anyway (its selectors would change).
+Why discovery and not lists (docs/decisions/router-discovery.md): a router given static engine
+lists must restart for every change of them, and every restart drops its prefix trees, load and
+health, cuts streams, and flips readiness. vllm-router's Kubernetes discovery (src/service_discovery.rs)
+watches the pods of its namespace and adds a pod that matches its selectors once it is Running and
+Ready, and removes it as soon as it stops matching, turns unready or gets a deletionTimestamp. So the
+router's template is constant: scaling, crashes and replacements change which pods are Ready, never
+the router. It needs list/watch on pods in its own namespace (a Role for its own ServiceAccount; the
+token is mounted in the router pod only), and it matches labels client-side.
 
-A static router cannot start without at least one engine per list (it waits for them, then exits),
-so until every kind of engine it needs has a ready leader it is rendered with no replicas, paused. Any
-change of the lists restarts it: rare for engines that take many minutes to start, and the args
-are sorted so an unchanged set never rewrites the Deployment.
+One P/D router per revision. NIXL hands KV over only between engines of one compatibility hash, so
+each revision's router selects that hash: a request is never handed across revisions, and during a
+rollout the old revision's router keeps serving the old pairs while the new one serves the new. All of
+them carry the one router label the Service selects, so clients see one endpoint; replicas follow each
+revision's routable pairs (`router_replicas`). A revision's router goes once it is not in the weights
+(no pair of it left, or retired by the rollout: reconcile/rollout.py), the plan's own revision's
+never. The aggregated router pairs nothing and is one Deployment.
+
+The discovery add path waits for each new pod's /health, one pod at a time, up to
+`--worker-startup-timeout-secs` (router.rs wait_for_healthy_workers): one Ready pod it cannot reach
+stalls every add behind it for that long, and a failed add is retried only on that pod's next event.
+Serving pods are Ready only once vLLM answers, so `ADD_WAIT_SECONDS` is short.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract.kinds import DEPLOYMENT, SERVICE
+from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
+from ..contract.names import MANAGED_BY, MANAGED_BY_LABEL
 from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
 from .engine import HTTP_PORT
-from .kubelet import literal, literals
-from .names import LABEL_DEPLOYMENT, LABEL_ROUTER, Owner, deployment_label, object_meta, router_name
+from .names import (
+    LABEL_COMPAT,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    LABEL_ROUTER,
+    Owner,
+    bounded,
+    deployment_label,
+    object_meta,
+    router_name,
+)
+from .workloads import LWS_WORKER_INDEX_LABEL
 
 ROUTER_PORT = 8000
 METRICS_PORT = 29000
 RUN_AS = 65532  # the router image's non-root user (images/router/Dockerfile)
 COMPONENT = "router"
+LABEL_REVISION = "serving.kimik3.dev/router-revision"
+"""On a P/D router's pods: the compatibility hash it pairs (its Deployment's selector)."""
 
-STARTUP_TIMEOUT_SECONDS = 300
-"""How long a starting router waits for one healthy engine per list before it exits (its default,
-600, would hide a wrong list for ten minutes)."""
-HEALTH_ARGS = (
-    "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_SECONDS), "--worker-startup-check-interval", "2",
-    # A dead engine stops getting requests after ~10 s instead of the defaults' 3 minutes: the
-    # P/D path has no retry and no circuit breaker (src/routers/http/vllm_pd_router.rs).
-    "--health-check-interval-secs", "5", "--health-failure-threshold", "2", "--health-success-threshold", "1",
+ADD_WAIT_SECONDS = 20
+"""How long the router waits for a newly Ready engine's /health before it gives the add up; every
+other add and removal waits behind it (above)."""
+ROUTER_ARGS = (
+    "--worker-startup-timeout-secs", str(ADD_WAIT_SECONDS), "--worker-startup-check-interval", "1",
+    # One health loop over every engine (core/worker_registry.rs). Discovered engines take only the
+    # interval from the command line; their threshold is the default 3 (pd_router.rs add_server,
+    # health_config None), so a dead engine leaves after ~15 s unless its pod turns unready first.
+    "--health-check-interval-secs", "5",
 )
 PROBE_PERIOD_SECONDS = 5
 PRE_STOP_SECONDS = 10
@@ -61,7 +83,7 @@ POLICY_FLAG = {
 
 @dataclass(frozen=True)
 class RoleEndpoints:
-    """The engines of one role a router may send requests to."""
+    """The engines of one role a router sends requests to (for status: the router finds them itself)."""
 
     pool: str
     role: str
@@ -73,96 +95,124 @@ class RoleEndpoints:
 
 @dataclass(frozen=True)
 class RouterTargets:
-    """One router as it is rendered: its plan, its name and the engines it lists."""
+    """One router Deployment as it is rendered."""
 
     name: str
+    """The router's name: its Service's, and LABEL_ROUTER on its pods (of every revision)."""
+    deployment: str
     plan: RouterPlan
-    workers: tuple[tuple[str, tuple[str, ...]], ...]
-    """(role, sorted engine URLs) per kind of engine the router picks."""
     compat_hash: str | None
-
-    def urls(self, role: str) -> tuple[str, ...]:
-        return dict(self.workers).get(role, ())
-
-    @property
-    def missing(self) -> tuple[str, ...]:
-        """Kinds of engine with no ready leader: the router cannot start yet."""
-        return tuple(role for role in self.plan.roles if not self.urls(role))
-
-    @property
-    def replicas(self) -> int:
-        return 0 if self.missing else self.plan.replicas
+    """P/D: the revision it pairs; None for the aggregated router."""
+    replicas: int
 
 
-def _address_key(address: str) -> tuple[int, Any]:
-    ip = ipaddress.ip_address(address)
-    return ip.version, ip
+def router_replicas(total: int, weights: Mapping[str, int], own: str) -> dict[str, int]:
+    """Router replicas per P/D revision: `total` shared in proportion to each revision's routable
+    pairs (`weights`: the fewest ready leaders over its paired roles), at least one for each revision
+    that has a pair, and `own` (the plan's revision) always kept, with `total` while nothing else
+    serves. So the Service spreads requests about as the revisions can carry them, and the plan's
+    router, once it has served, is never scaled to 0."""
+    serving = {h: w for h, w in weights.items() if w > 0}
+    if not serving or set(serving) == {own}:
+        return {own: total}
+    whole = sum(serving.values())
+    out = {h: max(1, round(total * w / whole)) for h, w in serving.items()}
+    out.setdefault(own, 1)
+    return dict(sorted(out.items()))
 
 
-def engine_url(address: str) -> str:
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{HTTP_PORT}"
-
-
-def router_targets(owner: Owner, plan: Plan, endpoints: Iterable[RoleEndpoints] = ()) -> list[RouterTargets]:
-    """The plan's routers, the first named `<name>-router`, a second `<name>-router-aggregated`."""
-    endpoints = tuple(endpoints)
+def router_targets(owner: Owner, plan: Plan, weights: Mapping[str, int] | None = None) -> list[RouterTargets]:
+    """The plan's routers: the P/D router `<name>-router` as one Deployment per revision in
+    `weights` (compatibility hash -> routable pairs; the plan's own always), the aggregated one
+    `<name>-router-aggregated` when a deployment has both kinds, else `<name>-router`."""
     out = []
     for index, router in enumerate(plan.routers):
-        mine = [e for e in endpoints if (e.pool, e.role) in router.routes]
-        workers = tuple(
-            (role, tuple(engine_url(a) for a in sorted({a for e in mine if e.role == role for a in e.addresses},
-                                                        key=_address_key)))
-            for role in router.roles)
-        hashes = sorted({e.compat_hash for e in mine if e.compat_hash})
-        out.append(RouterTargets(
-            name=router_name(owner, "" if index == 0 else f"-{router.mode.lower()}"), plan=router,
-            workers=workers, compat_hash=hashes[0] if router.mode == "PrefillDecode" and hashes else None))
+        name = router_name(owner, "" if index == 0 else f"-{router.mode.lower()}")
+        if router.mode != "PrefillDecode":
+            out.append(RouterTargets(name=name, deployment=name, plan=router, compat_hash=None,
+                                     replicas=router.replicas))
+            continue
+        for revision, replicas in router_replicas(router.replicas, weights or {}, plan.compat_hash).items():
+            out.append(RouterTargets(name=name, deployment=revision_deployment(name, revision), plan=router,
+                                     compat_hash=revision, replicas=replicas))
     return out
+
+
+def revision_deployment(router: str, revision: str) -> str:
+    return bounded(f"{router}-{revision[:10]}", 253)
 
 
 def router_url(owner: Owner, name: str) -> str:
     return f"http://{name}.{owner.namespace}.svc:{ROUTER_PORT}"
 
 
-def router_args(targets: RouterTargets) -> list[str]:
+def engine_selector(owner: Owner, role: str, compat_hash: str | None) -> list[str]:
+    """What the router matches a pod's labels against (every pair, equality, client-side): the
+    leaders (worker index 0; the headless workers serve no HTTP) of one role of this deployment,
+    and for P/D of one revision."""
+    pairs = {MANAGED_BY_LABEL: MANAGED_BY, LABEL_DEPLOYMENT: deployment_label(owner), LABEL_ROLE: role,
+             LWS_WORKER_INDEX_LABEL: "0", **({LABEL_COMPAT: compat_hash} if compat_hash else {})}
+    return [f"{k}={v}" for k, v in pairs.items()]
+
+
+def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
     """vllm-router's arguments (the image's ENTRYPOINT is vllm-router). Both listeners bind every
-    address: the router's defaults are loopback only. The engine URLs come from pod status, not
-    from the operator: they go through `literal` like any value the kubelet must not expand."""
+    address: the router's defaults are loopback only. Each selector is one flag with all its pairs:
+    the router's launcher keeps only the last of a repeated flag (py_src/vllm_router/router_args.py)."""
     policy = {role: POLICY_FLAG[name] for role, name in targets.plan.policies}
     args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT),
-            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT)]
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT),
+            "--service-discovery", "--service-discovery-namespace", owner.namespace,
+            "--service-discovery-port", str(HTTP_PORT), *ROUTER_ARGS]
     if targets.plan.mode == "PrefillDecode":
-        args += ["--vllm-pd-disaggregation", "--kv-connector", "nixl",
-                 "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"], *HEALTH_ARGS]
-        for role in ("prefill", "decode"):
-            for url in targets.urls(role):
-                args += [f"--{role}", literal(url)]
-        return args
-    args += ["--policy", policy["aggregated"], *HEALTH_ARGS]
-    if targets.urls("aggregated"):
-        args += ["--worker-urls", *literals(targets.urls("aggregated"))]
-    return args
+        return [*args, "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+                "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"],
+                "--prefill-selector", *engine_selector(owner, "prefill", targets.compat_hash),
+                "--decode-selector", *engine_selector(owner, "decode", targets.compat_hash)]
+    return [*args, "--policy", policy["aggregated"], "--selector", *engine_selector(owner, "aggregated", None)]
 
 
-def _meta(owner: Owner, name: str) -> dict[str, Any]:
+def service_account(owner: Owner) -> str:
+    return bounded(f"{owner.name}-router", 253)
+
+
+def router_identity(owner: Owner, plan: Plan) -> list[dict[str, Any]]:
+    """The routers' ServiceAccount, and a Role that lets it list and watch pods in its namespace,
+    nothing else: all vllm-router's discovery asks for (src/service_discovery.rs, Api::namespaced)."""
+    if not plan.routers:
+        return []
+    name = service_account(owner)
+    meta = object_meta(owner, name, None, None)
+    return [
+        {**SERVICE_ACCOUNT.type_meta(), "metadata": meta, "automountServiceAccountToken": False},
+        {**ROLE.type_meta(), "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]},
+        {**ROLE_BINDING.type_meta(), "metadata": meta,
+         "roleRef": {"apiGroup": ROLE.group, "kind": ROLE.kind, "name": name},
+         "subjects": [{"kind": SERVICE_ACCOUNT.kind, "name": name, "namespace": owner.namespace}]},
+    ]
+
+
+def _meta(owner: Owner, name: str, targets: RouterTargets | None = None) -> dict[str, Any]:
     meta = object_meta(owner, name, None, None)
     meta["labels"].update({"app.kubernetes.io/component": COMPONENT, LABEL_ROUTER: name})
+    if targets is not None and targets.compat_hash:
+        meta["labels"][LABEL_REVISION] = targets.compat_hash
     return meta
 
 
 def pod_selector(owner: Owner, name: str) -> dict[str, str]:
-    """Immutable once the Deployment exists: only what never changes for a router."""
+    """What the router's Service selects: its pods of every revision."""
     return {LABEL_DEPLOYMENT: deployment_label(owner), LABEL_ROUTER: name}
 
 
-def router_service(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
+def router_service(owner: Owner, name: str) -> dict[str, Any]:
     return {
         **SERVICE.type_meta(),
-        "metadata": _meta(owner, targets.name),
+        "metadata": _meta(owner, name),
         "spec": {
             "type": "ClusterIP",
-            "selector": pod_selector(owner, targets.name),
+            "selector": pod_selector(owner, name),
             "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"},
                       {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
@@ -177,7 +227,7 @@ def _probe(path: str, **extra: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS, **extra}
 
 
-def router_container(targets: RouterTargets) -> dict[str, Any]:
+def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
     plan = targets.plan
     # Burstable, as Dynamo's frontend and llm-d's scheduler pods are: a stateless proxy that may
     # burst on CPU. Ephemeral storage is its logs and /tmp only (read-only root filesystem).
@@ -186,12 +236,12 @@ def router_container(targets: RouterTargets) -> dict[str, Any]:
     return {
         "name": COMPONENT,
         "image": ROUTER_IMAGE,
-        "args": router_args(targets),
+        "args": router_args(owner, targets),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        # It listens only once one engine per list answered, so liveness waits behind a startup
-        # probe as long as that wait may last; ready means an engine of each kind is healthy.
-        "startupProbe": _probe("/liveness", failureThreshold=STARTUP_TIMEOUT_SECONDS // PROBE_PERIOD_SECONDS + 2),
+        # It listens at once (discovery runs beside the server, server.rs startup). Ready means it
+        # has a healthy engine of each kind it needs (/readiness, pd_router.rs); /health would say
+        # 200 with no engine at all.
         "livenessProbe": _probe("/liveness", timeoutSeconds=5, failureThreshold=3),
         "readinessProbe": _probe("/readiness", timeoutSeconds=2, failureThreshold=2),
         "resources": resources,
@@ -203,36 +253,35 @@ def router_container(targets: RouterTargets) -> dict[str, Any]:
 
 
 def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
-    selector = pod_selector(owner, targets.name)
-    meta = _meta(owner, targets.name)
+    meta = _meta(owner, targets.deployment, targets)
+    meta["labels"][LABEL_ROUTER] = targets.name
+    selector = {**pod_selector(owner, targets.name),
+                **({LABEL_REVISION: targets.compat_hash} if targets.compat_hash else {})}
     return {
         **DEPLOYMENT.type_meta(),
         "metadata": meta,
         "spec": {
             "replicas": targets.replicas,
-            # With nothing to route to it is paused too: the Deployment controller then makes no
-            # ReplicaSet for a template that is replaced as soon as engines are ready (one fewer
-            # revision, and its status writes, per router brought up: bench/control_plane.py).
-            **({"paused": True} if targets.missing else {}),
             "selector": {"matchLabels": selector},
-            # Every change of the lists is a new revision: keep few, and never drop below the
-            # replicas that serve (a new router is ready only once it reached its engines).
+            # Its template never changes with the engines: a new revision is a Deployment of its own.
             "revisionHistoryLimit": 3,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
                 "spec": {
-                    "automountServiceAccountToken": False,  # it never talks to the API server
+                    "serviceAccountName": service_account(owner),
+                    "automountServiceAccountToken": True,  # its discovery watches the pods
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": PRE_STOP_SECONDS + targets.plan.drain_seconds,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                         "weight": 100,
-                        "podAffinityTerm": {"labelSelector": {"matchLabels": dict(selector)},
+                        # apart from every router pod of the deployment, of any revision
+                        "podAffinityTerm": {"labelSelector": {"matchLabels": pod_selector(owner, targets.name)},
                                             "topologyKey": "kubernetes.io/hostname"},
                     }]}},
-                    "containers": [router_container(targets)],
+                    "containers": [router_container(owner, targets)],
                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                 },
             },
@@ -240,9 +289,11 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
     }
 
 
-def router_children(owner: Owner, plan: Plan, endpoints: Iterable[RoleEndpoints] = ()) -> list[dict[str, Any]]:
-    """A Service and a Deployment per router of the plan."""
-    out = []
-    for targets in router_targets(owner, plan, endpoints):
-        out += [router_service(owner, targets), router_deployment(owner, targets)]
+def router_children(owner: Owner, plan: Plan, weights: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """A Service per router of the plan, and a Deployment per router and revision."""
+    out: list[dict[str, Any]] = []
+    for targets in router_targets(owner, plan, weights):
+        if not any(o["kind"] == SERVICE.kind and o["metadata"]["name"] == targets.name for o in out):
+            out.append(router_service(owner, targets.name))
+        out.append(router_deployment(owner, targets))
     return out

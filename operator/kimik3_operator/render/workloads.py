@@ -56,7 +56,9 @@ def pod_security() -> dict[str, Any]:
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) -> dict[str, Any]:
+def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, partition: int = 0) -> dict[str, Any]:
+    """`partition`: groups below it keep the template they run (LWS rollingUpdateConfiguration;
+    reconcile/rollout.py holds a paired role's old groups with it while a new revision fills)."""
     name = workload_name(owner, pool.name, role.role)
     group: dict[str, Any] = {
         "size": role.nodes_per_replica,
@@ -75,7 +77,8 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan) 
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": plan.max_unavailable, "maxSurge": plan.max_surge},
+                "rollingUpdateConfiguration": {"maxUnavailable": plan.max_unavailable, "maxSurge": plan.max_surge,
+                                               **({"partition": partition} if partition else {})},
             },
             "leaderWorkerTemplate": group,
         },
