@@ -7,12 +7,14 @@ Field names follow design.md's API section; the CRD in crds/ is generated from t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from ..contract import uri as model_uri
 from ..contract.names import GROUP
+from ..gpus import PRODUCTS as GPU_PRODUCTS
+from ..gpus import products_with
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, StatusModel, list_map
 from .meta import Condition, ObjectMeta, Timestamp
@@ -31,7 +33,12 @@ RoleName = Literal["prefill", "decode", "aggregated"]
 RouterMode = Literal["PrefillDecode", "Aggregated"]
 ROLE_NAMES: tuple[RoleName, ...] = ("prefill", "decode", "aggregated")
 
-GpuProduct = Literal["Auto", "GB300", "B300", "GB200", "B200", "H200", "H100", "MI355X"]
+if TYPE_CHECKING:
+    GpuProduct = str
+else:  # the enum is the GPU table's products (gpus.py), in its order, after Auto
+    GpuProduct = Literal[("Auto", *GPU_PRODUCTS)]
+XGMI_PRODUCTS = products_with("xGMI")
+"""AMD Instinct products, whose boards are joined by xGMI rather than NVLink."""
 Interconnect = Literal["Auto", "NVLink", "RDMA", "xGMI"]
 PoolMode = Literal["Disaggregated", "Aggregated"]
 
@@ -449,8 +456,7 @@ class Role(SpecModel):
 class Gpu(SpecModel):
     """GPU facts of a pool; Auto reads them from node labels and capacity."""
 
-    product: GpuProduct = "Auto"
-    """Auto | GB300 | B300 | GB200 | B200 | H200 | H100 | MI355X."""
+    product: GpuProduct = Field(default="Auto", description=" | ".join(("Auto", *GPU_PRODUCTS)) + ".")
     per_node: Annotated[int, Field(ge=1, le=16)] | None = None
     """GPUs per node; node capacity when omitted."""
 
@@ -540,6 +546,16 @@ class ServingResources(SpecModel):
     and compile caches live on claims."""
 
 
+def _cel_product_in(products: tuple[str, ...]) -> str:
+    return f"self.gpu.product in [{', '.join(repr(p) for p in products)}]"
+
+
+def _cel_product_not_in(products: tuple[str, ...]) -> str:
+    if len(products) == 1:
+        return f"self.gpu.product != {products[0]!r}"
+    return f"!({_cel_product_in(products)})"
+
+
 class Pool(SpecModel):
     """A set of alike GPU nodes and the roles served on them."""
 
@@ -597,16 +613,17 @@ class Pool(SpecModel):
         ),
         Rule(
             cel="!has(self.interconnect) || self.interconnect != 'xGMI' || !has(self.gpu) "
-                "|| !has(self.gpu.product) || self.gpu.product in ['Auto', 'MI355X']",
-            message="interconnect xGMI is AMD Instinct's fabric: it needs gpu.product MI355X (or Auto)",
-            check=lambda p: p.interconnect != "xGMI" or p.gpu.product in ("Auto", "MI355X"),
+                f"|| !has(self.gpu.product) || {_cel_product_in(('Auto', *XGMI_PRODUCTS))}",
+            message=f"interconnect xGMI is AMD Instinct's fabric: it needs gpu.product {' or '.join(XGMI_PRODUCTS)} "
+                    "(or Auto)",
+            check=lambda p: p.interconnect != "xGMI" or p.gpu.product in ("Auto", *XGMI_PRODUCTS),
             field_path=".interconnect",
         ),
         Rule(
             cel="!has(self.interconnect) || self.interconnect != 'NVLink' || !has(self.gpu) "
-                "|| !has(self.gpu.product) || self.gpu.product != 'MI355X'",
-            message="interconnect NVLink is NVIDIA's fabric: MI355X boards use xGMI",
-            check=lambda p: p.interconnect != "NVLink" or p.gpu.product != "MI355X",
+                f"|| !has(self.gpu.product) || {_cel_product_not_in(XGMI_PRODUCTS)}",
+            message=f"interconnect NVLink is NVIDIA's fabric: {'/'.join(XGMI_PRODUCTS)} boards use xGMI",
+            check=lambda p: p.interconnect != "NVLink" or p.gpu.product not in XGMI_PRODUCTS,
             field_path=".interconnect",
         ),
     )

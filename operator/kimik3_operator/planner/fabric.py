@@ -107,10 +107,10 @@ def expert_dispatch(layout: Layout, all2all: str | None, moe: str) -> str | None
 
 def check_interconnect(pool: Pool, gpu: GpuSpec) -> None:
     """Rule 3's vendor half, for GPUs read from the nodes (the CRD refuses an explicit product)."""
-    wanted = {"NVLink": "nvidia", "xGMI": "amd"}.get(pool.interconnect)
-    if wanted and gpu.vendor != wanted:
+    owner = {"NVLink": "NVIDIA", "xGMI": "AMD"}.get(pool.interconnect)
+    if owner and gpu.interconnect != pool.interconnect:
         raise PlanningError(INVALID_SPEC, f"pool {pool.name}: interconnect {pool.interconnect} is "
-                                           f"{wanted.upper()}'s fabric but the nodes carry {gpu.product}")
+                                           f"{owner}'s fabric but the nodes carry {gpu.product}")
 
 
 def check_pinned_layout(layout: Layout, nvlink_gpus: int, per_node: int, multi_node: bool) -> None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
+from ..gpus import GPUS
+
 GIB = 1 << 30
 
 
@@ -42,25 +44,8 @@ def _catalog(cores: int, memory_gib: int) -> NodeShape:
     return NodeShape(cpu_millis=cores * 1000, memory_bytes=memory_gib * GIB, source="catalog")
 
 
-NODE_SHAPES: dict[str, NodeShape] = {
-    # GB300/GB200 NVL72 compute tray: 4 GPUs and 2 Grace CPUs (72 Neoverse V2 cores and up to
-    # 480 GB LPDDR5X each: 36 Grace, 2,592 cores, 17 TB per rack). NVIDIA Enterprise RA, "NVIDIA
-    # GB300 NVL Compute Tray" (docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/
-    # latest/components.html). 960 GB = 894 GiB.
-    "GB300": _catalog(144, 894),
-    "GB200": _catalog(144, 894),
-    # DGX B200: 2 x Xeon Platinum 8570, 56 cores each; 2 TB DIMMs (DGX B200 user guide, "Hardware
-    # Overview"). DGX H100/H200: 2 x Xeon Platinum 8480C, 56 cores each; 2 TB. DGX B300: 2 x Xeon
-    # 6776P, 64 cores each; 2 TB. 2 TB = 1,862 GiB.
-    "B300": _catalog(128, 1862),
-    "B200": _catalog(112, 1862),
-    "H200": _catalog(112, 1862),
-    "H100": _catalog(112, 1862),
-    # 8 x MI355X OAM platforms (OEM, liquid-cooled): dual EPYC 9005; we assume 2 x 64 cores and
-    # 2 TB, the low end of what those systems ship with (no single reference design to cite), so
-    # a pod planned from it still fits a larger node.
-    "MI355X": _catalog(128, 1862),
-}
+NODE_SHAPES: dict[str, NodeShape] = {g.product: _catalog(g.node_cores, g.node_memory_gib) for g in GPUS}
+"""The usual node of each GPU product (the table's node_cores and node_memory_gib, sources cited there)."""
 
 DEFAULT_SHAPE = _catalog(112, 1862)
 """An unknown product (gpu.product Auto before any node is seen): an 8-GPU HGX-class node."""
