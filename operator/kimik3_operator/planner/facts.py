@@ -18,6 +18,8 @@ from .pod_resources import NodeShape
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 AMD_PRODUCT_LABELS = ("amd.com/gpu.product-name", "beta.amd.com/gpu.product-name")
+PRODUCT_LABELS = (GPU_PRODUCT_LABEL, *AMD_PRODUCT_LABELS)
+"""Where a node names its GPU; the values are matched exactly against the GPU table (gpus.py)."""
 NVIDIA_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery publishes it
 AMD_VRAM_LABELS = ("amd.com/gpu.vram", "beta.amd.com/gpu.vram")  # e.g. "192G" (GiB), AMD's node labeller
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
@@ -38,6 +40,8 @@ class NodeFacts:
     memory_mib: int | None = None
     allocatable: NodeShape | None = None
     """CPU, memory and ephemeral storage the node offers pods; None when it reports none."""
+    product_label: str | None = None
+    """The GPU product label as the node carries it (`product` is None when it names no known GPU)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class PoolFacts:
 
     nodes: tuple[NodeFacts, ...] = ()
     product: str | None = None
-    """Catalog product most nodes carry, None when no node names a known GPU."""
+    """Catalog product most nodes carry, None when no node names a known GPU (labels match exactly)."""
     gpu_resource: str | None = None
     gpus_per_node: int | None = None
     """GPUs per node (the smallest count among the pool's nodes, so every pod fits anywhere)."""
@@ -63,6 +67,10 @@ class PoolFacts:
     allocatable: NodeShape | None = None
     """The smallest CPU, memory and ephemeral storage among the nodes (each on its own), so a pod
     sized from it fits on any of them; None when a node reports none."""
+    unknown_labels: Mapping[str, int] = field(default_factory=dict)
+    """GPU product label -> number of the pool's nodes carrying it, for labels that name no product
+    of the GPU table (gpus.py). With gpu.product Auto the planner refuses the pool while any are
+    there: those nodes would get pods sized for another GPU."""
 
 
 def _quantity(value: Any) -> int:
@@ -140,6 +148,7 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         schedulable=not spec.get("unschedulable", False),
         memory_mib=_memory_mib(labels),
         allocatable=node_allocatable(allocatable),
+        product_label=product_label,
     )
 
 
@@ -169,4 +178,5 @@ def pool_facts(selector: Mapping[str, str], nodes: Sequence[Mapping[str, Any]],
         memory_mib=min((f.memory_mib for f in picked if f.memory_mib), default=None),
         arch=Counter(f.arch for f in picked if f.arch).most_common(1)[0][0] if any(f.arch for f in picked) else None,
         allocatable=smallest([f.allocatable for f in picked]),
+        unknown_labels=dict(Counter(f.product_label for f in picked if f.product_label and not f.product)),
     )

@@ -21,10 +21,10 @@ from .autoscale import settings as scaling_settings
 from .autoscale import with_autoscaling
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
-from .catalog import CATALOG, GpuSpec
+from .catalog import CATALOG, GpuSpec, closest_labels
 from .engine_settings import default_kv_cache_dtype, engine_settings
 from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
-from .facts import CLIQUE_LABEL, PoolFacts
+from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
@@ -142,6 +142,12 @@ def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
 
 
 def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
+    """The pool's GPU: gpu.product when set (the user vouches for the nodes), else the product the
+    nodes' labels name exactly. With Auto, a node whose label names no product of the GPU table is
+    refused, even beside known ones: planning it as its nearest neighbour would size memory, KV and
+    pods for another part (an H200 NVL is not an H200)."""
+    if pool.gpu.product == "Auto" and facts.unknown_labels:
+        raise PlanningError(HARDWARE_UNSUPPORTED, unknown_gpu_message(pool.name, facts), depends_on_nodes=True)
     product = pool.gpu.product if pool.gpu.product != "Auto" else facts.product
     if product is None:
         if not facts.nodes:
@@ -150,17 +156,29 @@ def pool_gpu(pool: Pool, facts: PoolFacts) -> GpuSpec:
                 f"pool {pool.name}: no schedulable GPU node matches nodeSelector {dict(pool.node_selector)}; "
                 "set gpu.product (and gpu.perNode) to plan before the nodes exist",
                 depends_on_nodes=True)
-        labels = sorted({n.labels.get("nvidia.com/gpu.product", "?") for n in facts.nodes})
         raise PlanningError(
             HARDWARE_UNSUPPORTED,
-            f"pool {pool.name}: GPU {', '.join(labels)} is not one Kimi K3 supports "
-            f"({', '.join(CATALOG)}); set gpu.product if the label is unusual",
+            f"pool {pool.name}: the GPU nodes carry no GPU product label ({', '.join(PRODUCT_LABELS)}), so "
+            f"none is one Kimi K3 supports ({', '.join(CATALOG)}); set gpu.product to plan them",
             depends_on_nodes=True)
     gpu = CATALOG[product]
     if facts.memory_mib and pool.gpu.product in ("Auto", product):
-        # The nodes know their memory better than a datasheet (e.g. a 141 GB H200 NVL variant).
+        # The nodes know their memory better than a datasheet (e.g. a part with less HBM enabled).
         gpu = dataclasses.replace(gpu, usable_mib=facts.memory_mib)
     return gpu
+
+
+def unknown_gpu_message(pool: str, facts: PoolFacts) -> str:
+    """Which labels name no product, on how many nodes, and the known spellings nearest to each."""
+    parts = []
+    for label, count in sorted(facts.unknown_labels.items()):
+        near = closest_labels(label)
+        hint = f"; closest known label: {' or '.join(near)}" if near else ""
+        parts.append(f"{label!r} ({count} of {len(facts.nodes)} nodes{hint})")
+    gpus = f"GPU {parts[0]} is not one" if len(parts) == 1 else f"GPUs {', '.join(parts)} are not ones"
+    return (f"pool {pool}: {gpus} Kimi K3 supports; node labels must name a product exactly "
+            f"({', '.join(CATALOG)}) and are never read as a neighbour: narrow nodeSelector to known "
+            "nodes, or set gpu.product if these nodes are that product")
 
 
 def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
 from ..planner.blocks import block_size as k3_block_size
-from ..planner.catalog import CATALOG, GpuSpec, product_from_label
+from ..planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_label
 from ..planner.plan import Layout
 from .cmdline import ServeArgs
 from .metrics import CACHE_CONFIG_DEFAULTS, EngineMetrics
@@ -35,7 +35,9 @@ MAX_PREFIX_CACHE_BLOCKS = 200_000
 def resolve_gpu(product: str) -> GpuSpec:
     name = product if product in CATALOG else product_from_label(product)
     if name is None:
-        raise SettingsError(f"K3SIM_GPU_PRODUCT={product!r} names no GPU in the catalog ({', '.join(CATALOG)})")
+        near = closest_labels(product)
+        hint = f"; closest known label: {' or '.join(near)}" if near else ""
+        raise SettingsError(f"K3SIM_GPU_PRODUCT={product!r} names no GPU in the catalog ({', '.join(CATALOG)}){hint}")
     return CATALOG[name]
 
 
