@@ -173,9 +173,9 @@ def unknown_gpu_message(pool: str, facts: PoolFacts) -> str:
     parts = []
     for label, count in sorted(facts.unknown_labels.items()):
         near = closest_labels(label)
-        hint = f"; closest known label: {' or '.join(near)}" if near else ""
+        hint = f"; closest known labels: {', '.join(near)}" if near else ""
         parts.append(f"{label!r} ({count} of {len(facts.nodes)} nodes{hint})")
-    gpus = f"GPU {parts[0]} is not one" if len(parts) == 1 else f"GPUs {', '.join(parts)} are not ones"
+    gpus = f"GPU {parts[0]} is not one" if len(parts) == 1 else f"GPUs {' and '.join(parts)} are not ones"
     return (f"pool {pool}: {gpus} Kimi K3 supports; node labels must name a product exactly "
             f"({', '.join(CATALOG)}) and are never read as a neighbour: narrow nodeSelector to known "
             "nodes, or set gpu.product if these nodes are that product")

@@ -36,7 +36,7 @@ def resolve_gpu(product: str) -> GpuSpec:
     name = product if product in CATALOG else product_from_label(product)
     if name is None:
         near = closest_labels(product)
-        hint = f"; closest known label: {' or '.join(near)}" if near else ""
+        hint = f"; closest known labels: {', '.join(near)}" if near else ""
         raise SettingsError(f"K3SIM_GPU_PRODUCT={product!r} names no GPU in the catalog ({', '.join(CATALOG)}){hint}")
     return CATALOG[name]
 

@@ -4,7 +4,8 @@ A host-side pod runner sets these from what the pod would have had (the node's l
 labels); tests set them directly. Every variable is optional.
 
   K3SIM_GPU_PRODUCT       GPU of the node: a catalog name (GB300, B200, H200, MI355X, ...) or a node
-                          label value (NVIDIA-GB300, AMD_Instinct_MI355X). Default GB300, the GPU the
+                          label value as the GPU table spells it (NVIDIA-GB300, AMD_Instinct_MI355X;
+                          exact, ignoring case: gpus.py). Default GB300, the GPU the
                           perf model is calibrated on.
   K3SIM_ROLE              prefill | decode | aggregated, as /sim/stats reports it. Default: from
                           --kv-transfer-config's kv_role (kv_producer: prefill, kv_consumer: decode,
