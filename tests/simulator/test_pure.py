@@ -63,6 +63,8 @@ def test_settings_from_the_environment() -> None:
             settings_from_env(bad)
     with pytest.raises(SettingsError):
         engine_config(parse_serve(["vllm", "serve", "/m"]), SimSettings(gpu_product="NVIDIA-T4"))
+    with pytest.raises(SettingsError, match="closest known labels: NVIDIA-B200"):  # not read as B200
+        engine_config(parse_serve(["vllm", "serve", "/m"]), SimSettings(gpu_product="NVIDIA-B200A"))
 
 
 def test_engine_config_follows_the_command_line_and_vllm_defaults() -> None:

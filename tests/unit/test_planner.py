@@ -24,7 +24,10 @@ from tests.support.nodes import b200_nodes, gb300_rack, node
 @pytest.mark.parametrize(("label", "product"), [
     ("NVIDIA-GB300", "GB300"), ("NVIDIA-B300-SXM6-AC", "B300"), ("NVIDIA-GB200", "GB200"),
     ("NVIDIA-B200", "B200"), ("NVIDIA-H200", "H200"), ("NVIDIA-H100-80GB-HBM3", "H100"),
-    ("AMD_Instinct_MI355X", "MI355X"), ("NVIDIA-A100-SXM4-80GB", None), ("Tesla-T4", None),
+    ("AMD_Instinct_MI355X", "MI355X"), ("AMD_Instinct_MI355X_OAM", "MI355X"), ("nvidia-gb300", "GB300"),
+    ("NVIDIA-A100-SXM4-80GB", None), ("Tesla-T4", None),
+    # exact, never a prefix: these were read as B200, B300 and H200 before the GPU table
+    ("NVIDIA-B200A", None), ("NVIDIA-B3000", None), ("NVIDIA-H200X-NVL", None), ("NVIDIA-H200-NVL", None),
 ])
 def test_product_from_label(label: str, product: str | None) -> None:
     assert product_from_label(label) == product
@@ -113,7 +116,8 @@ def test_layout_to_groups(pool: dict[str, Any], nodes: list[dict[str, Any]], exp
       "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}, b200_nodes(), NO_MATCHING_NODES,
      "no schedulable GPU node matches", True),
     ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, "aggregated": {"replicas": 1}},
-     [node("a100", "NVIDIA-A100-SXM4-80GB", 8)], HARDWARE_UNSUPPORTED, "is not one Kimi K3 supports", True),
+     [node("a100", "NVIDIA-A100-SXM4-80GB", 8)], HARDWARE_UNSUPPORTED,
+     "GPU 'NVIDIA-A100-SXM4-80GB' (1 of 1 nodes; closest known labels: NVIDIA-H100-80GB-HBM3", True),
 ])
 def test_planning_errors(pool: dict[str, Any], nodes: list[dict[str, Any]], reason: str, needle: str,
                          node_dependent: bool) -> None:
