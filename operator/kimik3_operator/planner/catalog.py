@@ -1,7 +1,7 @@
 """What the planner knows about each GPU product, and how node labels name them.
 
 Per-GPU figures come from vendor datasheets and AIConfigurator's system files, collected in
-reference/perf-model.md §1. `usable_mib` is what `nvidia-smi` (or rocm-smi) reports, which is
+docs/perf-model.md §1. `usable_mib` is what `nvidia-smi` (or rocm-smi) reports, which is
 also what GPU Feature Discovery publishes as `nvidia.com/gpu.memory`. The catalog has exactly one
 row per `GpuProduct` the API accepts (besides Auto); a test holds the two lists together.
 """
