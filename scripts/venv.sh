@@ -17,7 +17,7 @@ if [[ ! -x "$VENV/bin/python" || ! -f "$VENV/.complete" ]]; then
   echo "[venv] creating $VENV" >&2
   rm -rf "$VENV"; mkdir -p "$CACHE/venv"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" setuptools -e "$ROOT[test]" >&2
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" setuptools -e "${ROOT}[test]" >&2
   touch "$VENV/.complete"
 fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2

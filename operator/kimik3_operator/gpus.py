@@ -6,7 +6,7 @@ of node labels are all derived from it; adding a product is one row here plus a 
 (`kimik3 crd`, then the chart copy and manifests/install.yaml). docs/decisions/gpu-table.md says why.
 
 Per-GPU figures come from vendor datasheets and AIConfigurator's system files, collected in
-reference/perf-model.md §1. `usable_mib` is what `nvidia-smi` (or rocm-smi) reports, which is also
+docs/perf-model.md §1. `usable_mib` is what `nvidia-smi` (or rocm-smi) reports, which is also
 what GPU Feature Discovery publishes as `nvidia.com/gpu.memory`.
 
 Node labels match exactly (ignoring case): `labels` lists every spelling of `nvidia.com/gpu.product`

@@ -6,11 +6,11 @@ the API layer (standard library only, nothing else of the project) because the A
 against it too.
 
 Sources, tagged on each figure:
-  [cfg]     the checkpoint's config.json, as ../shared/reference/perf-model.md §2.1 quotes it
+  [cfg]     the checkpoint's config.json, as docs/perf-model.md §2.1 quotes it
             (cross-checked there against vLLM 0.33.0's code);
   [vllm]    vLLM 0.33.0 itself, file named (vllm/models/kimi_k3/, vllm/model_executor/...);
-  [derived] arithmetic in ../shared/reference/perf-model.md, section named;
-  [brief]   vLLM's announcement, restated in ../shared/kimi-k3-brief.md.
+  [derived] arithmetic in docs/perf-model.md, section named;
+  [brief]   vLLM's announcement, restated in docs/model.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 GB = 10**9
 
-# --- Shape [cfg] (perf-model.md §2.1); vllm models/kimi_k3/amd/specialized_decode/runtime/__init__.py
+# --- Shape [cfg] (docs/perf-model.md §2.1); vllm models/kimi_k3/amd/specialized_decode/runtime/__init__.py
 # checks K3_SHAPES = (hidden 7168, experts 896, KDA heads 96, head dim 128, conv 4).
 LAYERS = 93
 HIDDEN_SIZE = 7168
@@ -52,7 +52,7 @@ MLA_V_HEAD_DIM = 128
 MLA_VALUES_PER_TOKEN = 512 + 64
 """What one MLA layer caches per token: kv_lora 512 + rope 64."""
 
-# --- Cache and state sizes [vllm] (perf-model.md §2.4)
+# --- Cache and state sizes [vllm] (docs/perf-model.md §2.4)
 MLA_BYTES_PER_TOKEN_LAYER = {"bf16": 2 * MLA_VALUES_PER_TOKEN, "fp8": MLA_VALUES_PER_TOKEN}
 """MLA KV bytes per token per MLA layer by KV cache dtype family; replicated on every TP rank
 (vllm nvidia/ops/fused_mla_key_concat_kv_cache.py)."""
@@ -85,7 +85,7 @@ KDA_STATE_BYTES = 449e6
 flat figure [derived §2.4]; kda_state_bytes(1, 0, "float32") x KDA_LAYERS is within 0.1% of it.
 The performance model counts with it; the memory fit uses the exact per-layer function."""
 
-# --- Weights [derived] (perf-model.md §2.2-2.3, §2.5): routed experts MXFP4, everything else BF16
+# --- Weights [derived] (docs/perf-model.md §2.2-2.3, §2.5): routed experts MXFP4, everything else BF16
 ROUTED_EXPERT_BYTES = 1446.5 * GB
 """All routed experts of all MoE layers (MXFP4 at 4.25 bit with E8M0 scales)."""
 BF16_WEIGHT_BYTES = 114.5 * GB
@@ -100,7 +100,7 @@ BYTES_PER_EXPERT = 17.55e6
 BF16_ACTIVE_BYTES = 111.2 * GB
 """BF16 weights one token reads: attention, shared experts, latent projections, lm_head."""
 
-# --- Compute per token [derived] (perf-model.md §2.9)
+# --- Compute per token [derived] (docs/perf-model.md §2.9)
 EXPERT_GFLOP_PER_TOKEN = 97.0
 """Routed experts: 2 x 48.6 B active parameters."""
 BF16_GFLOP_PER_TOKEN = 111.0

@@ -25,7 +25,7 @@ def _agg(d: dict[str, Any]) -> dict[str, Any]:
 
 # (what, edit, verdict of both the API server and pydantic)
 CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
-    ("all2all is the wire name (design.md), not to_camel's all2All",
+    ("all2all is the wire name (docs/architecture.md), not to_camel's all2All",
      lambda d: _pool(d).update(backends={"all2all": "naive"}), "accepted"),
     ("all2All is an unknown field", lambda d: _pool(d).update(backends={"all2All": "naive"}), "schema"),
     ("snake_case field names are unknown fields", lambda d: _pool(d).update(node_selector={}), "schema"),

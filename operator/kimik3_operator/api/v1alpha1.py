@@ -1,6 +1,6 @@
 """KimiK3Deployment v1alpha1: the public contract users' manifests rely on.
 
-Field names follow design.md's API section; the CRD in crds/ is generated from these models
+Field names are the published ones (docs/architecture.md, "The API"); the CRD in crds/ is generated from these models
 (`kimik3 crd`), so attribute docstrings here are what `kubectl explain` prints.
 """
 
@@ -465,7 +465,7 @@ class Backends(SpecModel):
     """Overrides of the planner's kernel choices (validated against the pool's hardware)."""
 
     all2all: All2AllBackend | None = Field(default=None, alias="all2all")
-    """--all2all-backend."""  # the alias keeps design.md's spelling; to_camel would say all2All
+    """--all2all-backend."""  # the alias keeps the published spelling; to_camel would say all2All
     moe: MoeBackend | None = None
     """--moe-backend."""
 

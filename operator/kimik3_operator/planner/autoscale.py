@@ -1,7 +1,7 @@
 """Which roles autoscale, on what, toward which target per replica (resolved from the spec and the
 perf model).
 
-The load metrics are vLLM's own (vllm/v1/metrics/loggers.py in 0.33.0; reference/vllm-kimi-k3.md
+The load metrics are vLLM's own (vllm/v1/metrics/loggers.py in 0.33.0; docs/vllm-facts.md
 "Metrics"), summed over the role's engines, so a target is always per replica: the contract KEDA's
 Prometheus trigger (AverageValue) and an HPA pods metric (averageValue) share, where the desired
 count is ceil(total / target). Defaults follow the signals the peers scale on: Dynamo's planner and

@@ -73,7 +73,7 @@ UNSUPPORTED_MOE = {
     "aiter_triton_mxfp4_bf16": _NO_SITU,
     "aiter_triton_mxfp4_mxfp4": _NO_SITU,
 }
-"""MoE kernels vLLM offers that cannot serve K3 (fused_moe checks, reference/vllm-kimi-k3.md)."""
+"""MoE kernels vLLM offers that cannot serve K3 (fused_moe checks, docs/vllm-facts.md §2)."""
 
 
 def uses_all2all(layout: Layout) -> bool:

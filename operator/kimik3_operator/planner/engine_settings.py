@@ -19,7 +19,7 @@ def default_kv_cache_dtype(gpus: Iterable[GpuSpec]) -> str:
     """fp8 MLA KV where every pool is NVIDIA Blackwell, else auto (BF16). Kimi K3's NVIDIA MLA layer
     stores and reads a plain per-tensor fp8 cache on both paths (vllm models/kimi_k3/nvidia/mla.py:
     1-20, the prefill dispatch by cache dtype, and :493-504, the fp8 view of the cache), and the
-    Dynamo Kimi K3 recipes serve Blackwell with --kv-cache-dtype fp8 (reference/vllm-kimi-k3.md,
+    Dynamo Kimi K3 recipes serve Blackwell with --kv-cache-dtype fp8 (docs/vllm-facts.md,
     "Pitfalls"); llm-d's wide-EP DeepSeek decode does the same (guides/wide-ep-lws/modelserver/gpu/
     vllm-deepseek-v4/base/decode.yaml). Hopper and AMD keep BF16: no peer recipe serves K3's MLA in
     fp8 there, and the ROCm fp8 paths are outside K3's MLA layer (mla.py:31). One value for the

@@ -1,6 +1,6 @@
 """Parallel layout of one replica: choose it, or check the one the user gave.
 
-Rules (kimi-k3-brief.md, reference/perf-model.md §2.3, design.md "Planning rules"):
+Rules (docs/model.md, docs/perf-model.md §2.3, docs/vllm-facts.md §1.4 and §2):
 - GPUs per replica is the smallest count whose layout fits weights plus a KV/KDA floor
   (memory.py): 8 for GB300/B300/MI355X, 16 for B200/GB200/H200, 32 for H100 at full context.
 - Tensor parallelism divides the 96 KDA (and MLA) heads and never leaves an NVLink domain: the

@@ -1,7 +1,7 @@
 """A first-principles performance model of Kimi K3 on vLLM, calibrated on the published figures.
 
 Decode step time = fixed latency + bytes read per GPU / (efficiency x HBM bandwidth), taken as
-the larger of that and the step's FLOPs at the MoE/BF16 tensor rates (reference/perf-model.md
+the larger of that and the step's FLOPs at the MoE/BF16 tensor rates (docs/perf-model.md
 §2.5-2.9). Bytes per GPU per step: the active BF16 weights (attention, shared experts, latent
 projections) split over tensor parallelism, the distinct routed experts a batch touches split
 over the expert group, KDA state read and written per sequence, and MLA KV per context token.
@@ -9,7 +9,7 @@ A speculative verify step runs 1 + k tokens, so it touches more experts; tokens 
 the acceptance length divided by the step time.
 
 Calibration: the only published measurements are GB300 TP8 at batch 1, 111 tok/s standard and
-331 tok/s with DSpark (kimi-k3-brief.md). With the bandwidth efficiency fixed at the usual 0.8
+331 tok/s with DSpark (docs/model.md). With the bandwidth efficiency fixed at the usual 0.8
 prior, the standard point fixes the per-step fixed latency; the DSpark point, whose acceptance
 length was not published, then implies one, which must lie inside the published 2.61-4.73 range.
 Other GPUs and layouts reuse the fitted fixed latency scaled by a fabric factor for collectives
@@ -120,7 +120,7 @@ CALIBRATION = calibrate()
 
 LINK_GB_S = {"blackwell": 900.0, "hopper": 450.0, "cdna4": 448.0}
 """Scale-up bandwidth per GPU and direction, GB/s: NVLink 5 (1.8 TB/s bidirectional), NVLink 4,
-Infinity Fabric on MI355X (reference/perf-model.md §1)."""
+Infinity Fabric on MI355X (docs/perf-model.md §1)."""
 HOP_US = {False: 1.0, True: 5.0}
 """Latency of one step of an all-reduce, µs: over NVLink (NCCL's low-latency protocol; an
 assumption of this model, not a measurement) and over RDMA (a verbs round trip through PCIe)."""

@@ -246,7 +246,7 @@ class Plan:
 
         vllm-router 0.1.17's cache_aware policy POSTs `{route}/render` to every candidate engine and
         falls back to `/tokenize` only on 404/405/501 (src/backend/preprocess.rs:179-316; a 403 is
-        final, :306-311; /work/notes/router.md §3). vLLM 0.33.0 answers the render routes 403 unless
+        final, :306-311; docs/vllm-facts.md §8). vLLM 0.33.0 answers the render routes 403 unless
         `vllm serve --enable-scale-out` (vllm/entrypoints/scale_out/factories.py:87-127, flag at
         entrypoints/common/cli_args.py:216-221); with it the Python frontend serves /render and the
         Rust frontend answers 501 and serves /tokenize (tests/contract/test_simulator_rs_frontend.py

@@ -9,7 +9,7 @@ data-centre Blackwell else 512) (config/vllm.py:2452-2470), no long-prefill cap
 llm-d's wide-EP decode renders max-num-seqs = max-num-batched-tokens = max-cudagraph-capture-size,
 "multiplied by the number of speculated tokens" with MTP, and --kv-cache-dtype fp8
 (llm-d guides/wide-ep-lws/modelserver/gpu/vllm-deepseek-v4/base/decode.yaml); Dynamo's Kimi K3
-recipes set per-role --max-num-seqs / --max-num-batched-tokens (reference/vllm-kimi-k3.md,
+recipes set per-role --max-num-seqs / --max-num-batched-tokens (docs/vllm-facts.md,
 "Pitfalls"). The rules, per data-parallel rank (each rank is its own vLLM scheduler):
 
 - decode and aggregated: max_num_seqs is the perf model's batch at the ITL target (or at KV

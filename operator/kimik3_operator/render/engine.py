@@ -4,7 +4,7 @@ Leader pods run `vllm serve` with the HTTP server; worker pods of a multi-node r
 same engine headless. Values only known in the pod (the leader's address, the worker's index,
 the pod IP) are `$(NAME)` references that the kubelet expands from the container environment
 (LWS injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX; POD_IP comes from the downward API).
-Flag spellings and values are those of vLLM 0.33.0 (reference/vllm-kimi-k3.md), checked by the
+Flag spellings and values are those of vLLM 0.33.0 (docs/vllm-facts.md), checked by the
 contract test against vLLM's own parser. What the user wrote (served name, extraArgs, env values)
 goes through `literal`, so the kubelet expands only the operator's own references (kubelet.py).
 """

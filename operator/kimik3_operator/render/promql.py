@@ -3,7 +3,7 @@
 The series of one role are told apart by the labels every serving pod carries, as a scrape copies
 them onto the series (contract.names.SERIES_LABELS): the chart's PodMonitor relabels them so, and
 so does the e2e pod runner's file-based discovery. Metric names: vLLM 0.33.0 vllm/v1/metrics/loggers.py
-(reference/vllm-kimi-k3.md "Metrics"; counters gain `_total`, histograms `_bucket`).
+(docs/vllm-facts.md "Metrics"; counters gain `_total`, histograms `_bucket`).
 """
 
 from __future__ import annotations
