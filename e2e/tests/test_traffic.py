@@ -318,7 +318,7 @@ def _scale_under_load(pod_runner: PodRunner, namespace: str, name: str, role: st
             return len(running := pod_runner.running(namespace, role)) == n and all(_healthy(e) for e in running)
         loads.append(_under_load(pod_runner, namespace, change, engines))
     REPORT.append(f"{role} " + "; ".join(f"{a} -> {b} under load: {load.summary()}"
-                                         for a, b, load in zip(steps, steps[1:], loads, strict=True))
+                                         for a, b, load in zip(steps[:-1], steps[1:], loads, strict=True))
                   + f"; router pods unchanged: {_router_uids(namespace) == uids}")
     for load in loads:
         assert not load.failed(), load.story()

@@ -458,7 +458,7 @@ def test_a_pd_rollout_serves_both_revisions_and_holds_the_old_groups_until_the_n
     assert _routers(cluster) == {f"k3-router-{new[:10]}": 2}
     assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 1)
     assert outcome.due is not None and outcome.due <= 2
-    pods[2] = _router_pod(old, "10.0.9.1", deletionTimestamp="2026-12-02T00:00:00Z")  # draining
+    pods[2] = _router_pod(old, "10.0.9.1", deletionTimestamp="2999-01-01T00:00:00Z")  # draining
     del pods[3]  # the other one gone
     assert reconcile(cluster, "ns", "k3").due is not None
     assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 1)
@@ -482,7 +482,8 @@ def test_routers_follow_the_serving_leaders_while_a_new_revision_stages() -> Non
     pods[1] = _leader("gb300", "decode", "10.0.1.9", h)
     reconcile(cluster, "ns", "k3")
     assert _routers(cluster) == routers
-    assert cluster.deployment["status"]["routers"][0]["decodeWorkers"] == 2
+    (serving,) = [r for r in cluster.deployment["status"]["routers"] if r["compatibilityHash"] == h]
+    assert serving["decodeWorkers"] == 2
     assert {k: v for k, v in cluster.objects.items() if k[0] == "LeaderWorkerSet"} == workloads
 
 
@@ -606,3 +607,15 @@ def test_a_broken_chat_template_keeps_engines_from_rolling_onto_it_until_it_is_f
     cluster.writes.clear()
     reconcile(cluster, "ns", "k3")
     assert cluster.writes == []  # steady state: no apply, and no read of the ConfigMap either
+def test_in_the_reconciler_adding_a_decode_pool_with_a_hash_change_keeps_the_old_router() -> None:
+    cluster, pods, old = _routing_pd()
+    pods += [_router_pod(old, "10.0.9.1"), _router_pod(old, "10.0.9.2")]
+    cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "auto"}  # enters the compatibility hash
+    cluster.deployment["spec"]["pools"].append(
+        {"name": "gb300b", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+         "decode": {"replicas": 1, "parallelism": {"tensor": 8}}})
+    reconcile(cluster, "ns", "k3")
+    assert _compat(cluster) != old
+    assert f"k3-router-{old[:10]}" in _routers(cluster)  # main: deleted, only the unready new router is left
+
+

@@ -4,12 +4,14 @@ fills, and lets go once every role has its replicas Ready on the new revision.""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
+from kimik3_operator.reconcile.pairing import revision_pairs
 from kimik3_operator.reconcile.rollout import partitions, router_weights
 from tests.unit.test_pairing import _leader
-from tests.unit.test_status import _plan  # a PD plan on GB300 decode + B200 prefill
+from tests.unit.test_status import _plan, load_examples  # _plan: a PD plan on GB300 decode + B200 prefill
 
 
 def _keys() -> tuple[tuple[str, str], tuple[str, str]]:
@@ -40,9 +42,14 @@ def test_once_paired_every_role_keeps_its_old_group_0_so_the_old_router_keeps_a_
     replicas = {prefill: 1, decode: 2}
     old = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old")]
     pair = [_leader(*prefill, "new"), _leader(*decode, "new")]
-    assert partitions(plan, old + pair, replicas) == {prefill: 1, decode: 1}
+    router = [_router("old")]
+    assert partitions(plan, old + pair + router, replicas) == {prefill: 1, decode: 1}
     full = [*pair, _leader(*decode, "new")]
+    assert partitions(plan, old[:2] + full + router, replicas) == {prefill: 1, decode: 1}  # until the old router goes
     assert partitions(plan, old[:2] + full, replicas) == {}  # every role is full, no old router: the last old groups go
+    # a released group on its way out holds nothing back, even while a new pod turns unready
+    going = [_leader(*prefill, "old", terminating=True), _leader(*decode, "old", terminating=True)]
+    assert partitions(plan, going + pair, replicas) == {}
     assert partitions(plan, full, replicas) == {}  # nothing old: nothing held
 
 
@@ -62,7 +69,7 @@ def test_a_role_without_old_groups_is_never_held_and_no_surge_holds_nothing() ->
 def _router(revision: str, ready: bool = True, *, terminating: bool = False) -> dict[str, Any]:
     return {"metadata": {"labels": {"app.kubernetes.io/component": "router",
                                     "serving.kimik3.dev/router-revision": revision},
-                         **({"deletionTimestamp": "2026-12-02T00:00:00Z"} if terminating else {})},
+                         **({"deletionTimestamp": "2999-01-01T00:00:00Z"} if terminating else {})},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
@@ -102,3 +109,88 @@ def test_the_old_routers_stay_while_the_new_revision_still_fills() -> None:
     full = [*one_pair, _leader(*decode, "new")]
     assert router_weights(plan, full + [_router("new")], replicas, {"new": 2}) == {"new": 2}
     assert partitions(plan, full + [_router("new")], replicas) == {}
+
+
+def _body_with_extra_decode_pool(replicas: int) -> dict[str, Any]:
+    body = copy.deepcopy(dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"])
+    body["spec"]["pools"].append({"name": "gb300-spare", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
+                                  "decode": {"replicas": replicas, "parallelism": {"tensor": 8}}})
+    return body
+
+
+SPARE = ("gb300-spare", "decode")
+
+
+def test_a_paired_role_at_zero_replicas_does_not_freeze_the_rollout_in_step_1() -> None:
+    """A paired role with `replicas: 0` (allowed: Role.replicas ge=0) never has a Ready leader of any
+    revision, so `all(_new_ready(...).values())` is never true: every other role stays held at
+    partition = replicas forever and the new revision never grows past its surge groups."""
+    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(0)), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2, SPARE: 0}
+    old = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old")]
+    pair = [_leader(*prefill, "new"), _leader(*decode, "new")]  # the surge groups are Ready
+    assert partitions(plan, old + pair + [_router("old")], replicas) == {prefill: 1, decode: 1}
+
+
+def test_a_paired_role_at_zero_replicas_does_not_retire_the_old_router_at_once() -> None:
+    """The same zero-replica role makes revision_pairs() 0 for every revision (min over the plan's
+    roles), so at the first pass of a rollout router_weights() is {} and the old router Deployment is
+    pruned while the old revision is whole and nothing new is Ready: no router can serve."""
+    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(0)), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2, SPARE: 0}
+    pods = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old"), _router("old")]
+    assert "old" in router_weights(plan, pods, replicas, revision_pairs(plan, pods))
+
+
+def test_a_paired_role_added_with_the_hash_change_does_not_retire_the_old_router_at_once() -> None:
+    """A spec edit that adds a decode pool (or a prefill role to a pool) and changes the hash: the old
+    revision has no leader in the new role, so revision_pairs() leaves it out although the router
+    (whose selectors name no pool) still pairs its old prefill and decodes; the old router is pruned
+    in the first pass and nothing serves until the new revision is paired and its router Ready."""
+    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(1)), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2, SPARE: 1}
+    pods = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old"), _router("old")]
+    assert "old" in router_weights(plan, pods, replicas, revision_pairs(plan, pods))
+
+
+def test_a_released_old_group_is_not_held_again_when_a_new_pod_turns_unready() -> None:
+    """Step 4 released the old groups 0 (partition 0); LeaderWorkerSet deletes them. While they
+    terminate (the engine's grace is shutdownTimeout + 40 s) one new decode turns unready: `old` still
+    sees the terminating leaders, `_full` is false, so partition goes back to 1 and the StatefulSet
+    recreates ordinal 0 from its currentRevision: an old group reloads 1.6 TB for nothing (no old
+    router is left to route it) and is replaced again later."""
+    plan = dataclasses.replace(_plan(), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2}
+    going = [_leader(*prefill, "old", terminating=True), _leader(*decode, "old", terminating=True)]
+    new = [_leader(*prefill, "new"), _leader(*decode, "new"), _leader(*decode, "new", ready=False)]
+    assert partitions(plan, going + new + [_router("new")], replicas) == {}
+
+
+def test_an_old_router_pod_stuck_terminating_past_its_grace_does_not_hold_the_old_pair_forever() -> None:
+    """A router pod on a node that stopped answering keeps its deletionTimestamp (= deletion time +
+    grace) for ever: old_routers() stays true, partition stays 1, a pass runs every 2 s for ever and
+    the rollout never ends. Past its deletionTimestamp a pod's container was killed (or its node is
+    gone): it carries no request any more."""
+    plan = dataclasses.replace(_plan(), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2}
+    old = [_leader(*prefill, "old"), _leader(*decode, "old")]
+    full = [_leader(*prefill, "new"), _leader(*decode, "new"), _leader(*decode, "new")]
+    stuck = _router("old", terminating=True)
+    stuck["metadata"]["deletionTimestamp"] = "2000-01-01T00:00:00Z"
+    assert partitions(plan, old + full + [stuck, _router("new")], replicas) == {}
+
+
+def test_an_engine_image_change_changes_the_compatibility_hash() -> None:
+    """vLLM's NIXL compatibility hash includes vllm.__version__ (docs/vllm-facts.md §0 item 5, and
+    compatibility-scoped-rollouts.md lists "the vLLM version" first); the operator's hash does not
+    include the serving image, so a spec.engine.image (or pool image, or the operator's pinned default)
+    change rolls each role on its own with no hold and one router pairs old and new versions."""
+    body = copy.deepcopy(dict(load_examples())["pd-gb300-decode-b200-prefill.yaml"])
+    base = _plan(body)
+    body["spec"]["engine"]["image"] = "ghcr.io/kimik3-operator/vllm-serving:0.34.0-cuda"
+    assert _plan(body).compat_hash != base.compat_hash

@@ -63,7 +63,7 @@ def with_staged(plan: Plan, commits: Mapping[str, str]) -> Plan:
     roles must serve the same weights) and the serving pods' wait condition."""
     weights = with_commits(plan.weights, commits)
     engine = dataclasses.replace(plan.engine, commits=tuple((s.name, s.commit) for s in weights.sources if s.commit))
-    return dataclasses.replace(plan, engine=engine, weights=weights, compat_hash=compat_hash(engine))
+    return dataclasses.replace(plan, engine=engine, weights=weights, compat_hash=compat_hash(engine, plan.pools))
 
 
 def with_shapes(spec: KimiK3DeploymentSpec, engine: EngineSettings,
@@ -273,6 +273,14 @@ def plan_role(pool: Pool, name: str, role: Role, fabric: Fabric, disaggregated: 
     )
 
 
-def compat_hash(engine: EngineSettings) -> str:
-    """Hash of the settings prefill and decode must agree on to hand over KV and KDA state."""
-    return hashlib.sha256(json.dumps(engine.pd_contract(), sort_keys=True).encode()).hexdigest()[:16]
+def compat_hash(engine: EngineSettings, pools: tuple[PoolPlan, ...] = ()) -> str:
+    """Hash of the settings prefill and decode must agree on to hand over KV and KDA state, and of
+    the images the paired roles run: vLLM's own NIXL handshake hashes its version with the model
+    config and refuses a peer whose hash differs (docs/vllm-facts.md §0 item 5), so a new serving image
+    is a new revision, rolled with the hold, never a prefill of one version handed to a decode of
+    another. An aggregated pool's image pairs with nothing and stays out."""
+    contract = engine.pd_contract()
+    images = sorted({pool.image for pool in pools if any(role.role in ("prefill", "decode") for role in pool.roles)})
+    if images:
+        contract["images"] = images
+    return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()[:16]

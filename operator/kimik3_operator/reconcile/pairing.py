@@ -69,17 +69,21 @@ def _address(pod: Mapping[str, Any]) -> str | None:
 
 
 def revision_pairs(plan: Plan, pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Compatibility hash -> how many pairs of that revision can be routed: the fewest routable
-    leaders of it over the plan's paired roles (0 and left out when a role has none)."""
-    roles = [(pool.name, role.role) for pool, role in plan.role_plans() if role.role in PAIRED]
-    counts: dict[str, dict[tuple[str, str], int]] = {}
+    """Compatibility hash -> how many pairs of that revision can be routed: the fewer of its
+    routable prefill and decode leaders (0 and left out when it has none of one kind). Counted as
+    the router pairs them, by role over every pool of the deployment (its selectors name no pool):
+    a pool added, emptied or renamed with a hash change leaves the old revision's pairs as they
+    are. `pods` are the deployment's own; a plan with no paired role has none."""
+    if not any(role.role in PAIRED for _, role in plan.role_plans()):
+        return {}
+    counts: dict[str, dict[str, int]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        key = (labels.get(LABEL_POOL, ""), labels.get(LABEL_ROLE, ""))
-        if key in roles and labels.get(LWS_WORKER_INDEX_LABEL) == "0" and routable(pod):
+        role = labels.get(LABEL_ROLE, "")
+        if role in PAIRED and labels.get(LWS_WORKER_INDEX_LABEL) == "0" and routable(pod):
             per = counts.setdefault(labels.get(LABEL_COMPAT, ""), {})
-            per[key] = per.get(key, 0) + 1
-    out = {h: min(per.get(key, 0) for key in roles) for h, per in counts.items()} if roles else {}
+            per[role] = per.get(role, 0) + 1
+    out = {h: min(per.get(role, 0) for role in PAIRED) for h, per in counts.items()}
     return {h: n for h, n in sorted(out.items()) if n > 0}
 
 

@@ -22,8 +22,11 @@ keeps every group below it on the template it runs (documented there for xPyD ro
    has a Ready pod, the old revisions' routers go (`router_weights` leaves them out, so their
    Deployments are pruned), the old groups 0 still held: the routers' preStop pause and drain
    finish the requests they carry on the old pairs;
-4. once no pod of an old revision's router is left, terminating ones included, the last old groups
-   go.
+4. once no pod of an old revision's router is left, terminating ones included (until their
+   deletionTimestamp passed), the last old groups go and stay released: terminating leaders hold
+   nothing back.
+
+A paired role at 0 replicas takes no part (it never has a leader to wait for).
 
 Routable capacity (per role: routed Ready leaders over replicas) so never falls below what the
 plan asks. Only the default rollout (maxSurge >= 1, maxUnavailable 0) is held: without surge
@@ -35,6 +38,7 @@ revision could never fill; the user has allowed a dip there (README, Rollouts).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from ..planner import Plan
@@ -51,27 +55,53 @@ there: its pods' going is no child event (only LeaderWorkerSets, Deployments, ..
 
 
 def _leaders(pods: Iterable[Mapping[str, Any]]) -> list[tuple[Key, str, bool]]:
+    """(role, revision, routable) of the paired leaders that are not on their way out: a released
+    old group that terminates holds nothing back any more."""
     out = []
     for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if meta.get("deletionTimestamp"):
+            continue
         if labels.get(LABEL_ROLE) in PAIRED and labels.get(LWS_WORKER_INDEX_LABEL) == "0":
             out.append(((labels.get(LABEL_POOL, ""), labels[LABEL_ROLE]), labels.get(LABEL_COMPAT, ""), routable(pod)))
     return out
 
 
-def _roles(plan: Plan) -> list[Key]:
-    return [(pool.name, role.role) for pool, role in plan.role_plans() if role.role in PAIRED]
+def _roles(plan: Plan, replicas: Mapping[Key, int]) -> list[Key]:
+    """The paired roles that run at all: a role at 0 replicas never has a leader of any revision,
+    so waiting for one would hold the others for ever."""
+    return [key for pool, role in plan.role_plans()
+            if role.role in PAIRED and replicas.get(key := (pool.name, role.role), 0) > 0]
 
 
-def _new_ready(plan: Plan, leaders: list[tuple[Key, str, bool]]) -> dict[Key, int]:
-    return {key: sum(1 for k, h, ok in leaders if k == key and h == plan.compat_hash and ok) for key in _roles(plan)}
+def _new_ready(plan: Plan, leaders: list[tuple[Key, str, bool]], replicas: Mapping[Key, int]) -> dict[Key, int]:
+    return {key: sum(1 for k, h, ok in leaders if k == key and h == plan.compat_hash and ok)
+            for key in _roles(plan, replicas)}
 
 
-def _routers(pods: Iterable[Mapping[str, Any]]) -> list[tuple[str, bool]]:
+def _routers(pods: Iterable[Mapping[str, Any]], now: datetime | None = None) -> list[tuple[str, bool]]:
     """(revision, routable) of every P/D router pod (only they carry LABEL_REVISION), terminating
-    ones included."""
-    return [(revision, routable(pod)) for pod in pods
-            if (revision := ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_REVISION))]
+    ones included until their deletionTimestamp (deletion time + grace period) has passed: by then
+    the kubelet has killed the container, and a pod left past it sits on a node that no longer
+    answers and carries no request (it must not hold a rollout for ever)."""
+    now = now or datetime.now(UTC)
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if not (revision := (meta.get("labels") or {}).get(LABEL_REVISION)):
+            continue
+        if (deadline := _timestamp(meta.get("deletionTimestamp"))) is not None and deadline <= now:
+            continue
+        out.append((revision, routable(pod)))
+    return out
+
+
+def _timestamp(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def old_routers(plan: Plan, pods: Iterable[Mapping[str, Any]]) -> bool:
@@ -81,7 +111,7 @@ def old_routers(plan: Plan, pods: Iterable[Mapping[str, Any]]) -> bool:
 
 def _full(plan: Plan, pods: Iterable[Mapping[str, Any]], replicas: Mapping[Key, int]) -> bool:
     """Every paired role has its replicas Ready on the plan's revision."""
-    new_ready = _new_ready(plan, _leaders(pods))
+    new_ready = _new_ready(plan, _leaders(pods), replicas)
     return bool(new_ready) and all(new_ready[key] >= replicas[key] for key in new_ready)
 
 
@@ -102,7 +132,7 @@ def partitions(plan: Plan, pods: Iterable[Mapping[str, Any]], replicas: Mapping[
     """(pool, role) -> the partition of its LeaderWorkerSet, for the paired roles that still run an
     old revision; the others are left out (partition 0). `replicas`: each role's count now (its
     scaler's, for an autoscaled role)."""
-    roles = _roles(plan)
+    roles = _roles(plan, replicas)
     if plan.max_surge < 1 or plan.max_unavailable > 0 or not roles:
         return {}
     pods = list(pods)
@@ -110,8 +140,11 @@ def partitions(plan: Plan, pods: Iterable[Mapping[str, Any]], replicas: Mapping[
     old = {key for key, h, _ in leaders if h != plan.compat_hash}
     if not old:
         return {}
-    if not all(_new_ready(plan, leaders).values()):
+    if not all(_new_ready(plan, leaders, replicas).values()):
         return {key: replicas[key] for key in roles if key in old}
-    if _full(plan, pods, replicas) and not old_routers(plan, pods):
+    if not old_routers(plan, pods):
+        # Step 4, and it stays so: the old routers went (step 3 saw the new revision full) and
+        # every role serves on the new revision; a new pod turning unready later must not bring
+        # an old group back, which would reload the weights with no router to use it.
         return {}
     return {key: 1 for key in roles if key in old}
