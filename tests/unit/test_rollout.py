@@ -8,6 +8,8 @@ import copy
 import dataclasses
 from typing import Any
 
+import pytest
+
 from kimik3_operator.reconcile.pairing import revision_pairs
 from kimik3_operator.reconcile.rollout import partitions, router_weights
 from tests.unit.test_pairing import _leader
@@ -133,25 +135,15 @@ def test_a_paired_role_at_zero_replicas_does_not_freeze_the_rollout_in_step_1() 
     assert partitions(plan, old + pair + [_router("old")], replicas) == {prefill: 1, decode: 1}
 
 
-def test_a_paired_role_at_zero_replicas_does_not_retire_the_old_router_at_once() -> None:
-    """The same zero-replica role makes revision_pairs() 0 for every revision (min over the plan's
-    roles), so at the first pass of a rollout router_weights() is {} and the old router Deployment is
-    pruned while the old revision is whole and nothing new is Ready: no router can serve."""
-    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(0)), compat_hash="new")
+@pytest.mark.parametrize("spare", [0, 1], ids=["an-empty-pool", "a-pool-with-a-replica"])
+def test_a_decode_pool_added_with_the_hash_change_does_not_retire_the_old_router_at_once(spare: int) -> None:
+    """The old revision has no leader in the added pool (empty, or not started yet), but its router,
+    whose selectors name no pool, still pairs its prefill and decodes: pairs count per role kind, so
+    the old router stays until the new revision is full (counted per pool and role, revision_pairs
+    gave 0 and the old router was pruned at the first pass, nothing Ready to serve instead)."""
+    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(spare)), compat_hash="new")
     prefill, decode = _keys()
-    replicas = {prefill: 1, decode: 2, SPARE: 0}
-    pods = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old"), _router("old")]
-    assert "old" in router_weights(plan, pods, replicas, revision_pairs(plan, pods))
-
-
-def test_a_paired_role_added_with_the_hash_change_does_not_retire_the_old_router_at_once() -> None:
-    """A spec edit that adds a decode pool (or a prefill role to a pool) and changes the hash: the old
-    revision has no leader in the new role, so revision_pairs() leaves it out although the router
-    (whose selectors name no pool) still pairs its old prefill and decodes; the old router is pruned
-    in the first pass and nothing serves until the new revision is paired and its router Ready."""
-    plan = dataclasses.replace(_plan(_body_with_extra_decode_pool(1)), compat_hash="new")
-    prefill, decode = _keys()
-    replicas = {prefill: 1, decode: 2, SPARE: 1}
+    replicas = {prefill: 1, decode: 2, SPARE: spare}
     pods = [_leader(*prefill, "old"), _leader(*decode, "old"), _leader(*decode, "old"), _router("old")]
     assert "old" in router_weights(plan, pods, replicas, revision_pairs(plan, pods))
 
