@@ -359,7 +359,7 @@ EOF
 kwok_config() { # kwok_config STAGE_DIR
   local f first=1
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-    kimik3/pod-running.yaml kimik3/pod-ready.yaml kimik3/pod-complete.yaml pod/fast/pod-delete.yaml \
+    kimik3/pod-running.yaml kimik3/pod-ready.yaml kimik3/pod-complete.yaml kimik3/pod-delete.yaml \
     volume/fast/pvc-provision.yaml volume/fast/pv-bind.yaml volume/fast/pv-delete.yaml \
     volume/fast/pvc-delete.yaml; do
     ((first)) || echo "---"

@@ -14,7 +14,11 @@ Kubernetes discovery does in a cluster, with a token of the pod's own ServiceAcc
 kubelet would mount), and reach them at their pod IPs.
 
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
-is gone (or replaced: another uid) is stopped. `pods.json` in the runner's folder maps each pod to
+is deleted (or replaced: another uid) is stopped the kubelet's way (`_leave`): preStop pause, SIGTERM,
+SIGKILL at the grace period, and only then the pod object goes (a delete with grace 0, the kubelet's
+last word). kwok removes a deleted pod at once; each pod played here is marked (PLAYED) so that
+kwok's stage for it (e2e/cluster/kwok/pod-delete.yaml) waits for this runner, or for the pod's
+deletionTimestamp, as a kubelet's backstop would. `pods.json` in the runner's folder maps each pod to
 its address, for tests and for the demo.
 
 Given the cluster's Prometheus file_sd folder (`cluster.sh env` prints it as
@@ -40,7 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -56,6 +60,8 @@ ROUTER = "router"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
+PLAYED = "kwok.kimik3.dev/played"
+"""Set on each pod this runner plays: kwok then leaves its deletion to us (see the module docstring)."""
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ENGINE_PORT = 8000
@@ -85,7 +91,12 @@ def scrape_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[
     return {**labels, **relabelled, "namespace": namespace, "pod": pod}
 
 
-def _lifecycle(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, float]:
+class Lifecycle(TypedDict):
+    pre_stop: float
+    grace: float
+
+
+def _lifecycle(pod: dict[str, Any], container: dict[str, Any]) -> Lifecycle:
     """The container's preStop sleep and the pod's grace period, as the kubelet would honour them."""
     sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
     return {"pre_stop": float(sleep.get("seconds") or 0),
@@ -116,6 +127,8 @@ class Proc:
     """The container's preStop sleep, seconds."""
     grace: float = 30.0
     """The pod's terminationGracePeriodSeconds."""
+    deleted: bool = False
+    """Its pod was deleted (not merely left unplayed): the object goes once the process has exited."""
     cut: threading.Event = field(default_factory=threading.Event)
     """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
 
@@ -165,6 +178,9 @@ class PodRunner:
         with self._lock:
             for proc in [*self.procs.values(), *self.leaving]:
                 self._terminate(proc)
+            for proc in self.leaving:
+                if proc.deleted:
+                    _remove_pod(proc, self.root)
             self.procs.clear()
             self._write_map()
             if self.targets is not None:
@@ -220,8 +236,10 @@ class PodRunner:
             if kind in SERVING_ROLES and labels.get(WORKER_INDEX) == "0" or kind == ROUTER:
                 wanted[meta["uid"]] = pod
         with self._lock:
+            present = {pod["metadata"]["uid"]: pod for pod in pods}
             for uid in [u for u in self.procs if u not in wanted]:
-                self._leave(self.procs.pop(uid))
+                self._leave(self.procs.pop(uid), deleted=uid not in present
+                            or bool(present[uid]["metadata"].get("deletionTimestamp")))
             for uid, pod in sorted(wanted.items(), key=lambda kv: kv[1]["metadata"]["labels"].get(
                     "app.kubernetes.io/component") == ROUTER):
                 if uid in self.procs:
@@ -236,6 +254,7 @@ class PodRunner:
                            else self._start_engine(pod, nodes.get(pod["spec"].get("nodeName", ""), {})))
                 if started is not None:
                     self.procs[uid] = started
+                    self._after(_mark_played, started)
             self._write_map()
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
@@ -324,30 +343,38 @@ class PodRunner:
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
                     metrics_port=29000, labels=dict(meta["labels"]), **_lifecycle(pod, container))
 
-    def _leave(self, proc: Proc) -> None:
+    def _leave(self, proc: Proc, deleted: bool = True) -> None:
         """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
         serving: the routers and the Service have already dropped it), then SIGTERM, and SIGKILL
         once the grace period is spent. On a thread: the loop goes on meanwhile.
 
-        kwok hands a deleted pod's IP to the next pod at once (its ipPool reuses freed addresses),
-        where a kubelet's network namespace would hold it until the old containers exit. A router
-        that added the new pod would then reach the old process at that address: another revision,
-        a NIXL mismatch no cluster could produce. So a new pod on the address ends the old pod's
-        preStop pause at once (`cut`): SIGTERM, which closes its listener and lets what it is
-        serving finish, and the new pod starts once the old process has exited. kwok holds the new
-        pod unready for its first seconds (KIMIK3_POD_READY_DELAY_MS), and routers add only Ready
-        pods, so no router reaches the old process under the new pod's name."""
+        The pod object of a `deleted` pod stays (Terminating) until the process has exited; then
+        `_remove_pod`. kwok
+        frees a pod's IP once the object is gone and hands it to the next pod at once; should its
+        backstop (the deletionTimestamp) remove the object first, a new pod could get the address
+        of a process still draining, and a router that added the new pod would reach the old
+        process: another revision, a NIXL mismatch no cluster could produce. So a new pod on the
+        address ends the old pod's preStop pause at once (`cut`): SIGTERM, which closes its
+        listener and lets what it is serving finish, and the new pod starts once the old process
+        has exited."""
         def run() -> None:
             deadline = time.monotonic() + proc.pre_stop
             while time.monotonic() < deadline and not proc.cut.is_set():
                 if self._stop.wait(0.1):
                     return  # the runner itself stops: stop() ends it at once
             self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
+            if proc.deleted:
+                _remove_pod(proc, self.root)
             with self._lock:
                 self.leaving.remove(proc)
 
+        proc.deleted = deleted
         self.leaving.append(proc)  # under the caller's lock
         threading.Thread(target=run, name=f"leave-{proc.pod}", daemon=True).start()
+
+    def _after(self, action: Any, proc: Proc) -> None:
+        """Run an API call for `proc` off the loop (and off the lock tests wait on)."""
+        threading.Thread(target=action, args=(proc,), name=f"{action.__name__}-{proc.pod}", daemon=True).start()
 
     def _terminate(self, proc: Proc, grace: float = 15.0) -> None:
         if proc.alive():
@@ -387,6 +414,21 @@ class PodRunner:
         tmp.write_text(text)
         tmp.replace(self._targets_file)
         self._targets_written = text
+
+
+def _mark_played(proc: Proc) -> None:
+    kubectl("annotate", "pod", proc.pod, "-n", proc.namespace, f"{PLAYED}=true", "--overwrite", check=False)
+
+
+def _remove_pod(proc: Proc, root: Path) -> None:
+    """The kubelet's last step for a deleted pod whose containers have exited: delete it with grace 0,
+    on the condition that it is still the same pod (a group's pod comes back under the same name)."""
+    body = root / "tokens" / f"{proc.uid}.delete.json"
+    body.parent.mkdir(parents=True, exist_ok=True)
+    body.write_text(json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                "preconditions": {"uid": proc.uid}}))
+    kubectl("delete", "--raw", f"/api/v1/namespaces/{proc.namespace}/pods/{proc.pod}", "-f", str(body), check=False)
+    body.unlink(missing_ok=True)
 
 
 def prometheus_targets() -> Path | None:
