@@ -90,6 +90,8 @@ import sys, yaml
 meta = yaml.safe_load(open(sys.argv[1]))["metadata"]
 print(meta.get("namespace", "default"), meta["name"])' "$EXAMPLE")
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# The pod runner plays this namespace's serving and router pods (e2e/cluster/played-pods.yaml).
+kubectl label namespace "$ns" kwok.kimik3.dev/played=true --overwrite >/dev/null
 # The examples read the Hub token from this Secret (the fake Hub takes any token).
 kubectl -n "$ns" create secret generic hf-token --from-literal=token=hf_demo_token --dry-run=client -o yaml \
   | kubectl apply -f - >/dev/null

@@ -961,6 +961,13 @@ ensure_storage_class() {
   CHANGED+=(storageclass)
 }
 
+# The pods the pod runner plays, marked as they are admitted (see the file).
+ensure_played_pods_policy() {
+  kc get mutatingadmissionpolicybinding kimik3-e2e-played-pods >/dev/null 2>&1 && return 0
+  kc apply --server-side -f "$HERE/played-pods.yaml" >&2
+  CHANGED+=(played-pods-policy)
+}
+
 # `create`, not `apply`: Node create keeps status (capacity), updates drop it. Nodes that exist are
 # left alone; change a fixture with `down` + `up` (or patch the node's status).
 ensure_nodes() {
@@ -1051,6 +1058,7 @@ cmd_up() {
   resolve_python
   ensure_running compute-domain-controller # after its CRD
   ensure_storage_class
+  ensure_played_pods_policy
   ensure_nodes
   wait_healthy lws-manager 60
   ensure_lws_webhooks # only now: the manager serves them

@@ -123,7 +123,7 @@ def pod_runner(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory
     """Plays every serving leader pod with the engine simulator and every router pod with the real
     vllm-router, on loopback (kwok runs none), and lists the engines for the cluster's Prometheus:
     see pod_runner.py."""
-    running = PodRunner(tmp_path_factory.mktemp("pods"), namespaces=set(), targets=prometheus_targets()).start()
+    running = PodRunner(tmp_path_factory.mktemp("pods"), targets=prometheus_targets()).start()
     yield running
     running.stop()
     assert not running.problems, running.problems

@@ -13,6 +13,12 @@ changes, and no URL is rewritten: the routers find the engines through the API s
 Kubernetes discovery does in a cluster, with a token of the pod's own ServiceAccount (what the
 kubelet would mount), and reach them at their pod IPs.
 
+It is their kubelet in two more ways. A pod played here (the serving leaders and routers of a
+namespace labelled by `play`, marked at admission: e2e/cluster/played-pods.yaml) turns Ready only
+when its process answers the pod's own readinessProbe, and unready after its failureThreshold misses
+(`_probe_all`); an engine takes KIMIK3_COLD_START_SECONDS to load first. Pods of other namespaces
+stay kwok's (no process, Ready after KIMIK3_POD_READY_DELAY_MS).
+
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
 is deleted (or replaced: another uid) is stopped the kubelet's way (`_leave`): preStop pause, SIGTERM,
 SIGKILL at the grace period, and only then the pod object goes (a delete with grace 0, the kubelet's
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -61,7 +68,9 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
 PLAYED = "kwok.kimik3.dev/played"
-"""Set on each pod this runner plays: kwok then leaves its deletion to us (see the module docstring)."""
+"""On each pod this runner plays, from its admission (e2e/cluster/played-pods.yaml): kwok then leaves
+its readiness and its deletion to this runner, as to a kubelet."""
+PROBE_SECONDS = 1.0
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ENGINE_PORT = 8000
@@ -110,6 +119,40 @@ def router_venv() -> Path:
 
 
 @dataclass
+class Probe:
+    """A container's httpGet readinessProbe and its run of results."""
+    path: str
+    port: int
+    failure_threshold: int = 3
+    success_threshold: int = 1
+    ready: bool = False
+    """What the pod's status says (kwok starts it Running and unready)."""
+    run: int = 0
+    """Results in a row that disagree with `ready`."""
+
+    def observe(self, ok: bool) -> bool | None:
+        """The pod's new readiness if this result changes it, else None."""
+        self.run = 0 if ok == self.ready else self.run + 1
+        if self.run >= (self.success_threshold if ok else self.failure_threshold):
+            self.ready, self.run = ok, 0
+            return ok
+        return None
+
+    @classmethod
+    def of(cls, container: dict[str, Any]) -> Probe | None:
+        probe = container.get("readinessProbe") or {}
+        if not (get := probe.get("httpGet")):
+            return None
+        port = get.get("port")
+        if isinstance(port, str):
+            port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
+        if port is None:
+            return None
+        return cls(get.get("path") or "/", int(port), int(probe.get("failureThreshold", 3)),
+                   int(probe.get("successThreshold", 1)))
+
+
+@dataclass
 class Proc:
     namespace: str
     pod: str
@@ -127,6 +170,10 @@ class Proc:
     """The container's preStop sleep, seconds."""
     grace: float = 30.0
     """The pod's terminationGracePeriodSeconds."""
+    container: str = ""
+    """The container's name."""
+    probe: Probe | None = None
+    """Its container's readinessProbe (`PodRunner._probe_all`)."""
     deleted: bool = False
     """Its pod was deleted (not merely left unplayed): the object goes once the process has exited."""
     cut: threading.Event = field(default_factory=threading.Event)
@@ -153,13 +200,16 @@ class PodRunner:
     leaving: list[Proc] = field(default_factory=list)
     """Processes of deleted pods still in their preStop pause or drain."""
     problems: list[str] = field(default_factory=list)
-    namespaces: set[str] | None = None
-    """The namespaces whose pods are played (`play`); None: every namespace (the demo). Tests that
-    send no traffic leave their engines unplayed, so the machine's two cores are not spent on them."""
+    cold_start: float = field(default_factory=lambda: float(os.environ.get("KIMIK3_COLD_START_SECONDS", "5")))
+    """Seconds each engine takes to load before its /health answers (the simulator's
+    K3SIM_STARTUP_SECONDS): its pod turns Ready only then (readiness probe, `_probe_all`). A few
+    seconds by default, so that a rollout or a scale-up takes the time it takes (KIMIK3_COLD_START_SECONDS)."""
     targets: Path | None = None
     """The cluster's Prometheus file_sd folder, where this runner lists its live engines; None, or a
     folder that does not exist (no cluster), lists none."""
     _targets_written: str | None = None
+    _removing: set[str] = field(default_factory=set)
+    """Uids of deleted pods without a process, whose object this runner has removed."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -170,6 +220,8 @@ class PodRunner:
         self.router_bin = router_venv() / "bin" / "vllm-router"
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._thread.start()
+        self._prober = threading.Thread(target=self._probe_all, name="pod-runner-probes", daemon=True)
+        self._prober.start()
         return self
 
     def stop(self) -> None:
@@ -193,11 +245,13 @@ class PodRunner:
             return sorted((p for p in self.procs.values() if p.namespace == namespace and p.alive()
                            and (kind is None or p.kind == kind)), key=lambda p: p.pod)
 
-    def play(self, namespace: str) -> None:
-        """Play the pods of `namespace` from now on."""
-        with self._lock:
-            if self.namespaces is not None:
-                self.namespaces.add(namespace)
+    @staticmethod
+    def play(namespace: str) -> None:
+        """Play the serving and router pods `namespace` creates from now on: the label makes the
+        cluster's admission policy mark them (e2e/cluster/played-pods.yaml), and marked pods are
+        this runner's. Namespaces nobody plays keep kwok's pods (no process, Ready after a delay),
+        so the machine's two cores are not spent on tests that send no traffic."""
+        kubectl("label", "namespace", namespace, f"{PLAYED}=true", "--overwrite")
 
     def by_ip(self, ip: str) -> Proc | None:
         with self._lock:
@@ -231,7 +285,7 @@ class PodRunner:
             kind = labels.get("app.kubernetes.io/component", "")
             if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
                 continue
-            if self.namespaces is not None and meta["namespace"] not in self.namespaces:
+            if (meta.get("annotations") or {}).get(PLAYED) != "true":
                 continue
             if kind in SERVING_ROLES and labels.get(WORKER_INDEX) == "0" or kind == ROUTER:
                 wanted[meta["uid"]] = pod
@@ -240,6 +294,15 @@ class PodRunner:
             for uid in [u for u in self.procs if u not in wanted]:
                 self._leave(self.procs.pop(uid), deleted=uid not in present
                             or bool(present[uid]["metadata"].get("deletionTimestamp")))
+            leaving = {p.uid for p in self.leaving}
+            for uid, pod in present.items():
+                meta = pod["metadata"]
+                if (meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(PLAYED) == "true"
+                        and uid not in leaving and uid not in self._removing):
+                    # Deleted before its process ran (or after it was gone): nothing to wait for.
+                    self._removing.add(uid)
+                    threading.Thread(target=_remove, args=(meta["namespace"], meta["name"], uid, self.root),
+                                     daemon=True).start()
             for uid, pod in sorted(wanted.items(), key=lambda kv: kv[1]["metadata"]["labels"].get(
                     "app.kubernetes.io/component") == ROUTER):
                 if uid in self.procs:
@@ -254,7 +317,6 @@ class PodRunner:
                            else self._start_engine(pod, nodes.get(pod["spec"].get("nodeName", ""), {})))
                 if started is not None:
                     self.procs[uid] = started
-                    self._after(_mark_played, started)
             self._write_map()
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
@@ -296,6 +358,7 @@ class PodRunner:
             "K3SIM_GPU_PRODUCT": node_labels.get(GPU_LABEL, ""),
             "K3SIM_ROLE": meta["labels"]["app.kubernetes.io/component"],
             "K3SIM_TIME_SCALE": str(self.time_scale),
+            "K3SIM_STARTUP_SECONDS": str(self.cold_start),
             "K3SIM_HANDSHAKE_DIR": str(self.handshake),
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
         }
@@ -304,7 +367,8 @@ class PodRunner:
                                 [sys.executable, "-m", "kimik3_operator.simulator", *argv, "--host", ip], sim_env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
-                    labels=dict(meta["labels"]), **_lifecycle(pod, container))
+                    labels=dict(meta["labels"]), container=container["name"],
+                    probe=Probe.of(container), **_lifecycle(pod, container))
 
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
@@ -341,7 +405,8 @@ class PodRunner:
                "KUBECONFIG": str(self._router_kubeconfig(pod)), "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
-                    metrics_port=29000, labels=dict(meta["labels"]), **_lifecycle(pod, container))
+                    metrics_port=29000, labels=dict(meta["labels"]), container=container["name"],
+                    probe=Probe.of(container), **_lifecycle(pod, container))
 
     def _leave(self, proc: Proc, deleted: bool = True) -> None:
         """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
@@ -372,9 +437,20 @@ class PodRunner:
         self.leaving.append(proc)  # under the caller's lock
         threading.Thread(target=run, name=f"leave-{proc.pod}", daemon=True).start()
 
-    def _after(self, action: Any, proc: Proc) -> None:
-        """Run an API call for `proc` off the loop (and off the lock tests wait on)."""
-        threading.Thread(target=action, args=(proc,), name=f"{action.__name__}-{proc.pod}", daemon=True).start()
+    def _probe_all(self) -> None:
+        """The kubelet's readiness probes, for every process played: a pod is Ready only while its
+        process answers its readinessProbe (an engine once loaded, a router once it has a pair), and
+        turns unready after failureThreshold misses in a row (a crashed or hung process). Probed
+        every PROBE_SECONDS rather than the rendered periodSeconds (5-10 s): the test's clock is
+        compressed, as the routers' health checks are (router_health_seconds)."""
+        while not self._stop.wait(PROBE_SECONDS):
+            with self._lock:
+                procs = list(self.procs.values())
+            for proc in procs:
+                if proc.probe is not None:
+                    ready = proc.probe.observe(_answers(proc.ip, proc.probe))
+                    if ready is not None:
+                        _set_ready(proc, ready)
 
     def _terminate(self, proc: Proc, grace: float = 15.0) -> None:
         if proc.alive():
@@ -416,18 +492,46 @@ class PodRunner:
         self._targets_written = text
 
 
-def _mark_played(proc: Proc) -> None:
-    kubectl("annotate", "pod", proc.pod, "-n", proc.namespace, f"{PLAYED}=true", "--overwrite", check=False)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Probes go straight to the pod's (loopback) address, never through a proxy from the environment."""
+
+
+def _answers(ip: str, probe: Probe) -> bool:
+    """What the kubelet counts as a passed httpGet probe: a 2xx or 3xx answer within a second."""
+    try:
+        with _DIRECT.open(f"http://{ip}:{probe.port}{probe.path}", timeout=1) as answer:
+            return bool(200 <= answer.status < 400)
+    except (OSError, ValueError):
+        return False
+
+
+def _set_ready(proc: Proc, ready: bool) -> None:
+    """The kubelet's status update for a readiness change (the Ready and ContainersReady conditions
+    and the container's `ready`; a strategic merge by condition type and container name)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = "True" if ready else "False"
+    extra = {} if ready else {"reason": "ContainersNotReady"}
+    patch = {"status": {
+        "conditions": [{"type": kind, "status": status, "lastTransitionTime": now, **extra}
+                       for kind in ("Ready", "ContainersReady")],
+        "containerStatuses": [{"name": proc.container, "ready": ready}]}}
+    kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
+            "-p", json.dumps(patch), check=False)
 
 
 def _remove_pod(proc: Proc, root: Path) -> None:
-    """The kubelet's last step for a deleted pod whose containers have exited: delete it with grace 0,
-    on the condition that it is still the same pod (a group's pod comes back under the same name)."""
-    body = root / "tokens" / f"{proc.uid}.delete.json"
+    _remove(proc.namespace, proc.pod, proc.uid, root)
+
+
+def _remove(namespace: str, name: str, uid: str, root: Path) -> None:
+    """The kubelet's last step for a deleted pod whose containers have exited (or never ran): delete
+    it with grace 0, on the condition that it is still the same pod (a group's pod comes back under
+    the same name)."""
+    body = root / "tokens" / f"{uid}.delete.json"
     body.parent.mkdir(parents=True, exist_ok=True)
     body.write_text(json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                                "preconditions": {"uid": proc.uid}}))
-    kubectl("delete", "--raw", f"/api/v1/namespaces/{proc.namespace}/pods/{proc.pod}", "-f", str(body), check=False)
+                                "preconditions": {"uid": uid}}))
+    kubectl("delete", "--raw", f"/api/v1/namespaces/{namespace}/pods/{name}", "-f", str(body), check=False)
     body.unlink(missing_ok=True)
 
 

@@ -29,7 +29,7 @@ from .children import planned
 from .conftest import REPORT
 from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, Proc
-from .traffic import SESSION, Answer, metric, metric_line, post, prompt, ready_router, stats
+from .traffic import SESSION, Answer, metric, metric_line, post, prompt, ready_router, router_workers, stats
 
 pytestmark = pytest.mark.e2e
 
@@ -176,10 +176,16 @@ def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds
     assert broken.status in (0, 200) and not broken.done and broken.error, broken
     assert len(broken.text) >= streamed > 0
 
-    # The router drops the dead engine after its health check (1 s in e2e): then requests succeed.
+    # The router stops choosing the dead engine: its health check (1 s in e2e) marks it unhealthy,
+    # or its pod turns unready first (readiness probe, 3 misses) and its discovery drops it.
     health = f"http://{router.ip}:{router.metrics_port}/metrics"
-    wait_for("the router to mark the dead decode unhealthy",
-             lambda: metric_line(health, "vllm_router_worker_health", worker=victim.url) == 0, timeout=30)
+    wait_for("the router to stop routing to the dead decode",
+             lambda: metric_line(health, "vllm_router_worker_health", worker=victim.url) == 0
+             or victim.ip not in (router_workers(router) or {victim.ip}), timeout=30)
+    # ... and its pod is no longer Ready (the kubelet's readiness probe), so the operator and every
+    # other router see it too.
+    wait_for("the dead decode's pod unready", lambda: (condition(
+        get_json("pod", victim.pod, "-n", namespace), "Ready") or {}).get("status") == "False", timeout=30)
     after = post(router.url, "/v1/completions", {"model": MODEL, "prompt": prompt(256, "after-"), "max_tokens": 16})
     assert after.status == 200 and after.done, after
     REPORT.append(f"traffic: decode SIGKILLed mid-stream: client got {len(broken.text.split())} words and "
