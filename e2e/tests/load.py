@@ -1,7 +1,9 @@
 """A bounded load generator: `concurrency` clients send requests through the router (loopback only)
 until told to stop, `max_requests` are sent, or `max_seconds` pass, whichever comes first; every
 request is bounded by its own timeout. Each client sends its next request when the last one ends
-(a closed loop), so the load is the number of requests in flight, the signal decode scales on."""
+(a closed loop), so the load is the number of requests in flight, the signal decode scales on.
+Every outcome is kept: a moment with no ready router to send to is a failed request too ("no
+endpoint", one per client every 0.2 s while it lasts), never skipped."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .traffic import Answer, post, prompt
+from .traffic import Answer, failure_kinds, post, prompt
 
 
 @dataclass
 class Load:
     url: Callable[[], str | None]
-    """Where to send the next request (the router playing now); None: none serves, wait."""
+    """Where to send the next request (a ready router pod); None: none serves (a failure)."""
     concurrency: int
     max_requests: int
     max_seconds: float
@@ -52,6 +54,9 @@ class Load:
         while self._more():
             url = self.url()
             if url is None:
+                with self._lock:
+                    self.answers.append((time.monotonic() - self.started,
+                                         Answer(0, "", error="no endpoint: no ready router pod")))
                 time.sleep(0.2)
                 continue
             body: dict[str, Any] = {"model": "kimi-k3", "prompt": prompt(self.input_words, f"l{index}-{n}-"),
@@ -63,7 +68,13 @@ class Load:
             if answer.status != 200:
                 time.sleep(0.2)  # a refusal (no engine yet) must not spin
 
+    def failed(self) -> list[tuple[float, Answer]]:
+        """Every request not answered whole: HTTP errors, broken streams, refused connections and
+        moments with no router."""
+        return [(t, a) for t, a in self.answers if not (a.status == 200 and a.done)]
+
     def summary(self) -> str:
-        ok = sum(1 for _, a in self.answers if a.status == 200)
+        failed = self.failed()
         return (f"{len(self.answers)} requests from {self.concurrency} clients in "
-                f"{time.monotonic() - self.started:.0f} s, {ok} served")
+                f"{time.monotonic() - self.started:.0f} s, {len(self.answers) - len(failed)} served, "
+                f"{len(failed)} failed {failure_kinds([a for _, a in failed])}")

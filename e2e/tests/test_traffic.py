@@ -29,7 +29,19 @@ from .children import planned
 from .conftest import REPORT
 from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, Proc
-from .traffic import SESSION, Answer, metric, metric_line, post, prompt, ready_router, router_workers, stats
+from .traffic import (
+    SESSION,
+    Answer,
+    failure_kinds,
+    metric,
+    metric_line,
+    post,
+    prompt,
+    ready_router,
+    router_uids,
+    router_workers,
+    stats,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -267,12 +279,8 @@ class OpenLoop:
 
     def summary(self) -> str:
         failed = self.failed()
-        kinds: dict[str, int] = {}
-        for _, a in failed:
-            kind = ("no endpoint" if a.error.startswith("no endpoint") else f"HTTP {a.status}" if a.status
-                    else "connection")
-            kinds[kind] = kinds.get(kind, 0) + 1
-        return f"{len(self.outcomes)} sent, {len(self.outcomes) - len(failed)} served, {len(failed)} failed {kinds}"
+        return (f"{len(self.outcomes)} sent, {len(self.outcomes) - len(failed)} served, {len(failed)} failed "
+                f"{failure_kinds([a for _, a in failed])}")
 
 
 def _ready_endpoint(router: Proc) -> bool:
@@ -301,18 +309,13 @@ def _under_load(runner: PodRunner, namespace: str, change: Any, done: Any, secon
     return load
 
 
-def _router_uids(namespace: str) -> set[str]:
-    return {p["metadata"]["uid"] for p in get_json("pods", "-n", namespace, "-l",
-                                                 "app.kubernetes.io/component=router")["items"]}
-
-
 def _scale_under_load(pod_runner: PodRunner, namespace: str, name: str, role: str, steps: tuple[int, ...]) -> None:
     """`role` through `steps` replicas by spec under an open-loop load: 0 failed requests, and the
     router pods are the same ones throughout (they follow the engines; nothing about them changes)."""
     body = _example(PD_EXAMPLE, namespace, name)
     _serve(pod_runner, namespace, body)
     ready_router(pod_runner, namespace, f"{name}-router")
-    uids = _router_uids(namespace)
+    uids = router_uids(namespace)
     pool = next(p for p in body["spec"]["pools"] if role in p)
     loads = []
     for n in steps[1:]:
@@ -325,10 +328,10 @@ def _scale_under_load(pod_runner: PodRunner, namespace: str, name: str, role: st
         loads.append(_under_load(pod_runner, namespace, change, engines))
     REPORT.append(f"{role} " + "; ".join(f"{a} -> {b} under load: {load.summary()}"
                                          for a, b, load in zip(steps[:-1], steps[1:], loads, strict=True))
-                  + f"; router pods unchanged: {_router_uids(namespace) == uids}")
+                  + f"; router pods unchanged: {router_uids(namespace) == uids}")
     for load in loads:
         assert not load.failed(), load.story()
-    assert _router_uids(namespace) == uids
+    assert router_uids(namespace) == uids
 
 
 def test_scaling_decode_under_load_loses_no_request_and_never_restarts_the_router(

@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from .kube import wait_for
+from .kube import get_json, wait_for
 from .pod_runner import PodRunner, Proc
 
 SESSION = requests.Session()
@@ -39,14 +39,16 @@ def prompt(words: int, seed: str) -> str:
     return " ".join(f"{seed}{i % 997}" for i in range(words))
 
 
-def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, into: Answer | None = None) -> Answer:
+def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, into: Answer | None = None,
+         headers: dict[str, str] | None = None) -> Answer:
     """One request; a stream is read chunk by chunk as it arrives and timed. A broken connection is
     an Answer with `error` set, not an exception: a test asserts what the client saw. `into` is
     filled while the stream runs (another thread can watch it)."""
     started = time.monotonic()
     answer = into or Answer(0, "")
     try:
-        with SESSION.post(f"{base}{path}", json=body, stream=bool(body.get("stream")), timeout=timeout) as r:
+        with SESSION.post(f"{base}{path}", json=body, stream=bool(body.get("stream")), timeout=timeout,
+                          headers=headers) as r:
             answer.status, answer.request_id = r.status_code, r.headers.get("x-request-id", "")
             if not body.get("stream"):
                 if r.status_code == 200:
@@ -119,6 +121,30 @@ def metric_line(url: str, name: str, **labels: str) -> float | None:
     """The one sample of a metric with these labels, None while it is not exported."""
     found = _samples(url, name, labels)
     return found[0] if len(found) == 1 else None
+
+
+def failure_kind(answer: Answer) -> str:
+    """How a request failed, for a load's summary: no endpoint (no ready router to send to), an HTTP
+    status, a broken stream (200 without its end), or the connection (refused, reset, timed out)."""
+    if answer.error.startswith("no endpoint"):
+        return "no endpoint"
+    if answer.status == 200:
+        return "broken stream"
+    return f"HTTP {answer.status}" if answer.status else "connection"
+
+
+def failure_kinds(answers: list[Answer]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for answer in answers:
+        if not (answer.status == 200 and answer.done):
+            kinds[failure_kind(answer)] = kinds.get(failure_kind(answer), 0) + 1
+    return kinds
+
+
+def router_uids(namespace: str) -> set[str]:
+    """The uids of the router pods in `namespace` now: a router that restarted has a new one."""
+    return {p["metadata"]["uid"] for p in get_json("pods", "-n", namespace, "-l",
+                                                 "app.kubernetes.io/component=router")["items"]}
 
 
 def router_workers(router: Proc) -> set[str] | None:
