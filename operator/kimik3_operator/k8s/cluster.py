@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import urllib3
@@ -28,6 +28,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from ..api import GROUP, KIND, VERSION
+from ..contract import timestamps
 from ..contract.names import (
     ANNOTATION_HASH,
     AUTOSCALER_FIELD_MANAGER,
@@ -272,7 +273,7 @@ class Cluster:
     def post_event(self, involved: dict[str, Any], namespace: str, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an owner reference of our resource); best effort: an
         event that cannot be posted is logged and never fails a pass."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = timestamps.stamp(time.time())
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
@@ -312,14 +313,6 @@ def _api_message(exc: ApiException | DynamicApiError) -> str:
         return str(getattr(exc, "reason", "") or body or exc)
 
 
-def _time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return None
-
-
 def writes_digest(obj: dict[str, Any]) -> str:
     """A digest of the fields our apply owns on `obj` (our Apply entries outside status).
 
@@ -354,7 +347,7 @@ def unchanged_since_our_apply(desired: dict[str, Any], live: dict[str, Any],
     entries = meta.get("managedFields") or []
     ours = [t for e in _spec_writes(entries)
             if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"
-            and (t := _time(e.get("time"))) is not None]
+            and (t := timestamps.parse(e.get("time"))) is not None]
     if not ours:
         return False
     if applied is not None:
@@ -378,7 +371,7 @@ def _scaled(desired: dict[str, Any], live: dict[str, Any]) -> bool:
 def _foreign_writes(entries: Iterable[dict[str, Any]]) -> list[datetime]:
     return [t for e in _spec_writes(entries)
             if not (e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply")
-            and not harmless(e) and (t := _time(e.get("time"))) is not None]
+            and not harmless(e) and (t := timestamps.parse(e.get("time"))) is not None]
 
 
 def harmless(entry: dict[str, Any]) -> bool:

@@ -15,11 +15,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from ..api.reasons import INSUFFICIENT_CAPACITY, SCALED_DOWN, SCALED_UP
 from ..api.v1alpha1 import KimiK3DeploymentStatus, RoleAutoscalingStatus
+from ..contract import timestamps
 from ..contract.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
 from ..contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from ..k8s import Cluster
@@ -90,14 +90,6 @@ def scaler_name(owner: Owner, pool: str, role: str, scaling: RoleScaling) -> str
     if scaling.mode == "KEDA":
         return f"{SCALED_OBJECT.kind}/{workload_name(owner, pool, role)}"
     return OPERATOR_SCALER
-
-
-def _stamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _seconds(stamp: str | None) -> float | None:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 def previous_autoscaling(previous: KimiK3DeploymentStatus | None) -> dict[Key, RoleAutoscalingStatus]:
@@ -185,8 +177,8 @@ class SloScaler:
                 continue
             key = (pool.name, role.role)
             previous = kept.get(key)
-            memory = Memory(_seconds(previous.last_scale_time), _seconds(previous.breach_since),
-                            _seconds(previous.calm_since)) if previous else Memory()
+            memory = Memory(timestamps.seconds(previous.last_scale_time), timestamps.seconds(previous.breach_since),
+                            timestamps.seconds(previous.calm_since)) if previous else Memory()
             current = int((workload.get("spec") or {}).get("replicas") or 0)
             ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
             try:
@@ -207,14 +199,15 @@ class SloScaler:
             status = previous or RoleAutoscalingStatus(mode="SLO", min_replicas=0, max_replicas=0, metric="",
                                                        target=0, target_source="", scaler=OPERATOR_SCALER)
             update: dict[str, Any] = {
-                "breach_since": _stamp(decision.memory.breach_since) if decision.memory.breach_since else None,
-                "calm_since": _stamp(decision.memory.calm_since) if decision.memory.calm_since else None,
+                "breach_since": (timestamps.stamp(decision.memory.breach_since)
+                                 if decision.memory.breach_since else None),
+                "calm_since": timestamps.stamp(decision.memory.calm_since) if decision.memory.calm_since else None,
                 "capacity_limited": decision.capacity_limited}
             where = f"pool {pool_name} role {role_name}"
             if decision.replicas != current:
                 rescaled[workload["metadata"]["name"]] = cluster.set_replicas(dict(workload), decision.replicas)
                 change = f"{decision.direction} {current} -> {decision.replicas}: {decision.reason.split(': ', 1)[1]}"
-                update |= {"last_scale_time": _stamp(now), "last_scale": change}
+                update |= {"last_scale_time": timestamps.stamp(now), "last_scale": change}
                 cluster.post_event(involved, owner.namespace, "Normal",
                                    SCALED_UP if decision.replicas > current else SCALED_DOWN, f"{where}: {change}")
             if decision.capacity_limited and decision.capacity_limited != (previous and previous.capacity_limited):

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ..contract import timestamps
 from ..planner import Plan
 from ..render.names import LABEL_COMPAT, LABEL_POOL, LABEL_ROLE
 from ..render.router import LABEL_REVISION
@@ -91,17 +92,10 @@ def _routers(pods: Iterable[Mapping[str, Any]], now: datetime | None = None) -> 
         meta = pod.get("metadata") or {}
         if not (revision := (meta.get("labels") or {}).get(LABEL_REVISION)):
             continue
-        if (deadline := _timestamp(meta.get("deletionTimestamp"))) is not None and deadline <= now:
+        if (deadline := timestamps.parse(meta.get("deletionTimestamp"))) is not None and deadline <= now:
             continue
         out.append((revision, routable(pod)))
     return out
-
-
-def _timestamp(value: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
-    except ValueError:
-        return None
 
 
 def old_routers(plan: Plan, pods: Iterable[Mapping[str, Any]]) -> bool:
