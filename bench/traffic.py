@@ -52,10 +52,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 from e2e.tests.kube import kubectl  # noqa: E402
 from e2e.tests.pod_runner import free_port, router_venv  # noqa: E402
 from e2e.tests.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
+from kimik3_operator.render.names import LABEL_COMPAT  # noqa: E402
+from kimik3_operator.render.router import LABEL_REVISION  # noqa: E402
 
 COMPONENT = "app.kubernetes.io/component"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
-COMPAT = "serving.kimik3.dev/compat-hash"
+COMPAT, REVISION = LABEL_COMPAT, LABEL_REVISION
+"""On serving pods: their P/D revision; on a P/D router's pods: the revision it pairs."""
 MODEL = "moonshotai/Kimi-K3"
 ENGINE_PORT = 8000
 DISCOVERY_FLAGS = {"--service-discovery", "--service-discovery-namespace", "--service-discovery-port",
@@ -303,7 +306,9 @@ class PrefixRecords:
                     self.seen.setdefault((pod["metadata"]["uid"], key), (now, record))
 
     def hit_rate(self, start: float, end: float) -> float | None:
-        records = [r for t, r in list(self.seen.values()) if start <= t < end + 1.5]
+        """Over the records first seen in [start, end), both shifted by the polling lag: a request
+        sent in a phase is seen at most about a second and a half later."""
+        records = [r for t, r in list(self.seen.values()) if start + 1.5 <= t < end + 1.5]
         prompt_tokens = sum(r["prompt_tokens"] for r in records)
         return sum(r["local_cache_hit_tokens"] for r in records) / prompt_tokens if prompt_tokens else None
 
@@ -342,13 +347,14 @@ def _rollout(cluster: Cluster) -> None:
 
 
 def _rolled(cluster: Cluster, old: set[str]) -> bool:
-    """Only the new revision serves: every leader on it and Ready, and one router pod per revision
-    left (the new one)."""
+    """Only the new revision serves: every leader on it and Ready, and every router pod left is
+    the new revision's, Ready."""
     pods = cluster.pods()
     leaders = cluster.leaders(pods, "prefill") + cluster.leaders(pods, "decode")
     revisions = {p["metadata"]["labels"].get(COMPAT) for p in leaders}
-    routers = [p for p in cluster.routers(pods) if not p["metadata"].get("deletionTimestamp")]
-    return bool(leaders) and not revisions & old and all(_ready(p) for p in leaders) and len(routers) == 1
+    routers = cluster.routers(pods)
+    return (bool(leaders) and not revisions & old and all(_ready(p) for p in leaders) and bool(routers)
+            and all(_ready(p) and p["metadata"]["labels"].get(REVISION) not in old for p in routers))
 
 
 def run_design(design: str, endpoint: Any, cluster: Cluster, args: argparse.Namespace,
@@ -405,9 +411,11 @@ def direct_pair(prefill: str, decode: str, body: dict[str, Any]) -> Answer:
         "remote_block_ids": None, "remote_host": None, "remote_port": None}}
     try:
         answer = SESSION.post(f"{prefill}/v1/chat/completions", json=first, headers={"X-Request-Id": rid}, timeout=60)
-        params = answer.json().get("kv_transfer_params")
+        params = answer.json().get("kv_transfer_params") if answer.status_code == 200 else None
     except (OSError, ValueError) as exc:
         return Answer(0, rid, error=f"prefill: {exc}")
+    if not params:  # the decode would prefill on its own: not the path being measured
+        return Answer(answer.status_code, rid, error=f"prefill: {answer.status_code} without kv_transfer_params")
     handed = time.monotonic()
     second = post(decode, "/v1/chat/completions", {**body, "kv_transfer_params": params}, timeout=60,
                   headers={"X-Request-Id": rid})

@@ -962,11 +962,7 @@ ensure_storage_class() {
 }
 
 # The pods the pod runner plays, marked as they are admitted (see the file).
-ensure_played_pods_policy() {
-  kc get mutatingadmissionpolicybinding kimik3-e2e-played-pods >/dev/null 2>&1 && return 0
-  kc apply --server-side -f "$HERE/played-pods.yaml" >&2
-  CHANGED+=(played-pods-policy)
-}
+ensure_played_pods_policy() { apply_hashed played-pods-policy < "$HERE/played-pods.yaml"; }
 
 # `create`, not `apply`: Node create keeps status (capacity), updates drop it. Nodes that exist are
 # left alone; change a fixture with `down` + `up` (or patch the node's status).

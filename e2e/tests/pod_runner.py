@@ -125,21 +125,23 @@ class Probe:
     port: int
     failure_threshold: int = 3
     success_threshold: int = 1
+    timeout: float = 1.0
     ready: bool = False
-    """What the pod's status says (kwok starts it Running and unready)."""
+    """What the pod's status says now (taken from the pod when its process starts)."""
     run: int = 0
     """Results in a row that disagree with `ready`."""
 
     def observe(self, ok: bool) -> bool | None:
-        """The pod's new readiness if this result changes it, else None."""
+        """The pod's new readiness if this result changes it, else None; `settle` once the pod's
+        status says so (a status write that failed is tried again at the next result)."""
         self.run = 0 if ok == self.ready else self.run + 1
-        if self.run >= (self.success_threshold if ok else self.failure_threshold):
-            self.ready, self.run = ok, 0
-            return ok
-        return None
+        return ok if self.run >= (self.success_threshold if ok else self.failure_threshold) else None
+
+    def settle(self, ready: bool) -> None:
+        self.ready, self.run = ready, 0
 
     @classmethod
-    def of(cls, container: dict[str, Any]) -> Probe | None:
+    def of(cls, pod: dict[str, Any], container: dict[str, Any]) -> Probe | None:
         probe = container.get("readinessProbe") or {}
         if not (get := probe.get("httpGet")):
             return None
@@ -148,8 +150,10 @@ class Probe:
             port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
         if port is None:
             return None
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (pod.get("status") or {}).get("conditions") or [])
         return cls(get.get("path") or "/", int(port), int(probe.get("failureThreshold", 3)),
-                   int(probe.get("successThreshold", 1)))
+                   int(probe.get("successThreshold", 1)), float(probe.get("timeoutSeconds", 1)), ready)
 
 
 @dataclass
@@ -172,6 +176,9 @@ class Proc:
     """The pod's terminationGracePeriodSeconds."""
     container: str = ""
     """The container's name."""
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    """The pod's containerStatuses when its process started (kwok's): a status write sends them
+    whole (the list is atomic), with `ready` set."""
     probe: Probe | None = None
     """Its container's readinessProbe (`PodRunner._probe_all`)."""
     deleted: bool = False
@@ -230,13 +237,16 @@ class PodRunner:
         with self._lock:
             for proc in [*self.procs.values(), *self.leaving]:
                 self._terminate(proc)
-            for proc in self.leaving:
-                if proc.deleted:
-                    _remove_pod(proc, self.root)
             self.procs.clear()
             self._write_map()
             if self.targets is not None:
                 self._targets_file.unlink(missing_ok=True)
+        # What a kubelet would still finish: every deleted pod played here goes now (no process is
+        # left), not at kwok's backstop minutes later with its fake GPUs held.
+        for pod in _played_pods():
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                _remove(meta["namespace"], meta["name"], meta["uid"])
 
     # -- what tests use -------------------------------------------------------------------------
 
@@ -267,7 +277,8 @@ class PodRunner:
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                pods = json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json").stdout)["items"]
+                listed = kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30)
+                pods = json.loads(listed.stdout)["items"]
                 nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
                          for n in json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]}
             except (subprocess.SubprocessError, ValueError):
@@ -301,7 +312,7 @@ class PodRunner:
                         and uid not in leaving and uid not in self._removing):
                     # Deleted before its process ran (or after it was gone): nothing to wait for.
                     self._removing.add(uid)
-                    threading.Thread(target=_remove, args=(meta["namespace"], meta["name"], uid, self.root),
+                    threading.Thread(target=self._remove_now, args=(meta["namespace"], meta["name"], uid),
                                      daemon=True).start()
             for uid, pod in sorted(wanted.items(), key=lambda kv: kv[1]["metadata"]["labels"].get(
                     "app.kubernetes.io/component") == ROUTER):
@@ -368,7 +379,8 @@ class PodRunner:
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
                     labels=dict(meta["labels"]), container=container["name"],
-                    probe=Probe.of(container), **_lifecycle(pod, container))
+                    probe=Probe.of(pod, container),
+                    statuses=(pod.get("status") or {}).get("containerStatuses") or [], **_lifecycle(pod, container))
 
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
@@ -406,7 +418,8 @@ class PodRunner:
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
                     metrics_port=29000, labels=dict(meta["labels"]), container=container["name"],
-                    probe=Probe.of(container), **_lifecycle(pod, container))
+                    probe=Probe.of(pod, container),
+                    statuses=(pod.get("status") or {}).get("containerStatuses") or [], **_lifecycle(pod, container))
 
     def _leave(self, proc: Proc, deleted: bool = True) -> None:
         """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
@@ -423,19 +436,26 @@ class PodRunner:
         listener and lets what it is serving finish, and the new pod starts once the old process
         has exited."""
         def run() -> None:
-            deadline = time.monotonic() + proc.pre_stop
-            while time.monotonic() < deadline and not proc.cut.is_set():
-                if self._stop.wait(0.1):
-                    return  # the runner itself stops: stop() ends it at once
-            self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
-            if proc.deleted:
-                _remove_pod(proc, self.root)
-            with self._lock:
-                self.leaving.remove(proc)
+            try:
+                deadline = time.monotonic() + proc.pre_stop
+                while time.monotonic() < deadline and not proc.cut.is_set():
+                    if self._stop.wait(0.1):
+                        return  # the runner itself stops: stop() ends it at once
+                self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
+                if proc.deleted:
+                    _remove_pod(proc)  # should it fail, the loop removes the pod once this one is off `leaving`
+            finally:
+                with self._lock:
+                    self.leaving.remove(proc)
 
         proc.deleted = deleted
         self.leaving.append(proc)  # under the caller's lock
         threading.Thread(target=run, name=f"leave-{proc.pod}", daemon=True).start()
+
+    def _remove_now(self, namespace: str, name: str, uid: str) -> None:
+        if not _remove(namespace, name, uid):
+            with self._lock:
+                self._removing.discard(uid)  # tried again at the next pass
 
     def _probe_all(self) -> None:
         """The kubelet's readiness probes, for every process played: a pod is Ready only while its
@@ -447,10 +467,13 @@ class PodRunner:
             with self._lock:
                 procs = list(self.procs.values())
             for proc in procs:
-                if proc.probe is not None:
-                    ready = proc.probe.observe(_answers(proc.ip, proc.probe))
-                    if ready is not None:
-                        _set_ready(proc, ready)
+                try:
+                    probe = proc.probe
+                    if probe is not None and (ready := probe.observe(_answers(proc.ip, probe))) is not None:
+                        if _set_ready(proc, ready):
+                            probe.settle(ready)
+                except Exception as exc:  # noqa: BLE001 - one bad write must not end every pod's probes
+                    self.problems.append(f"probing {proc.namespace}/{proc.pod}: {exc!r}")
 
     def _terminate(self, proc: Proc, grace: float = 15.0) -> None:
         if proc.alive():
@@ -497,42 +520,55 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _answers(ip: str, probe: Probe) -> bool:
-    """What the kubelet counts as a passed httpGet probe: a 2xx or 3xx answer within a second."""
+    """What the kubelet counts as a passed httpGet probe: a 2xx or 3xx answer within its timeout."""
     try:
-        with _DIRECT.open(f"http://{ip}:{probe.port}{probe.path}", timeout=1) as answer:
+        with _DIRECT.open(f"http://{ip}:{probe.port}{probe.path}", timeout=probe.timeout) as answer:
             return bool(200 <= answer.status < 400)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - refused, reset, timed out, a malformed answer: all a failed probe
         return False
 
 
-def _set_ready(proc: Proc, ready: bool) -> None:
-    """The kubelet's status update for a readiness change (the Ready and ContainersReady conditions
-    and the container's `ready`; a strategic merge by condition type and container name)."""
+def _set_ready(proc: Proc, ready: bool) -> bool:
+    """The kubelet's status update for a readiness change, on this pod only (its uid: a group's pod
+    comes back under the same name): the Ready and ContainersReady conditions (merged by type; the
+    reason goes when ready) and containerStatuses whole (an atomic list) with `ready` set. True
+    once the API server took it."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    status = "True" if ready else "False"
-    extra = {} if ready else {"reason": "ContainersNotReady"}
-    patch = {"status": {
-        "conditions": [{"type": kind, "status": status, "lastTransitionTime": now, **extra}
-                       for kind in ("Ready", "ContainersReady")],
-        "containerStatuses": [{"name": proc.container, "ready": ready}]}}
-    kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
-            "-p", json.dumps(patch), check=False)
+    condition = {"status": "True" if ready else "False", "lastTransitionTime": now,
+                 "reason": None if ready else "ContainersNotReady"}
+    statuses = [{**c, "ready": ready if c.get("name") == proc.container else c.get("ready", False)}
+                for c in proc.statuses]
+    patch = {"metadata": {"uid": proc.uid}, "status": {
+        "conditions": [{"type": kind, **condition} for kind in ("Ready", "ContainersReady")],
+        **({"containerStatuses": statuses} if statuses else {})}}
+    return kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
+                   "-p", json.dumps(patch), check=False, timeout=20).returncode == 0
 
 
-def _remove_pod(proc: Proc, root: Path) -> None:
-    _remove(proc.namespace, proc.pod, proc.uid, root)
+def _played_pods() -> list[dict[str, Any]]:
+    try:
+        pods = json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30).stdout)["items"]
+    except (subprocess.SubprocessError, ValueError):
+        return []
+    return [p for p in pods if (p["metadata"].get("annotations") or {}).get(PLAYED) == "true"]
 
 
-def _remove(namespace: str, name: str, uid: str, root: Path) -> None:
+def _remove_pod(proc: Proc) -> bool:
+    return _remove(proc.namespace, proc.pod, proc.uid)
+
+
+def _remove(namespace: str, name: str, uid: str) -> bool:
     """The kubelet's last step for a deleted pod whose containers have exited (or never ran): delete
     it with grace 0, on the condition that it is still the same pod (a group's pod comes back under
-    the same name)."""
-    body = root / "tokens" / f"{uid}.delete.json"
-    body.parent.mkdir(parents=True, exist_ok=True)
-    body.write_text(json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                                "preconditions": {"uid": uid}}))
-    kubectl("delete", "--raw", f"/api/v1/namespaces/{namespace}/pods/{name}", "-f", str(body), check=False)
-    body.unlink(missing_ok=True)
+    the same name). True once it is gone (or was already)."""
+    body = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                       "preconditions": {"uid": uid}})
+    try:
+        out = kubectl("delete", "--raw", f"/api/v1/namespaces/{namespace}/pods/{name}", "-f", "-",
+                      input=body, check=False, timeout=20)
+    except subprocess.SubprocessError:
+        return False
+    return out.returncode == 0 or "NotFound" in out.stderr or "not found" in out.stderr
 
 
 def prometheus_targets() -> Path | None:
