@@ -59,13 +59,16 @@ COMPONENT = "app.kubernetes.io/component"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT, REVISION = LABEL_COMPAT, LABEL_REVISION
 """On serving pods: their P/D revision; on a P/D router's pods: the revision it pairs."""
-MODEL = "moonshotai/Kimi-K3"
+MODEL = "kimi-k3"
+"""The served model name (the rendered --served-model-name)."""
 ENGINE_PORT = 8000
 DISCOVERY_FLAGS = {"--service-discovery", "--service-discovery-namespace", "--service-discovery-port",
                    "--prefill-selector", "--decode-selector", "--host", "--port", "--prometheus-host",
                    "--prometheus-port", "--health-check-interval-secs"}
 """Flags of the rendered router command line that the static router replaces (each with its values)."""
 PRE_STOP_SECONDS = 10.0
+BENCH_IMAGE = "vllm/vllm-openai:v0.33.0-rebuilt"
+"""A serving image tag for the rollouts (kwok runs no image; the simulator plays every engine alike)."""
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -341,9 +344,13 @@ def _scale(cluster: Cluster, replicas: int) -> None:
 
 
 def _rollout(cluster: Cluster) -> None:
+    """A change of the P/D compatibility hash that leaves the engines' behaviour alone: the serving
+    image's tag (in the hash since vLLM's NIXL compatibility hash includes its version), between the
+    project's default and a rebuilt tag, as an image upgrade would. (A KV-dtype change would also
+    change the prefix cache's block layout, and with it the hit rates being compared.)"""
     cr = cluster.get()
-    dtype = cr["spec"].get("engine", {}).get("kvCacheDtype", "auto")
-    cluster.patch({"spec": {"engine": {"kvCacheDtype": "fp8" if dtype == "auto" else "auto"}}})
+    image = (cr["spec"].get("engine") or {}).get("image")
+    cluster.patch({"spec": {"engine": {"image": None if image else BENCH_IMAGE}}})
 
 
 def _rolled(cluster: Cluster, old: set[str]) -> bool:
@@ -499,7 +506,8 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=20, help="seconds of each steady phase")
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--turns", type=int, default=10, help="turns before a conversation starts again")
-    parser.add_argument("--system-words", type=int, default=800)
+    parser.add_argument("--system-words", type=int, default=3000,
+                        help="the shared system prompt; several KV blocks long, or no prefix can hit")
     parser.add_argument("--user-words", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-requests", type=int, default=2000, help="per design")
