@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from e2e.tests.kube import kubectl  # noqa: E402
+from e2e.tests.kube import condition, kubectl  # noqa: E402
 from e2e.tests.pod_runner import free_port, router_venv  # noqa: E402
 from e2e.tests.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
 from kimik3_operator.render.names import LABEL_COMPAT  # noqa: E402
@@ -72,8 +72,8 @@ BENCH_IMAGE = "vllm/vllm-openai:v0.33.0-rebuilt"
 
 
 def _ready(pod: dict[str, Any]) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions") or [])
+    """Ready and not on its way out (what a Service would still send to)."""
+    return not pod["metadata"].get("deletionTimestamp") and (condition(pod, "Ready") or {}).get("status") == "True"
 
 
 @dataclass

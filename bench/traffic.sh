@@ -16,7 +16,7 @@ export KIMIK3_STATE="${KIMIK3_BENCH_STATE:-$CACHE/bench-traffic-state}"
 export KIMIK3_PORT_BASE="${KIMIK3_BENCH_PORT_BASE:-16800}"
 export KIMIK3_WEBHOOK_PORT="${KIMIK3_BENCH_WEBHOOK_PORT:-9843}"
 
-"$ROOT/e2e/cluster/build.sh" >"$CACHE/build.log" 2>&1 || { tail -n 40 "$CACHE/build.log" >&2; echo "FAILED: building the cluster binaries" >&2; exit 1; }
+# scripts/demo.sh builds what it needs (cluster.sh up runs e2e/cluster/build.sh, cached).
 stop() { [[ -n "${KIMIK3_KEEP_CLUSTER:-}" ]] || "$ROOT/scripts/demo.sh" down >/dev/null 2>&1 || true; }
 trap stop EXIT
 "$ROOT/scripts/demo.sh" >"$CACHE/bench-traffic-demo.log" 2>&1 || { tail -n 40 "$CACHE/bench-traffic-demo.log" >&2; echo "FAILED: the demo deployment" >&2; exit 1; }

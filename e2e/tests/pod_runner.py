@@ -58,7 +58,7 @@ import yaml
 from kimik3_operator.contract.names import SERIES_LABELS
 from tests.support import kubelet
 
-from .kube import host_daemon, kubectl
+from .kube import condition, host_daemon, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -100,16 +100,22 @@ def scrape_labels(namespace: str, pod: str, pod_labels: dict[str, str]) -> dict[
     return {**labels, **relabelled, "namespace": namespace, "pod": pod}
 
 
-class Lifecycle(TypedDict):
+class KubeletView(TypedDict):
     pre_stop: float
     grace: float
+    container: str
+    probe: Probe | None
+    statuses: list[dict[str, Any]]
 
 
-def _lifecycle(pod: dict[str, Any], container: dict[str, Any]) -> Lifecycle:
-    """The container's preStop sleep and the pod's grace period, as the kubelet would honour them."""
+def _kubelet_view(pod: dict[str, Any], container: dict[str, Any]) -> KubeletView:
+    """What the kubelet keeps of a pod for its container: the preStop sleep and the grace period it
+    honours, the readiness probe it runs, and the container statuses it reports."""
     sleep = ((container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
     return {"pre_stop": float(sleep.get("seconds") or 0),
-            "grace": float(pod["spec"].get("terminationGracePeriodSeconds", 30))}
+            "grace": float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
+            "container": container["name"], "probe": Probe.of(pod, container),
+            "statuses": (pod.get("status") or {}).get("containerStatuses") or []}
 
 
 def router_venv() -> Path:
@@ -150,8 +156,7 @@ class Probe:
             port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
         if port is None:
             return None
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (pod.get("status") or {}).get("conditions") or [])
+        ready = (condition(pod, "Ready") or {}).get("status") == "True"
         return cls(get.get("path") or "/", int(port), int(probe.get("failureThreshold", 3)),
                    int(probe.get("successThreshold", 1)), float(probe.get("timeoutSeconds", 1)), ready)
 
@@ -243,9 +248,13 @@ class PodRunner:
                 self._targets_file.unlink(missing_ok=True)
         # What a kubelet would still finish: every deleted pod played here goes now (no process is
         # left), not at kwok's backstop minutes later with its fake GPUs held.
-        for pod in _played_pods():
+        try:
+            pods = _managed_pods()
+        except (subprocess.SubprocessError, ValueError):
+            pods = []
+        for pod in pods:
             meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
+            if meta.get("deletionTimestamp") and _played(pod):
                 _remove(meta["namespace"], meta["name"], meta["uid"])
 
     # -- what tests use -------------------------------------------------------------------------
@@ -277,8 +286,7 @@ class PodRunner:
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                listed = kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30)
-                pods = json.loads(listed.stdout)["items"]
+                pods = _managed_pods()
                 nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
                          for n in json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]}
             except (subprocess.SubprocessError, ValueError):
@@ -296,7 +304,7 @@ class PodRunner:
             kind = labels.get("app.kubernetes.io/component", "")
             if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
                 continue
-            if (meta.get("annotations") or {}).get(PLAYED) != "true":
+            if not _played(pod):
                 continue
             if kind in SERVING_ROLES and labels.get(WORKER_INDEX) == "0" or kind == ROUTER:
                 wanted[meta["uid"]] = pod
@@ -308,8 +316,7 @@ class PodRunner:
             leaving = {p.uid for p in self.leaving}
             for uid, pod in present.items():
                 meta = pod["metadata"]
-                if (meta.get("deletionTimestamp") and (meta.get("annotations") or {}).get(PLAYED) == "true"
-                        and uid not in leaving and uid not in self._removing):
+                if meta.get("deletionTimestamp") and _played(pod) and uid not in leaving and uid not in self._removing:
                     # Deleted before its process ran (or after it was gone): nothing to wait for.
                     self._removing.add(uid)
                     threading.Thread(target=self._remove_now, args=(meta["namespace"], meta["name"], uid),
@@ -378,9 +385,7 @@ class PodRunner:
                                 [sys.executable, "-m", "kimik3_operator.simulator", *argv, "--host", ip], sim_env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
-                    labels=dict(meta["labels"]), container=container["name"],
-                    probe=Probe.of(pod, container),
-                    statuses=(pod.get("status") or {}).get("containerStatuses") or [], **_lifecycle(pod, container))
+                    labels=dict(meta["labels"]), **_kubelet_view(pod, container))
 
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
@@ -417,9 +422,7 @@ class PodRunner:
                "KUBECONFIG": str(self._router_kubeconfig(pod)), "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
-                    metrics_port=29000, labels=dict(meta["labels"]), container=container["name"],
-                    probe=Probe.of(pod, container),
-                    statuses=(pod.get("status") or {}).get("containerStatuses") or [], **_lifecycle(pod, container))
+                    metrics_port=29000, labels=dict(meta["labels"]), **_kubelet_view(pod, container))
 
     def _leave(self, proc: Proc, deleted: bool = True) -> None:
         """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
@@ -427,8 +430,7 @@ class PodRunner:
         once the grace period is spent. On a thread: the loop goes on meanwhile.
 
         The pod object of a `deleted` pod stays (Terminating) until the process has exited; then
-        `_remove_pod`. kwok
-        frees a pod's IP once the object is gone and hands it to the next pod at once; should its
+        `_remove`. kwok frees a pod's IP once the object is gone and hands it to the next pod at once; should its
         backstop (the deletionTimestamp) remove the object first, a new pod could get the address
         of a process still draining, and a router that added the new pod would reach the old
         process: another revision, a NIXL mismatch no cluster could produce. So a new pod on the
@@ -443,7 +445,8 @@ class PodRunner:
                         return  # the runner itself stops: stop() ends it at once
                 self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
                 if proc.deleted:
-                    _remove_pod(proc)  # should it fail, the loop removes the pod once this one is off `leaving`
+                    # Should it fail, the loop removes the pod once this one is off `leaving`.
+                    _remove(proc.namespace, proc.pod, proc.uid)
             finally:
                 with self._lock:
                     self.leaving.remove(proc)
@@ -545,16 +548,13 @@ def _set_ready(proc: Proc, ready: bool) -> bool:
                    "-p", json.dumps(patch), check=False, timeout=20).returncode == 0
 
 
-def _played_pods() -> list[dict[str, Any]]:
-    try:
-        pods = json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30).stdout)["items"]
-    except (subprocess.SubprocessError, ValueError):
-        return []
-    return [p for p in pods if (p["metadata"].get("annotations") or {}).get(PLAYED) == "true"]
+def _managed_pods() -> list[dict[str, Any]]:
+    """Every pod the operator manages, in every namespace (raises on a failed or garbled listing)."""
+    return json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30).stdout)["items"]  # type: ignore[no-any-return]
 
 
-def _remove_pod(proc: Proc) -> bool:
-    return _remove(proc.namespace, proc.pod, proc.uid)
+def _played(pod: dict[str, Any]) -> bool:
+    return (pod["metadata"].get("annotations") or {}).get(PLAYED) == "true"
 
 
 def _remove(namespace: str, name: str, uid: str) -> bool:
