@@ -1,6 +1,12 @@
 """The operator's replicas as host processes, the way the chart runs them: `kimik3 run
 --leader-elect` with POD_NAME/POD_NAMESPACE as the downward API sets them, acting as the chart's
-ServiceAccount. Like the kubelet, `restart` starts a slot's process again (a new identity)."""
+ServiceAccount. Like the kubelet, `start` runs a slot's process again (a new identity), and
+`restart_exited` is the chart's `restartPolicy: Always` for processes that ended on their own.
+
+A leader that cannot renew its Lease for the renew deadline exits on purpose (so that only one
+replica ever acts; reconcile/runner.py `_exit_when_lost`), as controller-runtime's managers do. An
+API server outage longer than that ends the leader's process, and on a cluster the kubelet starts
+it again; a test that tolerates such an exit says so with `Exit.lease_lost`."""
 
 from __future__ import annotations
 
@@ -26,6 +32,26 @@ def http_get(url: str, timeout: float = 2) -> str | None:
             return response.read().decode() if response.status == 200 else None
     except OSError:
         return None
+
+
+LEASE_LOST = "Leadership lost"  # the runner's last log line when it exits on a lost Lease
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A replica's process that ended without a test stopping it."""
+    slot: str
+    identity: str
+    returncode: int
+    tail: str
+
+    @property
+    def lease_lost(self) -> bool:
+        """It exited on purpose, its Lease lost (exit status 1 after the runner's CRITICAL line)."""
+        return self.returncode == 1 and LEASE_LOST in self.tail[-1000:]
+
+    def __str__(self) -> str:
+        return f"replica {self.identity} exited with status {self.returncode}:\n{self.tail}"
 
 
 @dataclass
@@ -129,6 +155,15 @@ class Replicas:
     def alive(self) -> bool:
         """Every replica's process still runs."""
         return all(r.alive() for r in self.slots.values())
+
+    def restart_exited(self) -> list[Exit]:
+        """The kubelet's `restartPolicy: Always`: start each slot whose process has ended again,
+        and say how each ended."""
+        ended = [Exit(r.slot, r.identity, r.proc.returncode, r.tail())
+                 for r in self.slots.values() if r.proc.poll() is not None]
+        for gone in ended:
+            self.start(gone.slot)
+        return ended
 
     def tails(self) -> str:
         return "\n".join(f"--- {slot}\n{r.tail()}" for slot, r in self.slots.items())
