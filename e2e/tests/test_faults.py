@@ -472,3 +472,62 @@ def test_nodes_relabelled_away_keep_what_serves(replicas: Replicas, namespace: s
         assert replicas.alive()
     finally:
         kubectl("label", "node", *names, f"{FAULT_LABEL}-")
+
+
+# ---- nodes drained ------------------------------------------------------------------------------
+
+DRAIN = ("--ignore-daemonsets", "--delete-emptydir-data")  # the engines' /dev/shm is an emptyDir
+
+def test_node_drain_takes_one_group_at_a_time(replicas: Replicas, namespace: str) -> None:
+    """`kubectl drain` evicts through the role's PodDisruptionBudget (render/disruption.py): the
+    first drain takes one group, whose pod LeaderWorkerSet cannot place again while the node is
+    cordoned and the pool is full; a drain of a node of the other group is refused until the first
+    group serves again, and then goes through."""
+    wait_b200_free(namespace)
+    apply(b200_deployment(namespace, "k3", B200, replicas=2))  # 2 x 2 nodes: all four B200 nodes
+    wait_converged(namespace, "k3")
+
+    def allowed() -> int | None:
+        return (get_json("pdb", "k3-b200-aggregated", "-n", namespace).get("status") or {}).get("disruptionsAllowed")
+
+    def group(index: str) -> list[dict[str, Any]]:
+        return get_json("pods", "-n", namespace, "-l", f"leaderworkerset.sigs.k8s.io/group-index={index}")["items"]
+
+    def ready(pod: dict[str, Any]) -> bool:
+        return (condition(pod, "Ready") or {}).get("status") == "True"
+
+    wait_for("the role's budget to allow one disruption", lambda: allowed() == 1, timeout=60)
+    group_of = {p["metadata"]["name"]: (p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"],
+                                        p["spec"]["nodeName"])
+                for p in get_json("pods", "-n", namespace, "-l", "serving.kimik3.dev/role")["items"]}
+    others = {p["spec"].get("nodeName") for p in get_json("pods", "-A")["items"]
+              if p["metadata"]["namespace"] != namespace}
+    first, second = (next(node for index, node in sorted(group_of.values()) if index == want and node not in others)
+                     for want in ("0", "1"))
+    drained: list[str] = []
+    try:
+        fault = inject(f"node {first} drained (kubectl drain), then {second} while the first group is down")
+        drained.append(first)
+        kubectl("drain", first, *DRAIN, "--timeout=60s", timeout=120)
+
+        def group_down() -> bool:
+            return not all(map(ready, group("0"))) and allowed() == 0
+
+        wait_for("group 0 down and the budget spent", group_down, timeout=60)
+        drained.append(second)
+        refused = kubectl("drain", second, *DRAIN, "--timeout=10s", check=False, timeout=60)
+        assert refused.returncode != 0, refused.stdout
+        assert "disruption budget" in refused.stderr, refused.stderr
+        assert len(group("1")) == 2 and all(ready(p) and "deletionTimestamp" not in p["metadata"] for p in group("1"))
+
+        # The first node back: its group is placed and Ready again, and the refused drain goes through.
+        kubectl("uncordon", first)
+        drained.remove(first)
+        wait_for("the budget to allow one disruption again", lambda: allowed() == 1, timeout=120)
+        kubectl("drain", second, *DRAIN, "--timeout=60s", timeout=120)
+        assert replicas.alive()
+    finally:
+        for node in drained:
+            kubectl("uncordon", node, check=False)
+    wait_converged(namespace, "k3", timeout=180)
+    recovered(fault)

@@ -41,7 +41,8 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     assert [o["kind"] for o in objs] == [
         "PersistentVolumeClaim", "ServiceAccount", "ServiceAccount", "Role", "Role", "RoleBinding", "RoleBinding",
         "ConfigMap", "ConfigMap", "Job", "Job",  # model and draft: progress and Job
-        "Service", "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet", "Deployment"]
+        "Service", "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet", "Deployment",
+        "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget"]
     # The stager's identity and the router's, each its own.
     for kind in ("ServiceAccount", "Role", "RoleBinding"):
         assert sorted(_by_kind(objs, kind)) == ["k3-pd-router", "k3-pd-weights"]
@@ -52,6 +53,29 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     (compat,) = revision
     assert router["metadata"]["name"] == f"k3-pd-router-{compat[:10]}"
     assert router["spec"]["selector"]["matchLabels"]["serving.kimik3.dev/router-revision"] == compat
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "design-reference.yaml"])
+def test_every_role_and_every_router_has_one_budget_over_all_its_pods(example: str) -> None:
+    """A drain evicts at most one pod of a role, or of a router, at a time; the budget selects every
+    pod of the role (leaders and workers, any revision: LWS's name label) or every pod the router's
+    Service selects; a pod that is not Ready may always go."""
+    objs = _render(_example(example))
+    budgets = _by_kind(objs, "PodDisruptionBudget")
+    roles = _by_kind(objs, "LeaderWorkerSet")
+    routers = {name: s for name, s in _by_kind(objs, "Service").items()
+               if s["metadata"]["labels"].get("app.kubernetes.io/component") == "router"}
+    assert routers and set(budgets) == set(roles) | set(routers)
+    for name in roles:
+        assert budgets[name]["spec"]["selector"] == {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": name}}
+    for name, service in routers.items():
+        assert budgets[name]["spec"]["selector"] == {"matchLabels": service["spec"]["selector"]}
+    for budget in budgets.values():
+        assert budget["apiVersion"] == "policy/v1"
+        assert {k: v for k, v in budget["spec"].items() if k != "selector"} == {
+            "maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+        (ref,) = budget["metadata"]["ownerReferences"]
+        assert ref["uid"] == OWNER.uid and ref["controller"] is True
 
 
 def test_multi_tray_nvlink_replicas_claim_a_compute_domain_channel() -> None:
@@ -170,11 +194,15 @@ def test_long_names_are_bounded_with_a_stable_hash() -> None:
 
 def test_changing_replicas_changes_only_that_workload_hash() -> None:
     body = _example("pd-gb300-decode-b200-prefill.yaml")
-    before = {o["metadata"]["name"]: o["metadata"]["annotations"][ANNOTATION_HASH] for o in _render(body)}
+
+    def hashes() -> dict[tuple[str, str], str]:
+        return {(o["kind"], o["metadata"]["name"]): o["metadata"]["annotations"][ANNOTATION_HASH]
+                for o in _render(body)}
+
+    before = hashes()
     body["spec"]["pools"][1]["decode"]["replicas"] = 3
-    after = {o["metadata"]["name"]: o["metadata"]["annotations"][ANNOTATION_HASH] for o in _render(body)}
-    changed = {n for n in before if before[n] != after[n]}
-    assert changed == {"k3-pd-gb300-decode-decode"}
+    after = hashes()
+    assert {k for k in before if before[k] != after[k]} == {("LeaderWorkerSet", "k3-pd-gb300-decode-decode")}
 
 
 def test_prefix_caching_is_always_explicit() -> None:

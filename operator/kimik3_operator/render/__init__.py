@@ -11,6 +11,7 @@ from ..planner.images import OPERATOR_IMAGE
 from . import compile_cache
 from .autoscalers import scalers
 from .compute_domain import compute_domain, role_domain_name
+from .disruption import role_budget
 from .names import Owner, stamp_hash
 from .router import RoleEndpoints, router_children, router_identity
 from .services import leader_service
@@ -42,7 +43,8 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
         if role.compute_domain and (domain := role_domain_name(owner, pool, role)) not in domains:
             domains.add(domain)  # prefill and decode may share one
             children.append(compute_domain(owner, pool, role))
-        children.append(leader_worker_set(owner, plan, pool, role, (partitions or {}).get((pool.name, role.role), 0)))
+        children += [leader_worker_set(owner, plan, pool, role, (partitions or {}).get((pool.name, role.role), 0)),
+                     role_budget(owner, pool, role)]
     return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers))
 
 

@@ -34,6 +34,7 @@ from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_AC
 from ..contract.names import MANAGED_BY, MANAGED_BY_LABEL
 from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
+from .disruption import budget
 from .engine import HTTP_PORT
 from .names import (
     LABEL_COMPAT,
@@ -290,10 +291,12 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
 
 
 def router_children(owner: Owner, plan: Plan, weights: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
-    """A Service per router of the plan, and a Deployment per router and revision."""
+    """A Service and a disruption budget per router of the plan (over its pods of every revision),
+    and a Deployment per router and revision."""
     out: list[dict[str, Any]] = []
     for targets in router_targets(owner, plan, weights):
         if not any(o["kind"] == SERVICE.kind and o["metadata"]["name"] == targets.name for o in out):
-            out.append(router_service(owner, targets.name))
+            out += [router_service(owner, targets.name),
+                    budget(_meta(owner, targets.name), pod_selector(owner, targets.name))]
         out.append(router_deployment(owner, targets))
     return out
