@@ -176,12 +176,18 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
     names = {"k3-prune-gb300-decode", "k3-prune-b200-prefill", "k3-prune-gb300-agg-aggregated"}
     wait_for("three workloads", lambda: {o["metadata"]["name"] for o in get_json(
         "leaderworkersets", "-n", namespace)["items"]} == names, timeout=60)
-    compat = wait_for("the compatibility hash", lambda: (get_json("k3", "k3-prune", "-n", namespace).get("status")
-                                                         or {}).get("engine", {}).get("compatibilityHash"))
-    pd_router = f"k3-prune-router-{compat[:10]}"
-    routers = {pd_router, "k3-prune-router-aggregated"}  # one router is P/D or aggregated, never both
-    wait_for("two routers", lambda: {o["metadata"]["name"] for o in get_json(
-        "deployments", "-n", namespace)["items"]} == routers, timeout=60)
+
+    def two_routers() -> str | None:
+        """The P/D router's name once it and the aggregated one run (one router is P/D or
+        aggregated, never both). The P/D one is named after the compatibility hash, which takes in
+        the commit staging resolves: read it again each time."""
+        compat = ((get_json("k3", "k3-prune", "-n", namespace).get("status") or {}).get("engine", {})
+                  .get("compatibilityHash") or "")
+        pd = f"k3-prune-router-{compat[:10]}"
+        deployments = {o["metadata"]["name"] for o in get_json("deployments", "-n", namespace)["items"]}
+        return pd if compat and deployments == {pd, "k3-prune-router-aggregated"} else None
+
+    pd_router = wait_for("two routers", two_routers, timeout=60)
     body["spec"]["pools"].pop()
     apply(body)
 
@@ -190,10 +196,12 @@ def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
         svcs = {o["metadata"]["name"] for o in get_json("services", "-n", namespace)["items"]}
         cds = {o["metadata"]["name"] for o in get_json("computedomains", "-n", namespace)["items"]}
         deployments = {o["metadata"]["name"] for o in get_json("deployments", "-n", namespace)["items"]}
+        budgets = {o["metadata"]["name"] for o in get_json("pdb", "-n", namespace)["items"]}
         return (lws == names - {"k3-prune-gb300-agg-aggregated"}
                 and "k3-prune-gb300-agg-aggregated-leader" not in svcs
                 and "k3-prune-gb300-agg-aggregated-cd" not in cds
-                and deployments == {pd_router} and "k3-prune-router-aggregated" not in svcs)
+                and deployments == {pd_router} and "k3-prune-router-aggregated" not in svcs
+                and budgets == {"k3-prune-gb300-decode", "k3-prune-b200-prefill", "k3-prune-router"})
 
     wait_for("the removed pool's children to be pruned", pruned, timeout=60)
 
