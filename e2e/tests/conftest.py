@@ -169,9 +169,9 @@ def replicas(chart: str, stager: Stager, tmp_path_factory: pytest.TempPathFactor
 def operator(replicas: Replicas) -> Path:
     """One replica leads (waited for before every test: test_ha.py replaces leaders); the folder
     of the replicas' logs. A replica whose process ended since the last test is started again, as
-    the kubelet would, so one test's fault never fails the tests after it; an end other than the
-    deliberate exit on a lost Lease fails this test, with the replica's log."""
-    crashed = [gone for gone in replicas.restart_exited() if not gone.lease_lost]
+    the kubelet would, so one test's fault never fails the tests after it; an end that neither a
+    test's signal nor the deliberate exit on a lost Lease explains fails this test, with the log."""
+    crashed = [gone for gone in replicas.restart_exited() if gone.crashed]
     replicas.leader()
     assert not crashed, "\n".join(map(str, crashed))
     return replicas.folder

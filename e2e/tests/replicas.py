@@ -39,16 +39,22 @@ LEASE_LOST = "Leadership lost"  # the runner's last log line when it exits on a 
 
 @dataclass(frozen=True)
 class Exit:
-    """A replica's process that ended without a test stopping it."""
+    """A replica's process that ended."""
     slot: str
     identity: str
     returncode: int
     tail: str
+    signalled: bool
+    """A test sent it a signal (`Replica.kill`): the end was the test's doing."""
 
     @property
     def lease_lost(self) -> bool:
         """It exited on purpose, its Lease lost (exit status 1 after the runner's CRITICAL line)."""
         return self.returncode == 1 and LEASE_LOST in self.tail[-1000:]
+
+    @property
+    def crashed(self) -> bool:
+        return not (self.signalled or self.lease_lost)
 
     def __str__(self) -> str:
         return f"replica {self.identity} exited with status {self.returncode}:\n{self.tail}"
@@ -62,6 +68,7 @@ class Replica:
     liveness: str
     metrics: str
     identity: str = ""
+    signalled: bool = False
 
     def health(self) -> dict[str, Any] | None:
         body = http_get(self.liveness)
@@ -88,6 +95,7 @@ class Replica:
         return self.proc.poll() is None
 
     def kill(self, sig: signal.Signals) -> None:
+        self.signalled = True
         self.proc.send_signal(sig)
 
     def tail(self) -> str:
@@ -159,7 +167,7 @@ class Replicas:
     def restart_exited(self) -> list[Exit]:
         """The kubelet's `restartPolicy: Always`: start each slot whose process has ended again,
         and say how each ended."""
-        ended = [Exit(r.slot, r.identity, r.proc.returncode, r.tail())
+        ended = [Exit(r.slot, r.identity, r.proc.returncode, r.tail(), r.signalled)
                  for r in self.slots.values() if r.proc.poll() is not None]
         for gone in ended:
             self.start(gone.slot)
