@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from e2e.tests.kube import condition, kubectl  # noqa: E402
+from e2e.tests.kube import is_ready, kubectl  # noqa: E402
 from e2e.tests.pod_runner import free_port, router_venv  # noqa: E402
 from e2e.tests.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
 from kimik3_operator.render.names import LABEL_COMPAT  # noqa: E402
@@ -73,7 +73,7 @@ BENCH_IMAGE = "vllm/vllm-openai:v0.33.0-rebuilt"
 
 def _ready(pod: dict[str, Any]) -> bool:
     """Ready and not on its way out (what a Service would still send to)."""
-    return not pod["metadata"].get("deletionTimestamp") and (condition(pod, "Ready") or {}).get("status") == "True"
+    return not pod["metadata"].get("deletionTimestamp") and is_ready(pod)
 
 
 @dataclass

@@ -50,6 +50,11 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
 
 
+def is_ready(obj: dict[str, Any]) -> bool:
+    """Its Ready condition is True (a pod, or a KimiK3Deployment)."""
+    return (condition(obj, "Ready") or {}).get("status") == "True"
+
+
 def host_daemon() -> tuple[Path, threading.Event]:
     """For `python -m e2e.tests.X DIR [PIDFILE]` processes the demo leaves running: the folder
     (made), the pidfile (written), and an event SIGTERM sets."""

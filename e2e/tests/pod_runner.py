@@ -58,7 +58,7 @@ import yaml
 from kimik3_operator.contract.names import SERIES_LABELS
 from tests.support import kubelet
 
-from .kube import condition, host_daemon, kubectl
+from .kube import host_daemon, is_ready, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -156,9 +156,8 @@ class Probe:
             port = next((p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port), None)
         if port is None:
             return None
-        ready = (condition(pod, "Ready") or {}).get("status") == "True"
         return cls(get.get("path") or "/", int(port), int(probe.get("failureThreshold", 3)),
-                   int(probe.get("successThreshold", 1)), float(probe.get("timeoutSeconds", 1)), ready)
+                   int(probe.get("successThreshold", 1)), float(probe.get("timeoutSeconds", 1)), is_ready(pod))
 
 
 @dataclass

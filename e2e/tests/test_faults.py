@@ -31,7 +31,7 @@ from tests.support.cases import base_deployment
 
 from .children import check_children, live_children, planned
 from .conftest import REPORT
-from .kube import CLUSTER_SH, ROOT, apply, condition, get_json, kubectl, wait_for
+from .kube import CLUSTER_SH, ROOT, apply, condition, get_json, is_ready, kubectl, wait_for
 from .replicas import Replicas
 
 pytestmark = pytest.mark.e2e
@@ -497,9 +497,6 @@ def test_node_drain_takes_one_group_at_a_time(replicas: Replicas, namespace: str
     def group(index: str) -> list[dict[str, Any]]:
         return get_json("pods", "-n", namespace, "-l", f"leaderworkerset.sigs.k8s.io/group-index={index}")["items"]
 
-    def ready(pod: dict[str, Any]) -> bool:
-        return (condition(pod, "Ready") or {}).get("status") == "True"
-
     wait_for("the role's budget to allow one disruption", lambda: allowed() == 1, timeout=60)
     group_of = {p["metadata"]["name"]: (p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"],
                                         p["spec"]["nodeName"])
@@ -512,14 +509,15 @@ def test_node_drain_takes_one_group_at_a_time(replicas: Replicas, namespace: str
         kubectl("drain", first, *DRAIN, "--timeout=60s", timeout=120)
 
         def group_down() -> bool:
-            return not all(map(ready, group("0"))) and allowed() == 0
+            return not all(map(is_ready, group("0"))) and allowed() == 0
 
         wait_for("group 0 down and the budget spent", group_down, timeout=60)
         drained.append(second)
         refused = kubectl("drain", second, *DRAIN, "--timeout=10s", check=False, timeout=60)
         assert refused.returncode != 0, refused.stdout
         assert "disruption budget" in refused.stderr, refused.stderr
-        assert len(group("1")) == 2 and all(ready(p) and "deletionTimestamp" not in p["metadata"] for p in group("1"))
+        serving = group("1")
+        assert len(serving) == 2 and all(is_ready(p) and "deletionTimestamp" not in p["metadata"] for p in serving)
 
         # The first node back: its group is placed and Ready again, and the refused drain goes through.
         kubectl("uncordon", first)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .kube import apply, condition, get_json, wait_for
+from .kube import apply, get_json, is_ready, wait_for
 from .test_skeleton import pd_deployment
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +48,7 @@ def _state(namespace: str) -> dict[str, Any]:
 def test_paired_roles_switch_revision_together_without_losing_capacity(operator: Path, namespace: str) -> None:
     body = pd_deployment(namespace)
     apply(body)
-    cr = wait_for("Ready", lambda: (c := get_json("k3", "k3", "-n", namespace)) and
-                  (condition(c, "Ready") or {}).get("status") == "True" and c, timeout=180)
+    cr = wait_for("Ready", lambda: (c := get_json("k3", "k3", "-n", namespace)) and is_ready(c) and c, timeout=180)
     old = cr["status"]["engine"]["compatibilityHash"]
     assert set(_state(namespace)["selected"].values()) == {old}
 
@@ -64,7 +63,7 @@ def test_paired_roles_switch_revision_together_without_losing_capacity(operator:
         cr = get_json("k3", "k3", "-n", namespace)
         new = (cr.get("status") or {}).get("engine", {}).get("compatibilityHash")
         if new != old and set(state["selected"].values()) == {new} and all(h == new for h, _ in state["pods"]) \
-                and (condition(cr, "Ready") or {}).get("status") == "True":
+                and is_ready(cr):
             break
         time.sleep(0.2)
     else:

@@ -22,7 +22,7 @@ from kimik3_operator.api.reasons import (
 )
 from tests.support.cases import base_deployment
 
-from .kube import apply, condition, get_json, kubectl, wait_for
+from .kube import apply, condition, get_json, is_ready, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -49,10 +49,6 @@ def _pods(namespace: str, name: str) -> list[dict[str, Any]]:
                     f"serving.kimik3.dev/deployment={name},serving.kimik3.dev/role")["items"]
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
-
-
 def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -> None:
     apply(pd_deployment(namespace))
 
@@ -69,7 +65,7 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
             seen.append((ready["status"], ready["reason"]))
         if ready and ready["status"] == "False":
             pods = _pods(namespace, "k3")
-            pods_waiting_while_not_ready |= bool(pods) and not all(map(_ready, pods))
+            pods_waiting_while_not_ready |= bool(pods) and not all(map(is_ready, pods))
         return cr if ready and ready["status"] == "True" else None
 
     cr = wait_for("Ready=True", observe, timeout=180, interval=0.2)
