@@ -62,7 +62,7 @@ build_etcd() {
 build_k8s() {
   local out="$BIN/k8s-v$K8S_VERSION"
   local b
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
     [[ -x "$out/$b" ]] || break
     [[ $b == kubectl ]] && return 0
   done
@@ -98,6 +98,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOF
@@ -109,12 +110,12 @@ EOF
       ldf+=" -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
       ldf+=" -X $p.gitCommit=$commit -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
-    # One go build for all four mains so shared packages compile once; -pgo=off because the
+    # One go build for all five mains (the kubelet runs the real node, e2e/node/node.sh) so shared packages compile once; -pgo=off because the
     # apiserver's default.pgo would recompile the graph under a profile for no test benefit.
     mkdir -p "$w/out"
     go build -p 2 -pgo=off -ldflags "$ldf" -o "$w/out/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
   )
   mkdir -p "$out" && mv "$w"/out/* "$out/" && rm -rf "$w"
   local version

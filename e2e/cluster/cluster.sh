@@ -57,7 +57,9 @@
 # alone, one whose flags or config changed is restarted, bootstrap objects are only created when
 # missing, so a second `up` makes no writes to the API server (the audit log stays quiet).
 # Network rule: everything listens on and talks to loopback only: 127.0.0.1, and the pod IPs, which
-# are loopback addresses too (KIMIK3_POD_CIDR). Service IPs are labels only: nothing routes them.
+# are loopback addresses too (KIMIK3_POD_CIDR). Beside the fake nodes runs one real node
+# (e2e/node/node.sh: kubelet, containerd, runc) whose pods live in network namespaces on a bridge of
+# this cluster's own; only its Service rules give Service IPs a meaning (e2e/node/service_proxy.py).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -101,7 +103,7 @@ ADAPTER_NAMESPACE=monitoring # prometheus-adapter's own manifests (deploy/manife
 
 # Start order; `down` stops in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller
-  prometheus keda-operator prometheus-adapter keda-metrics-apiserver)
+  prometheus keda-operator prometheus-adapter keda-metrics-apiserver registry containerd kubelet service-proxy)
 # What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
 # Python runs (pid_of checks argv[0] or argv[1] against it).
 declare -A BINARY=(
@@ -116,6 +118,10 @@ declare -A BINARY=(
   [keda-operator]="$BIN_KEDA/keda"
   [keda-metrics-apiserver]="$BIN_KEDA/keda-adapter"
   [prometheus-adapter]="$BIN_PROMETHEUS_ADAPTER/prometheus-adapter"
+  [registry]=/usr/bin/docker-registry
+  [containerd]=/usr/bin/containerd
+  [kubelet]="$BIN_K8S/kubelet"
+  [service-proxy]="$HERE/service_proxy.py"
 )
 # The venv Python that runs compute_domain_controller.py, as scripts/venv.sh printed it (see
 # resolve_python); recorded so that later `up`s and `status` need not run venv.sh.
@@ -152,7 +158,7 @@ declare -A PORT=()
 # New keys go at the end: a key's offset from KIMIK3_PORT_BASE is its place in this list.
 PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT
   PROMETHEUS_PORT KEDA_GRPC_PORT KEDA_HEALTH_PORT KEDA_METRICS_API_PORT KEDA_METRICS_API_METRICS_PORT
-  PROMETHEUS_ADAPTER_PORT)
+  PROMETHEUS_ADAPTER_PORT REGISTRY_PORT KUBELET_PORT KUBELET_HEALTHZ_PORT)
 # Upstream's defaults where they do not clash with another component's (KEDA's health 8081 is
 # LWS's, its metrics API server's 6443 the API server's, its /metrics 8080 a common one).
 declare -A PORT_DEFAULT=(
@@ -160,6 +166,7 @@ declare -A PORT_DEFAULT=(
   [SCHEDULER_PORT]=10259 [LWS_WEBHOOK_PORT]=9443 [LWS_HEALTH_PORT]=8081
   [PROMETHEUS_PORT]=9090 [KEDA_GRPC_PORT]=9666 [KEDA_HEALTH_PORT]=8082 [KEDA_METRICS_API_PORT]=6444
   [KEDA_METRICS_API_METRICS_PORT]=8083 [PROMETHEUS_ADAPTER_PORT]=6445
+  [REGISTRY_PORT]=5000 [KUBELET_PORT]=10250 [KUBELET_HEALTHZ_PORT]=10248
 )
 
 # Precedence per port: KIMIK3_<KEY> > KIMIK3_PORT_BASE + offset > ports.env of the running cluster
@@ -202,6 +209,22 @@ pod_cidr() { # the pods' /16 inside 127.0.0.0/8 (KIMIK3_POD_CIDR above)
   fi
 }
 
+# The Services' /16 (--service-cluster-ip-range). The real node's Service rules (e2e/node) send
+# these addresses to pods, so two local clusters must not share it: 10.96.0.0/16, or with
+# KIMIK3_PORT_BASE 10.<96 + BASE/100 % 64>.0.0/16 (the same index as the pods' /16).
+service_cidr() {
+  if [[ -n ${KIMIK3_PORT_BASE:-} ]]; then
+    echo "10.$((96 + KIMIK3_PORT_BASE / 100 % 64)).0.0/16"
+  elif [[ -f $STATE/service-cidr ]]; then
+    cat "$STATE/service-cidr"
+  else
+    echo 10.96.0.0/16
+  fi
+}
+
+# The `kubernetes` Service's address: the first of the range, as the API server allocates it.
+kubernetes_service_ip() { local c; c="$(service_cidr)"; echo "${c%.0/16}.1"; }
+
 record_ports() {
   local key
   write_file "$PORTS_FILE" 644 < <(for key in "${PORT_KEYS[@]}"; do printf '%s=%s\n' "$key" "${PORT[$key]}"; done)
@@ -220,6 +243,10 @@ component_ports() { # the ports a component listens on, for port-clash checks an
     keda-operator) echo "${PORT[KEDA_GRPC_PORT]} ${PORT[KEDA_HEALTH_PORT]}" ;;
     keda-metrics-apiserver) echo "${PORT[KEDA_METRICS_API_PORT]} ${PORT[KEDA_METRICS_API_METRICS_PORT]}" ;;
     prometheus-adapter) echo "${PORT[PROMETHEUS_ADAPTER_PORT]}" ;;
+    registry) echo "${PORT[REGISTRY_PORT]}" ;;
+    containerd) echo "" ;; # a unix socket
+    kubelet) echo "${PORT[KUBELET_HEALTHZ_PORT]}" ;; # and KUBELET_PORT on the node address
+    service-proxy) echo "" ;; # a client only; its health is a ready file
   esac
 }
 
@@ -263,8 +290,10 @@ ensure_pki() {
   chmod 700 "$PKI"
   ensure_ca ca kimik3-e2e-ca
   ensure_ca front-proxy-ca kimik3-e2e-front-proxy-ca
+  # In-cluster clients (the real node's pods) reach the API server at the `kubernetes` Service.
   issue admin "/O=system:masters/CN=kimik3-e2e-admin" serving \
-    kubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.cluster.local
+    kubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.cluster.local \
+    "IP:$(kubernetes_service_ip)"
   issue kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager"
   issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
   issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
@@ -275,6 +304,7 @@ ensure_pki() {
   issue keda-operator "/O=system:masters/CN=kimik3-e2e:keda-operator" serving "keda-operator.$KEDA_NAMESPACE.svc"
   issue keda-metrics-apiserver "/O=system:masters/CN=kimik3-e2e:keda-metrics-apiserver" serving \
     "keda-metrics-apiserver.$KEDA_NAMESPACE.svc"
+  issue service-proxy "/O=system:masters/CN=kimik3-e2e:service-proxy"
   issue prometheus-adapter "/O=system:masters/CN=kimik3-e2e:prometheus-adapter" serving \
     "prometheus-adapter.$ADAPTER_NAMESPACE.svc"
   ISSUER=front-proxy-ca issue front-proxy-client "/CN=$FRONT_PROXY_CLIENT"
@@ -297,15 +327,17 @@ ensure_ca() { # ensure_ca NAME CN: a self-signed CA, made once
   mv -f "$PKI/$name.crt.tmp" "$PKI/$name.crt"
 }
 
-# issue NAME SUBJECT [serving [DNS_NAME...]]: a client (and optionally serving, for localhost,
-# 127.0.0.1 and the DNS names) certificate signed by the CA $ISSUER (default: the cluster CA).
+# issue NAME SUBJECT [serving [NAME...]]: a client (and optionally serving, for localhost,
+# 127.0.0.1 and the NAMEs: DNS names, or IP:ADDRESS) certificate signed by the CA $ISSUER
+# (default: the cluster CA).
 issue() {
   local name=$1 subject=$2 kind=${3:-client} ca=${ISSUER:-ca} dns san
   shift $(($# < 3 ? $# : 3))
   # Kept while its CA verifies it (a new CA voids the old leaves). The certificate is moved into
   # place last, so its presence means the pair is complete.
   if [[ -s $PKI/$name.crt && -s $PKI/$name.key ]] &&
-    openssl verify -CAfile "$PKI/$ca.crt" "$PKI/$name.crt" >/dev/null 2>&1; then
+    openssl verify -CAfile "$PKI/$ca.crt" "$PKI/$name.crt" >/dev/null 2>&1 &&
+    has_names "$PKI/$name.crt" "$@"; then
     return 0
   fi
   local ext="$PKI/$name.ext"
@@ -315,7 +347,7 @@ issue() {
     if [[ $kind == serving ]]; then
       echo "extendedKeyUsage=serverAuth,clientAuth"
       san="DNS:localhost,IP:127.0.0.1"
-      for dns in "$@"; do san+=",DNS:$dns"; done
+      for dns in "$@"; do if [[ $dns == IP:* ]]; then san+=",$dns"; else san+=",DNS:$dns"; fi; done
       echo "subjectAltName=$san"
     else
       echo "extendedKeyUsage=clientAuth"
@@ -327,6 +359,16 @@ issue() {
     -CAcreateserial -CAserial "$PKI/$ca.srl" -days 825 -extfile "$ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
   mv -f "$PKI/$name.crt.tmp" "$PKI/$name.crt"
   rm -f "$PKI/$name.csr" "$ext"
+}
+
+has_names() { # has_names CERT NAME...: the certificate names them all (a kept one may predate a name)
+  local cert=$1 sans n
+  shift
+  sans="$(openssl x509 -noout -ext subjectAltName -in "$cert" 2>/dev/null | tr -d ' ')" || return 1
+  for n in "$@"; do
+    if [[ $n == IP:* ]]; then n="IPAddress:${n#IP:}"; else n="DNS:$n"; fi
+    [[ ",${sans//$'\n'/,}," == *",$n,"* ]] || return 1
+  done
 }
 
 kubeconfig() { # kubeconfig CERT_NAME: a kubeconfig with absolute paths (kopf does not resolve relative ones)
@@ -386,6 +428,7 @@ write_configs() {
     write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
   done
   write_file "$STATE/kubeconfigs/operator.kubeconfig" 600 < <(kubeconfig operator)
+  write_node_configs
 
   # Metadata for every request (who, verb, resource, response code, no bodies): enough to count
   # writes per user. RequestReceived is omitted so each request is one line, not two.
@@ -470,6 +513,9 @@ resolve_python() {
   write_file "$VENV_PYTHON_FILE" 644 compute-domain-controller <<<"$PY"
 }
 
+# shellcheck source-path=SCRIPTDIR source=node.sh
+source "$HERE/node.sh"
+
 # ---------------------------------------------------------------------------------------------
 # Processes
 
@@ -510,7 +556,9 @@ command_of() {
         --client-ca-file="$PKI/ca.crt" --authorization-mode=RBAC
         --service-account-issuer=https://kubernetes.default.svc.cluster.local
         --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key"
-        --service-cluster-ip-range=10.96.0.0/16 --allow-privileged=true
+        --service-cluster-ip-range="$(service_cidr)" --allow-privileged=true
+        --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key"
+        --kubelet-preferred-address-types=InternalIP
         --endpoint-reconciler-type=none --profiling=false
         --audit-policy-file="$CONF/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
         --audit-log-format=json --audit-log-mode=blocking
@@ -551,6 +599,18 @@ command_of() {
     compute-domain-controller)
       [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
       CMD=("${PY:-python3}" "${BINARY[compute-domain-controller]}" "$kc" "$RUN/compute-domain-controller.ready")
+      ;;
+    registry) CMD=("${BINARY[registry]}" serve "$CONF/registry.yml") ;;
+    containerd) CMD=("${BINARY[containerd]}" --config="$CONF/containerd.toml") ;;
+    kubelet)
+      CMD=("${BINARY[kubelet]}" --config="$CONF/kubelet.yaml" --kubeconfig="$kc" --root-dir="$NODE_DIR/kubelet"
+        --hostname-override="$NODE_NAME" --node-ip="$(node_ip)" --node-labels=kimik3.dev/e2e-node=real)
+      ;;
+    service-proxy)
+      [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
+      CMD=("${PY:-python3}" "${BINARY[service-proxy]}" --kubeconfig="$kc" --chain="$(node_nat_chain)"
+        --kubernetes-ip="$(kubernetes_service_ip)" --apiserver="127.0.0.1:${PORT[APISERVER_PORT]}"
+        --ready-file="$RUN/service-proxy.ready")
       ;;
     prometheus)
       # The web UI's assets are not unpacked (other Debian packages); the HTTP API is all we use.
@@ -719,6 +779,10 @@ healthy() { # healthy NAME: the component answers its health endpoint
       "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[KEDA_METRICS_API_PORT]}/readyz" >/dev/null 2>&1 ;;
     prometheus-adapter)
       "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[PROMETHEUS_ADAPTER_PORT]}/readyz" >/dev/null 2>&1 ;;
+    registry) "${CURL[@]}" -f "http://$(registry_host)/v2/" >/dev/null 2>&1 ;;
+    containerd) [[ -S $CONTAINERD_SOCK ]] && ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 ;;
+    kubelet) "${CURL[@]}" -f "http://127.0.0.1:${PORT[KUBELET_HEALTHZ_PORT]}/healthz" >/dev/null 2>&1 ;;
+    service-proxy) pid_of service-proxy >/dev/null && [[ -e $RUN/service-proxy.ready ]] ;;
   esac
 }
 
@@ -1020,7 +1084,7 @@ cmd_up() {
   t0="$(now_ms)"
   "$HERE/build.sh"
   for name in "${COMPONENTS[@]}"; do
-    [[ $name == compute-domain-controller ]] && continue
+    [[ $name == compute-domain-controller || $name == service-proxy ]] && continue
     [[ -x ${BINARY[$name]} ]] || die "${BINARY[$name]} missing after build.sh"
   done
   [[ -x $KUBECTL ]] || die "$KUBECTL missing after build.sh"
@@ -1028,11 +1092,14 @@ cmd_up() {
   mkdir -p "$STATE"
   exec 8>"$STATE/.lock"
   flock 8 # one up/down at a time
+  mkdir -p "$LOGS"
+  ensure_node_packages
   resolve_ports
   ensure_pki
   write_configs
   record_ports
   pod_cidr | write_file "$STATE/pod-cidr" 644
+  service_cidr | write_file "$STATE/service-cidr" 644
 
   ensure_running etcd
   wait_healthy etcd 30
@@ -1049,10 +1116,17 @@ cmd_up() {
   ensure_running kube-scheduler
   ensure_running kwok
   ensure_running prometheus # needs nothing but its config; waited for before the adapter starts
+  # The real node: its registry (with the pause image) before containerd, the bridge before the
+  # kubelet (which serves on the bridge's address), the Service rules beside them.
+  ensure_running registry
+  ensure_node_network
+  ensure_node_cgroups
+  ensure_running containerd
 
   ensure_running lws-manager # after its CRDs: it fails on unknown kinds
   resolve_python
   ensure_running compute-domain-controller # after its CRD
+  ensure_running service-proxy
   ensure_storage_class
   ensure_played_pods_policy
   ensure_nodes
@@ -1072,6 +1146,13 @@ cmd_up() {
   wait_healthy kube-controller-manager 60
   wait_healthy kube-scheduler 60
   wait_healthy compute-domain-controller 30
+  wait_healthy registry 30
+  ensure_pause_image
+  wait_healthy containerd 30
+  ensure_running kubelet
+  wait_healthy service-proxy 30
+  wait_healthy kubelet 60
+  wait_until 120 "the real node $NODE_NAME Ready" node_ready
   wait_nodes_ready 120
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
 
@@ -1093,6 +1174,13 @@ cmd_down() {
   exec 8>"$STATE/.lock"
   flock 8
   log "stopping"
+  resolve_ports
+  # The real node first: its pods go with it (remove_node_pods), containerd once nothing runs.
+  stop kubelet service-proxy
+  remove_node_pods
+  stop containerd registry
+  remove_node_network
+  remove_node_state
   stop prometheus-adapter keda-metrics-apiserver keda-operator prometheus \
     compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
@@ -1182,6 +1270,11 @@ cmd_env() {
   printf 'export KIMIK3_PROMETHEUS_URL="http://127.0.0.1:%s"\n' "${PORT[PROMETHEUS_PORT]}"
   printf 'export KIMIK3_PROMETHEUS_TARGETS="%s"\n' "$PROM_TARGETS"
   printf 'export KIMIK3_POD_CIDR="%s"\n' "$(pod_cidr)"
+  # The real node: the loopback registry its containerd pulls from, its name and its taint.
+  printf 'export KIMIK3_REGISTRY="%s"\n' "$(registry_host)"
+  printf 'export KIMIK3_REAL_NODE="%s"\n' "$NODE_NAME"
+  printf 'export KIMIK3_REAL_NODE_TAINT="%s"\n' "$NODE_TAINT"
+  printf 'export KIMIK3_CONTAINERD="%s"\n' "$CONTAINERD_SOCK"
 }
 
 main() {

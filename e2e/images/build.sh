@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Build the operator and router images from their Dockerfiles, as users build them, with no
+# registry to pull from: podman (buildah) from Debian's packages, on a stand-in for the base image
+# that cannot be pulled here (docs/real-runtime.md says exactly how it differs from the official
+# one). Everything lands outside the repository, in $KIMIK3_CACHE/images: podman's own storage (its
+# layer cache, so a warm run rebuilds only what changed) and the stand-in base (built once).
+#
+#   e2e/images/build.sh            build both images; prints "<name> <ref> <image id>" per image
+#   e2e/images/build.sh push HOST  build, then push both images and the chart to the registry at
+#                                  HOST (plain HTTP: the local cluster's, on loopback), each image
+#                                  under its usual path with HOST for the registry
+#                                  (HOST/kimik3-operator/kimik3-operator:<version>), the chart as
+#                                  oci://HOST/charts/kimik3-operator (helm on PATH)
+#   e2e/images/build.sh retag FROM TO   push an image already built or pushed (FROM) as TO
+#   e2e/images/build.sh env        `export` lines for running podman against this storage
+#
+# The build needs, on this VM and not in the images: runc (Debian 12's crun 1.8.1 refuses the
+# hybrid cgroup layout), soft ulimits within the VM's (no CAP_SYS_RESOURCE to raise them),
+# `--platform` (buildah 1.28 sets TARGETARCH only then), the host network and the host's CA bundle
+# and pip configuration mounted read-only into RUN steps (package traffic passes a TLS-inspecting
+# proxy). Mounts are not layers: nothing of them is in the image (tests/images checks the result).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
+IMAGES="$CACHE/images"
+# The base the Dockerfiles name (their ARG PYTHON_IMAGE default), read from them so the two agree.
+BASE_REF="$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$ROOT/images/operator/Dockerfile")"
+# Debian packages the build needs (the `podman` package brings buildah's code, conmon, the CNI
+# plugins and catatonit; mmdebstrap makes the stand-in base).
+PACKAGES=(podman runc mmdebstrap uidmap)
+
+log() { printf '[images] %s\n' "$*" >&2; }
+die() { printf '[images] FAILED: %s\n' "$*" >&2; exit 1; }
+
+# RLIMIT_NPROC for build and run steps: runc in this VM is refused raising it to the hard limit
+# (setrlimit type 6: EPERM) though that equals the current one; a fixed 32768 is granted.
+NPROC=32768
+
+arch() { case "$(uname -m)" in x86_64) echo amd64 ;; aarch64) echo arm64 ;; *) die "unsupported machine $(uname -m)" ;; esac; }
+
+write_conf() { # podman's configuration for this storage only: never the host's
+  mkdir -p "$IMAGES/storage" "$IMAGES/run" "$IMAGES/tmp"
+  cat >"$IMAGES/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$IMAGES/storage"
+runroot = "$IMAGES/run"
+EOF
+  cat >"$IMAGES/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=$(ulimit -Sn):$(ulimit -Hn)", "nproc=$NPROC:$NPROC"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+}
+
+podman_env() {
+  printf 'export CONTAINERS_STORAGE_CONF=%q CONTAINERS_CONF=%q TMPDIR=%q\n' \
+    "$IMAGES/storage.conf" "$IMAGES/containers.conf" "$IMAGES/tmp"
+}
+
+ensure_packages() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
+  ((${#missing[@]} == 0)) && return 0
+  log "installing ${missing[*]} (Debian)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$IMAGES/apt.log" 2>&1 \
+    || { tail -n 20 "$IMAGES/apt.log" >&2; die "apt-get install ${missing[*]}"; }
+}
+
+# The stand-in base: Debian bookworm (minbase) with the packages the official slim image adds
+# (ca-certificates, which brings openssl; netbase; tzdata) and Debian's Python 3.11 in a venv at
+# /usr/local, so `python`, `python3` and `pip` are on the same PATH as in the official image.
+# Keyed by this function's text: a change to the recipe makes a new base.
+STAND_IN_PACKAGES=ca-certificates,netbase,tzdata,python3,python3-venv
+ensure_base() {
+  local key; key="$(declare -f ensure_base | cat - <(echo "$STAND_IN_PACKAGES $BASE_REF") | sha256sum | cut -c1-12)"
+  if podman image exists "$BASE_REF" && [[ "$(podman image inspect -f '{{index .Labels "dev.kimik3.stand-in"}}' "$BASE_REF")" == "$key" ]]; then
+    return 0
+  fi
+  log "making the stand-in for $BASE_REF (mmdebstrap bookworm minbase)"
+  local t0=$SECONDS tar="$IMAGES/tmp/base-$key.tar"
+  mmdebstrap --quiet --variant=minbase --include="$STAND_IN_PACKAGES" \
+    --customize-hook='chroot "$1" python3 -m venv /usr/local/python' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/root/.cache' \
+    bookworm "$tar" >"$IMAGES/mmdebstrap.log" 2>&1 \
+    || { tail -n 20 "$IMAGES/mmdebstrap.log" >&2; die "mmdebstrap (log $IMAGES/mmdebstrap.log)"; }
+  podman import --quiet \
+    --change 'ENV PATH=/usr/local/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
+    --change "LABEL dev.kimik3.stand-in=$key" \
+    "$tar" "$BASE_REF" >/dev/null
+  rm -f "$tar"
+  log "stand-in base made in $((SECONDS - t0))s"
+}
+
+push() { # push HOST REF: REF under HOST instead of its own registry
+  local host=$1 ref=$2 t0=$SECONDS
+  local to="$host/${ref#*/}"
+  podman tag "$ref" "$to"
+  podman push --quiet --tls-verify=false "$to" >"$IMAGES/push.log" 2>&1 \
+    || { tail -n 20 "$IMAGES/push.log" >&2; die "podman push $to"; }
+  log "pushed $to in $((SECONDS - t0))s"
+}
+
+push_chart() { # push_chart HOST: package the chart as it is in the tree and push it
+  local host=$1 tmp
+  tmp="$(mktemp -d)"
+  helm package "$ROOT/charts/kimik3-operator" -d "$tmp" >/dev/null || die "helm package"
+  helm push "$tmp"/kimik3-operator-*.tgz "oci://$host/charts" --plain-http >"$IMAGES/push.log" 2>&1 \
+    || { cat "$IMAGES/push.log" >&2; rm -rf "$tmp"; die "helm push to oci://$host/charts"; }
+  rm -rf "$tmp"
+  log "pushed the chart to oci://$host/charts/kimik3-operator"
+}
+
+build() { # build NAME TAG DOCKERFILE CONTEXT
+  local name=$1 tag=$2 dockerfile=$3 context=$4 t0=$SECONDS
+  local mounts=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+  [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+  # Buildah gives RUN steps limits of its own unless told; ours stay within the VM's hard limits.
+  local limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit "nproc=$NPROC:$NPROC")
+  podman build --quiet --pull=never --layers --platform "linux/$(arch)" --network host "${mounts[@]}" "${limits[@]}" \
+    -f "$dockerfile" -t "$tag" "$context" >"$IMAGES/build-$name.log" 2>&1 \
+    || { tail -n 30 "$IMAGES/build-$name.log" >&2; die "podman build of $name (log $IMAGES/build-$name.log)"; }
+  log "$name built in $((SECONDS - t0))s"
+  printf '%s %s %s\n' "$name" "$tag" "$(podman image inspect -f '{{.Id}}' "$tag")"
+}
+
+# The tags the chart and the planner expect (planner/images.py), read from the code, not copied.
+image_tags() {
+  PYTHONPATH="$ROOT/operator" python3 - <<'EOF'
+from kimik3_operator.planner import images
+print(images.OPERATOR_IMAGE)
+print(images.ROUTER_IMAGE)
+EOF
+}
+
+main() {
+  mkdir -p "$IMAGES"
+  write_conf
+  eval "$(podman_env)"
+  if [[ ${1:-} == env ]]; then podman_env; return 0; fi
+  if [[ ${1:-} == retag ]]; then
+    [[ -n ${3:-} ]] || die "usage: build.sh retag FROM TO"
+    podman tag "$2" "$3" && podman push --quiet --tls-verify=false "$3" >/dev/null || die "retag $2 as $3"
+    return 0
+  fi
+  ensure_packages
+  ensure_base
+  local tags; mapfile -t tags < <(image_tags)
+  build operator "${tags[0]}" "$ROOT/images/operator/Dockerfile" "$ROOT"
+  build router "${tags[1]}" "$ROOT/images/router/Dockerfile" "$ROOT/images/router"
+  if [[ ${1:-} == push ]]; then
+    [[ -n ${2:-} ]] || die "usage: build.sh push HOST:PORT"
+    push "$2" "${tags[0]}"
+    push "$2" "${tags[1]}"
+    push_chart "$2"
+  fi
+}
+
+main "$@"

@@ -1,0 +1,167 @@
+"""The operator as users run it: its image built from images/operator/Dockerfile (podman, on the
+stand-in base: e2e/images/build.sh), pushed with the chart to the cluster's loopback registry,
+`helm install`ed from `oci://` and run as real pods by a real kubelet with containerd and runc
+(the cluster's real node, e2e/cluster/node.sh), under the chart's securityContext.
+
+This release watches only its own namespace and installs no CRD (the session's chart did), so it
+never meets the host replicas the other tests run: here it proves the image, the chart and the
+runtime together; what it reconciles is the other tests' subject. It is uninstalled at the end,
+before the idle and RBAC tests read the audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import REPORT
+from .kube import ROOT, get_json, is_ready, kubectl, wait_for
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = NAMESPACE = "kimik3-real"
+FULLNAME = f"{RELEASE}-kimik3-operator"  # the chart's full name for this release
+IMAGE_BUILD = ROOT / "e2e" / "images" / "build.sh"
+UID = 65532  # images/operator/Dockerfile USER; no passwd entry names it
+
+
+def _chart_version() -> str:
+    for line in (ROOT / "charts" / "kimik3-operator" / "Chart.yaml").read_text().splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip().strip('"')
+    raise AssertionError("Chart.yaml has no version")
+
+
+def helm(*args: str, timeout: float = 300) -> str:
+    """helm itself (not conftest's, which points the webhook at the host replicas)."""
+    result = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=timeout, env=os.environ)
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def values(registry: str, tag: str | None = None) -> list[str]:
+    """What a user on this cluster sets: the registry, where the operator may run (the real
+    node's taint and label), the one namespace it watches, no second copy of the CRD."""
+    key, _, rest = os.environ["KIMIK3_REAL_NODE_TAINT"].partition("=")
+    effect = rest.partition(":")[2]
+    out = ["--set", f"image.repository={registry}/kimik3-operator/kimik3-operator",
+           "--set-json", f'watchNamespaces=["{NAMESPACE}"]', "--set", "crds.enabled=false",
+           "--set-json", f"tolerations=[{json.dumps({'key': key, 'operator': 'Exists', 'effect': effect})}]",
+           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}']
+    if tag:
+        out += ["--set", f"image.tag={tag}"]
+    return out
+
+
+def operator_pods() -> list[dict[str, Any]]:
+    return [p for p in get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=kimik3-operator")["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_pods(n: int = 2) -> list[dict[str, Any]] | None:
+    pods = operator_pods()
+    return pods if len(pods) == n and all(is_ready(p) for p in pods) else None
+
+
+def lease_holder() -> str:
+    lease = get_json("lease", FULLNAME, "-n", NAMESPACE)
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def leader(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod whose name the Lease's holder starts with (kopf's identity: pod name + suffix)."""
+    holder = lease_holder()
+    return next((p for p in pods if holder.startswith(p["metadata"]["name"])), None)
+
+
+@pytest.fixture(scope="module")
+def registry(chart: str) -> str:
+    """The images and the chart in the cluster's registry (built if the tree changed them)."""
+    host = os.environ["KIMIK3_REGISTRY"]
+    pushed = subprocess.run([str(IMAGE_BUILD), "push", host], capture_output=True, text=True, timeout=1800)
+    assert pushed.returncode == 0, f"e2e/images/build.sh push failed:\n{pushed.stderr[-4000:]}"
+    return host
+
+
+@pytest.fixture(scope="module")
+def release(registry: str) -> Iterator[str]:
+    helm("install", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
+         "--plain-http", "-n", NAMESPACE, "--create-namespace", *values(registry), "--wait", "--timeout", "240s")
+    yield RELEASE
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
+    kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def test_the_chart_from_the_registry_runs_two_real_operator_pods_and_one_leads(release: str, registry: str) -> None:
+    pods = wait_for("two Ready operator pods", ready_pods, timeout=120)
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == os.environ["KIMIK3_REAL_NODE"]
+        status = pod["status"]["containerStatuses"][0]
+        # Pulled by containerd from the loopback registry, not imported: the digest names it.
+        assert status["imageID"].startswith(f"{registry}/kimik3-operator/kimik3-operator@sha256:"), status["imageID"]
+        assert status["restartCount"] == 0, f"{pod['metadata']['name']} restarted: {status}"
+    assert wait_for("a Lease holder that is one of the pods", lambda: leader(pods), timeout=60)
+
+
+def test_the_operator_runs_as_the_chart_says_without_a_user_database(release: str) -> None:
+    """The real runtime applies the chart's securityContext: uid/gid 65532 with no passwd entry
+    (kopf asked getpass.getuser() for its identity and crashed here before), read-only root, no
+    capabilities, seccomp filtering, no new privileges. Read inside the container itself."""
+    probe = ("import os, pwd; s = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines()"
+             " if ':\\t' in l); print(os.getuid(), os.getgid(), any(p.pw_uid == os.getuid() for p in pwd.getpwall()),"
+             " os.access('/', os.W_OK), os.access('/tmp', os.W_OK), s['CapEff'], s['Seccomp'], s['NoNewPrivs'])")
+    for pod in wait_for("two Ready operator pods", ready_pods, timeout=120):
+        out = kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "--", "python3", "-c", probe).stdout.split()
+        assert out == [str(UID), str(UID), "False", "False", "True", "0000000000000000", "2", "1"], out
+
+
+def test_a_crashed_leader_is_restarted_by_the_kubelet_and_the_standby_takes_over(release: str) -> None:
+    pods = wait_for("two Ready operator pods", ready_pods, timeout=120)
+    old = wait_for("a leader", lambda: leader(pods), timeout=60)
+    name = old["metadata"]["name"]
+    container = old["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    # SIGKILL from outside, through containerd: no handler runs, the Lease is not released.
+    subprocess.run(["ctr", "--address", os.environ["KIMIK3_CONTAINERD"], "-n", "k8s.io", "tasks", "kill",
+                    "--signal", "SIGKILL", container], check=True, capture_output=True, text=True)
+    new_holder = wait_for("another pod holding the Lease",
+                          lambda: (h := lease_holder()) and not h.startswith(name) and h, timeout=90)
+    assert any(new_holder.startswith(p["metadata"]["name"]) for p in pods), new_holder
+
+    def restarted() -> dict[str, Any] | None:
+        pod = get_json("pod", name, "-n", NAMESPACE)
+        return pod if is_ready(pod) and pod["status"]["containerStatuses"][0]["restartCount"] >= 1 else None
+
+    back = wait_for("the killed container restarted in place and Ready", restarted, timeout=120)
+    REPORT.append(f"real node: leader {name} SIGKILLed; Lease to {new_holder.split('_')[0]}; "
+                  f"restarts {back['status']['containerStatuses'][0]['restartCount']}")
+
+
+def test_helm_test_passes_on_the_real_node(release: str) -> None:
+    out = helm("test", RELEASE, "-n", NAMESPACE, "--timeout", "120s")
+    assert "Phase:          Succeeded" in out, out
+
+
+def test_helm_upgrade_to_another_image_rolls_the_operator(release: str, registry: str) -> None:
+    """A new image reference (the same build under a second tag, as a registry holds a rebuild)
+    rolls the Deployment; the new pods come up Ready and one of them leads."""
+    before = {p["metadata"]["name"] for p in wait_for("two Ready operator pods", ready_pods, timeout=120)}
+    from_ref = f"{registry}/kimik3-operator/kimik3-operator:{_chart_version()}"
+    tag = f"{_chart_version()}-e2e-upgrade"
+    pushed = subprocess.run([str(IMAGE_BUILD), "retag", from_ref, f"{registry}/kimik3-operator/kimik3-operator:{tag}"],
+                            capture_output=True, text=True, timeout=300)
+    assert pushed.returncode == 0, pushed.stderr[-2000:]
+    helm("upgrade", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
+         "--plain-http", "-n", NAMESPACE, *values(registry, tag), "--wait", "--timeout", "240s")
+
+    def rolled() -> list[dict[str, Any]] | None:
+        pods = ready_pods()
+        if not pods or {p["metadata"]["name"] for p in pods} & before:
+            return None
+        return pods if all(p["spec"]["containers"][0]["image"].endswith(f":{tag}") for p in pods) else None
+
+    pods = wait_for("two Ready pods of the new image", rolled, timeout=180)
+    assert wait_for("a leader among the new pods", lambda: leader(pods), timeout=90)
