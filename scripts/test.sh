@@ -23,6 +23,10 @@ t0=$SECONDS
 # The cold build of the cluster binaries is the long pole: start it first, test while it runs.
 "$ROOT/e2e/cluster/build.sh" >"$CACHE/build.log" 2>&1 &
 build_pid=$!
+# The operator and router images (podman, from their Dockerfiles: e2e/images/build.sh), beside it;
+# the real-node tests push them to the cluster's registry.
+"$ROOT/e2e/images/build.sh" >"$CACHE/images.log" 2>&1 &
+images_pid=$!
 
 VENV="$("$ROOT/scripts/venv.sh")"
 export PATH="$VENV/bin:$PATH"
@@ -41,6 +45,13 @@ if ! wait "$build_pid"; then
   exit 1
 fi
 grep -E '^\[build\]' "$CACHE/build.log" || true
+echo "== building the images (log: $CACHE/images.log)"
+if ! wait "$images_pid"; then
+  tail -n 40 "$CACHE/images.log" >&2
+  echo "FAILED: building the operator and router images (see $CACHE/images.log)" >&2
+  exit 1
+fi
+grep -E '^\[images\]' "$CACHE/images.log" || true
 
 started_cluster=0
 if ! "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_cluster=1; fi

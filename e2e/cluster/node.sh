@@ -35,8 +35,9 @@ registry_host() { echo "127.0.0.1:${PORT[REGISTRY_PORT]}"; }
 PAUSE_REPOSITORY=kimik3-e2e/pause
 pause_image() { echo "$(registry_host)/$PAUSE_REPOSITORY:catatonit-$(dpkg-query -W -f='${Version}' catatonit | tr '~+:' '---')"; }
 
-# Debian packages the node needs (installed when missing; CI machines start without them).
-NODE_PACKAGES=(containerd runc containernetworking-plugins catatonit docker-registry iptables iproute2)
+# Debian packages the node needs (installed when missing; CI machines start without them); podman
+# makes the pause image.
+NODE_PACKAGES=(containerd runc containernetworking-plugins catatonit docker-registry iptables iproute2 podman)
 
 ensure_node_packages() {
   local missing=() p

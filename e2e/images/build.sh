@@ -12,6 +12,7 @@
 #                                  (HOST/kimik3-operator/kimik3-operator:<version>), the chart as
 #                                  oci://HOST/charts/kimik3-operator (helm on PATH)
 #   e2e/images/build.sh retag FROM TO   push an image already built or pushed (FROM) as TO
+#   e2e/images/build.sh tags       the two image references it builds
 #   e2e/images/build.sh env        `export` lines for running podman against this storage
 #
 # The build needs, on this VM and not in the images: runc (Debian 12's crun 1.8.1 refuses the
@@ -130,16 +131,20 @@ build() { # build NAME TAG DOCKERFILE CONTEXT
   printf '%s %s %s\n' "$name" "$tag" "$(podman image inspect -f '{{.Id}}' "$tag")"
 }
 
-# The tags the chart and the planner expect (planner/images.py), read from the code, not copied.
+# The tags the chart and the planner expect (planner/images.py), read from the code, not copied
+# (by text: the build needs no Python packages).
 image_tags() {
-  PYTHONPATH="$ROOT/operator" python3 - <<'EOF'
-from kimik3_operator.planner import images
-print(images.OPERATOR_IMAGE)
-print(images.ROUTER_IMAGE)
-EOF
+  local images="$ROOT/operator/kimik3_operator/planner/images.py" repo version router
+  repo="$(sed -n 's/^IMAGE_REPOSITORY = "\(.*\)"$/\1/p' "$images")"
+  router="$(sed -n 's/^ROUTER_VERSION = "\(.*\)"$/\1/p' "$images")"
+  version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/operator/kimik3_operator/__init__.py")"
+  [[ -n $repo && -n $router && -n $version ]] || die "could not read the image tags from planner/images.py"
+  echo "$repo/kimik3-operator:$version"
+  echo "$repo/vllm-router:$router"
 }
 
 main() {
+  if [[ ${1:-} == tags ]]; then image_tags; return 0; fi
   mkdir -p "$IMAGES"
   write_conf
   eval "$(podman_env)"
