@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The main job on one machine: bring up the local real cluster (fake GB300/B200/H200 GPU nodes),
-# helm-install the chart, run the operator, apply an example KimiK3Deployment and show what it became.
+# The main job on one machine: bring up the local real cluster (fake GB300/B200/H200 GPU nodes and
+# one real node), build the operator image and push it with the chart to the cluster's registry,
+# helm-install the chart from there (the operator runs as real pods on the real node), apply an
+# example KimiK3Deployment and show what it became.
 #
 #   scripts/demo.sh [EXAMPLE.yaml]   default: manifests/examples/pd-gb300-decode-b200-prefill.yaml
-#   scripts/demo.sh down             stop the operator and the cluster
+#   scripts/demo.sh down             stop the cluster (and the operator's pods with it)
 #
-# The operator keeps running in the background (log: $KIMIK3_STATE/logs/operator.log), so you can
-# keep using kubectl: eval "$(e2e/cluster/cluster.sh env)"; kubectl get k3 -A
+# Everything keeps running in the background, so you can keep using kubectl:
+# eval "$(e2e/cluster/cluster.sh env)"; kubectl get k3 -A; kubectl -n kimik3-system logs deploy/kimik3-operator
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 STATE="${KIMIK3_STATE:-$CACHE/state}"
-PIDFILE="$STATE/run/operator.pid"
-OPLOG="$STATE/logs/operator.log"
 STAGER_PIDFILE="$STATE/run/stager.pid"
 STAGER_LOG="$STATE/logs/stager.log"
 PODS_PIDFILE="$STATE/run/pod-runner.pid"
@@ -26,10 +26,12 @@ stop_pidfile() {
   fi
   rm -f "$pidfile"
 }
-stop_operator() { stop_pidfile "$PIDFILE"; stop_pidfile "$STAGER_PIDFILE"; stop_pidfile "$PODS_PIDFILE"; }
+# The host processes that play the fake nodes' pods (kwok runs no containers), and a host operator
+# an older demo left running.
+stop_players() { stop_pidfile "$STATE/run/operator.pid"; stop_pidfile "$STAGER_PIDFILE"; stop_pidfile "$PODS_PIDFILE"; }
 
 if [[ "${1:-}" == down ]]; then
-  stop_operator
+  stop_players
   exec "$ROOT/e2e/cluster/cluster.sh" down
 fi
 EXAMPLE="${1:-$ROOT/manifests/examples/pd-gb300-decode-b200-prefill.yaml}"
@@ -40,36 +42,21 @@ t0=$SECONDS
 eval "$("$ROOT/e2e/cluster/cluster.sh" env)"
 echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 
-# The chart installs the CRD, the operator's ServiceAccount and its least-privilege RBAC (and a
-# Deployment whose pod kwok only pretends to run); the operator itself runs on this host, acting as
-# that ServiceAccount.
-# The webhook is served by the host operator on loopback with a local certificate, so the API
-# server calls 127.0.0.1, never the chart Service's (fake) cluster IP.
-WEBHOOK_PORT="${KIMIK3_WEBHOOK_PORT:-9643}"  # 9443 is the local LWS webhook's
-CA_BUNDLE="$("$ROOT/scripts/webhook-certs.sh" "$STATE/webhook")"
-helm upgrade --install kimik3-operator "$ROOT/charts/kimik3-operator" -n kimik3-system --create-namespace \
-  --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT/validate" --set "webhook.caBundle=$CA_BUNDLE"
-kubectl wait --for=condition=Established crd/kimik3deployments.serving.kimik3.dev --timeout=60s
-
-stop_operator
-mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$OPLOG")"
-SA_KUBECONFIG="$("$ROOT/scripts/sa-kubeconfig.sh" kimik3-system kimik3-operator "$STATE/operator-sa.kubeconfig")"
-LIVENESS_PORT="${KIMIK3_LIVENESS_PORT:-9644}"
-KUBECONFIG="$SA_KUBECONFIG" setsid "$VENV/bin/kimik3" run --webhook-host 127.0.0.1 --webhook-port "$WEBHOOK_PORT" \
-  --webhook-cert "$STATE/webhook/tls.crt" --webhook-key "$STATE/webhook/tls.key" \
-  --liveness "http://127.0.0.1:$LIVENESS_PORT/healthz" >"$OPLOG" 2>&1 </dev/null &
-echo $! >"$PIDFILE"
-# Up when its liveness endpoint answers; a start-up failure (a bad kubeconfig, a port in use) ends it.
-deadline=$((SECONDS + 60))
-until curl -fsS --noproxy '*' "http://127.0.0.1:$LIVENESS_PORT/healthz" >/dev/null 2>&1; do
-  if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null || ((SECONDS > deadline)); then
-    tail -n 30 "$OPLOG" >&2
-    echo "FAILED: the operator did not come up within 60 s (log: $OPLOG)" >&2
-    exit 1
-  fi
-  sleep 0.2
-done
-echo "== operator running as ServiceAccount kimik3-system/kimik3-operator (pid $(cat "$PIDFILE"), log $OPLOG)"
+# The images from their Dockerfiles (podman; cached) and the chart, into the cluster's registry;
+# then the chart from there, as a user installs it: the operator's pods run on the real node (its
+# taint and label), the webhook answers through its Service, the operator keeps its certificate.
+t1=$SECONDS
+"$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" >/dev/null
+echo "== images and chart in oci://$KIMIK3_REGISTRY in $((SECONDS - t1))s"
+stop_players
+CHART_VERSION="$(sed -n 's/^version: *//p' "$ROOT/charts/kimik3-operator/Chart.yaml")"
+helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-operator" --version "$CHART_VERSION" \
+  --plain-http -n kimik3-system --create-namespace \
+  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" \
+  --set-json "tolerations=[{\"key\":\"${KIMIK3_REAL_NODE_TAINT%%=*}\",\"operator\":\"Exists\"}]" \
+  --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --wait --timeout 300s >/dev/null
+kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator
+echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n kimik3-system logs deploy/kimik3-operator)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
 # against a fake Hub and S3 on loopback (e2e/tests/stager.py), so the deployment can become Ready.
 # Redirected as a whole: a subshell that kept the caller's stdout would hold `demo.sh | tee` open.
@@ -118,7 +105,8 @@ if [[ $ready == 1 ]]; then
 fi
 echo "Stop everything with: scripts/demo.sh down"
 if [[ $ready != 1 ]]; then
-  echo "FAILED: $ns/$name did not become Ready or serve (operator log: $OPLOG, stager log: $STAGER_LOG," \
-    "pod runner log: $PODS_LOG)" >&2
+  kubectl -n kimik3-system logs deploy/kimik3-operator --tail=30 >&2 || true
+  echo "FAILED: $ns/$name did not become Ready or serve (operator: kubectl -n kimik3-system logs" \
+    "deploy/kimik3-operator, stager log: $STAGER_LOG, pod runner log: $PODS_LOG)" >&2
   exit 1
 fi

@@ -513,6 +513,8 @@ resolve_python() {
   write_file "$VENV_PYTHON_FILE" 644 compute-domain-controller <<<"$PY"
 }
 
+# shellcheck source=../debian-packages.sh
+source "$HERE/../debian-packages.sh"
 # shellcheck source-path=SCRIPTDIR source=node.sh
 source "$HERE/node.sh"
 

@@ -39,16 +39,7 @@ pause_image() { echo "$(registry_host)/$PAUSE_REPOSITORY:catatonit-$(dpkg-query 
 # makes the pause image.
 NODE_PACKAGES=(containerd runc containernetworking-plugins catatonit docker-registry iptables iproute2 podman)
 
-ensure_node_packages() {
-  local missing=() p
-  for p in "${NODE_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  log "installing ${missing[*]} (Debian)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$LOGS/apt.log" 2>&1 \
-    || { tail -n 20 "$LOGS/apt.log" >&2; die "apt-get install ${missing[*]} failed"; }
-}
+ensure_node_packages() { ensure_debian_packages "$LOGS/apt.log" "${NODE_PACKAGES[@]}" || die "Debian packages"; }
 
 write_node_configs() {
   mkdir -p "$NODE_DIR"/{containerd,kubelet,cni/net.d,cni/ipam,certs.d} "$NODE_REGISTRY_DIR"

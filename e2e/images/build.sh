@@ -24,6 +24,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../debian-packages.sh
+source "$HERE/../debian-packages.sh"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 IMAGES="$CACHE/images"
 # The base the Dockerfiles name (their ARG PYTHON_IMAGE default), read from them so the two agree.
@@ -64,14 +66,7 @@ podman_env() {
     "$IMAGES/storage.conf" "$IMAGES/containers.conf" "$IMAGES/tmp"
 }
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
-  ((${#missing[@]} == 0)) && return 0
-  log "installing ${missing[*]} (Debian)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >"$IMAGES/apt.log" 2>&1 \
-    || { tail -n 20 "$IMAGES/apt.log" >&2; die "apt-get install ${missing[*]}"; }
-}
+ensure_packages() { ensure_debian_packages "$IMAGES/apt.log" "${PACKAGES[@]}" || die "Debian packages"; }
 
 # The stand-in base: Debian bookworm (minbase) with the packages the official slim image adds
 # (ca-certificates, which brings openssl; netbase; tzdata) and Debian's Python 3.11 in a venv at
