@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The local real cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake
 # GPU nodes and pod lifecycle), the LeaderWorkerSet manager, a stand-in for the ComputeDomain
-# controller of NVIDIA's DRA driver (compute_domain_controller.py) and the autoscaling metrics stack
+# controller of NVIDIA's DRA driver (compute_domain_controller.py), the autoscaling metrics stack
 # (Prometheus, the KEDA operator and metrics API server, prometheus-adapter), all as host processes
-# on 127.0.0.1.
+# on 127.0.0.1, and one real node (node.sh: a registry, containerd, the kubelet, Service rules).
 #
 #   cluster.sh up       build (cached), start what is not running, create the fake node pools;
 #                       prints the kubeconfig path as the last line of stdout, all else to stderr
@@ -17,7 +17,7 @@
 # Environment:
 #   KIMIK3_CACHE       binaries and Go caches (default ~/.cache/kimik3-e2e; shared with build.sh)
 #   KIMIK3_STATE       pki, kubeconfigs, etcd data, logs, pidfiles (default $KIMIK3_CACHE/state)
-#   KIMIK3_PORT_BASE   if set, ports are BASE+0..12 in the order of the list below; otherwise the
+#   KIMIK3_PORT_BASE   if set, ports are BASE+0..15 in the order of the list below; otherwise the
 #                      usual defaults. One port can also be set alone:
 #                      KIMIK3_ETCD_PORT (2379) KIMIK3_ETCD_PEER_PORT (2380) KIMIK3_APISERVER_PORT (6443)
 #                      KIMIK3_KCM_PORT (10257) KIMIK3_SCHEDULER_PORT (10259)
@@ -25,6 +25,8 @@
 #                      KIMIK3_PROMETHEUS_PORT (9090) KIMIK3_KEDA_GRPC_PORT (9666)
 #                      KIMIK3_KEDA_HEALTH_PORT (8082) KIMIK3_KEDA_METRICS_API_PORT (6444)
 #                      KIMIK3_KEDA_METRICS_API_METRICS_PORT (8083) KIMIK3_PROMETHEUS_ADAPTER_PORT (6445)
+#                      KIMIK3_REGISTRY_PORT (5000) KIMIK3_KUBELET_PORT (10250, on the node's bridge
+#                      address) KIMIK3_KUBELET_HEALTHZ_PORT (10248)
 #                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
 #                      later calls need no variables.
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
