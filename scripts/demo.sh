@@ -46,13 +46,15 @@ echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 # then the chart from there, as a user installs it: the operator's pods run on the real node (its
 # taint and label), the webhook answers through its Service, the operator keeps its certificate.
 t1=$SECONDS
-"$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" >/dev/null
+# The operator by its "<version>-<image id>" tag: a rebuilt image rolls the operator's pods.
+OPERATOR_TAG="$("$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" | sed -n 's/^operator .*://p')"
+[[ -n $OPERATOR_TAG ]] || { echo "FAILED: e2e/images/build.sh push printed no operator image" >&2; exit 1; }
 echo "== images and chart in oci://$KIMIK3_REGISTRY in $((SECONDS - t1))s"
 stop_players
 CHART_VERSION="$(sed -n 's/^version: *//p' "$ROOT/charts/kimik3-operator/Chart.yaml")"
 helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-operator" --version "$CHART_VERSION" \
   --plain-http -n kimik3-system --create-namespace \
-  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" \
+  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" --set "image.tag=$OPERATOR_TAG" \
   --set-json "tolerations=[{\"key\":\"${KIMIK3_REAL_NODE_TAINT%%=*}\",\"operator\":\"Exists\"}]" \
   --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --wait --timeout 300s >/dev/null
 kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator

@@ -19,6 +19,11 @@ NODE_DIR="$STATE/node"
 CONTAINERD_SOCK="$NODE_DIR/containerd.sock"
 NODE_REGISTRY_DIR="$STATE/registry"
 
+# The fake nodes' pods of every cluster (127.<64+I>.0.0/16) and the range real pods reach them by
+# (cni/kimik3-host-loopback maps one onto the other in the pod, the bridge maps it back).
+HOST_LOOPBACK=127.64.0.0/10
+HOST_LOOPBACK_VIA=100.64.0.0/10
+
 node_index() { local c; c="$(service_cidr)"; c="${c#10.}"; echo $((${c%%.*} - 96)); }
 node_bridge() { echo "k3e$(node_index)"; }
 node_subnet() { echo "10.200.$(node_index).0/24"; }
@@ -42,7 +47,11 @@ NODE_PACKAGES=(containerd runc containernetworking-plugins catatonit docker-regi
 ensure_node_packages() { ensure_debian_packages "$LOGS/apt.log" "${NODE_PACKAGES[@]}" || die "Debian packages"; }
 
 write_node_configs() {
-  mkdir -p "$NODE_DIR"/{containerd,kubelet,cni/net.d,cni/ipam,certs.d} "$NODE_REGISTRY_DIR"
+  mkdir -p "$NODE_DIR"/{containerd,kubelet,cni/net.d,cni/ipam,cni/bin,certs.d} "$NODE_REGISTRY_DIR"
+  # The plugins the node uses: Debian's, and ours (cni/kimik3-host-loopback).
+  local plugin
+  for plugin in bridge host-local loopback; do ln -sfn "/usr/lib/cni/$plugin" "$NODE_DIR/cni/bin/$plugin"; done
+  ln -sfn "$HERE/cni/kimik3-host-loopback" "$NODE_DIR/cni/bin/kimik3-host-loopback"
   issue kubelet "/O=system:masters/CN=system:node:$NODE_NAME" serving "$NODE_NAME" "IP:$(node_ip)"
   write_file "$STATE/kubeconfigs/kubelet.kubeconfig" 600 kubelet < <(kubeconfig kubelet)
   write_file "$STATE/kubeconfigs/service-proxy.kubeconfig" 600 service-proxy < <(kubeconfig operator)
@@ -60,13 +69,19 @@ http:
   addr: $(registry_host)
 EOF
 
-  # Plain HTTP to the loopback registry, for that host only (containerd's hosts.toml).
-  mkdir -p "$NODE_DIR/certs.d/$(registry_host)"
-  write_file "$NODE_DIR/certs.d/$(registry_host)/hosts.toml" 644 containerd <<EOF
+  # Plain HTTP to the loopback registry (containerd's hosts.toml), and the same registry standing in
+  # for ghcr.io, where the operator renders its images from (planner/images.py): a pod that names
+  # ghcr.io/kimik3-operator/vllm-router:0.1.17 gets the registry's kimik3-operator/vllm-router:0.1.17,
+  # and nothing is ever pulled from off the machine (the registry is also the `server`).
+  local host
+  for host in "$(registry_host)" ghcr.io; do
+    mkdir -p "$NODE_DIR/certs.d/$host"
+    write_file "$NODE_DIR/certs.d/$host/hosts.toml" 644 containerd <<EOF
 server = "http://$(registry_host)"
 [host."http://$(registry_host)"]
   capabilities = ["pull", "resolve"]
 EOF
+  done
 
   # restrict_oom_score_adj: the VM has no CAP_SYS_RESOURCE, so containerd may only raise the score.
   write_file "$CONF/containerd.toml" 644 containerd <<EOF
@@ -92,14 +107,16 @@ state = "$NODE_DIR/containerd/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$NODE_DIR/cni/bin"
     conf_dir = "$NODE_DIR/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$NODE_DIR/certs.d"
 EOF
 
   # The bridge plugin with host-local addresses and no masquerade (ipMasq false): pods reach each
-  # other, the node and, through DNAT, the API server and the Services; nothing else.
+  # other, the node and, through DNAT, the API server and the Services; and, through
+  # kimik3-host-loopback, the fake nodes' pods, which live on the host's loopback (127.64.0.0/10
+  # holds every cluster's KIMIK3_POD_CIDR). Nothing else.
   write_file "$NODE_DIR/cni/net.d/10-kimik3-e2e.conflist" 644 containerd <<EOF
 {
   "cniVersion": "1.0.0",
@@ -118,7 +135,7 @@ EOF
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
-    {"type": "loopback"}
+    {"type": "kimik3-host-loopback", "hostLoopback": "$HOST_LOOPBACK", "via": "$HOST_LOOPBACK_VIA"}
   ]
 }
 EOF
@@ -192,6 +209,9 @@ ensure_node_network() {
   iptables_ensure nat OUTPUT -d "$(service_cidr)" -j "$nat"
   # A pod that reaches a pod of this bridge through a Service gets the reply back through the node.
   iptables_ensure nat POSTROUTING -s "$subnet" -d "$subnet" -m conntrack --ctstate DNAT -j MASQUERADE
+  # The fake nodes' pods, on the host's loopback (cni/kimik3-host-loopback): DNAT'ed, so the
+  # kubelet's guard against outside packets to 127.0.0.0/8 (KUBE-FIREWALL) lets them in.
+  iptables_ensure nat PREROUTING -i "$br" -d "$HOST_LOOPBACK_VIA" -j NETMAP --to "$HOST_LOOPBACK"
   iptables -w -t filter -N "$guard" 2>/dev/null || true
   iptables -w -t filter -F "$guard"
   iptables -w -t filter -A "$guard" -d "$(service_cidr)" -j REJECT
@@ -208,12 +228,25 @@ remove_node_network() {
   while iptables -w -t nat -D PREROUTING -i "$br" -d "$(service_cidr)" -j "$nat" 2>/dev/null; do :; done
   while iptables -w -t nat -D OUTPUT -d "$(service_cidr)" -j "$nat" 2>/dev/null; do :; done
   while iptables -w -t nat -D POSTROUTING -s "$(node_subnet)" -d "$(node_subnet)" -m conntrack --ctstate DNAT -j MASQUERADE 2>/dev/null; do :; done
+  while iptables -w -t nat -D PREROUTING -i "$br" -d "$HOST_LOOPBACK_VIA" -j NETMAP --to "$HOST_LOOPBACK" 2>/dev/null; do :; done
   while iptables -w -t filter -D FORWARD -i "$br" -j "$guard" 2>/dev/null; do :; done
   while iptables -w -t filter -D FORWARD -d "$(service_cidr)" -j "$guard" 2>/dev/null; do :; done
   while iptables -w -t filter -D OUTPUT -d "$(service_cidr)" -j "$guard" 2>/dev/null; do :; done
   iptables -w -t nat -F "$nat" 2>/dev/null && iptables -w -t nat -X "$nat" 2>/dev/null || true
   iptables -w -t filter -F "$guard" 2>/dev/null && iptables -w -t filter -X "$guard" 2>/dev/null || true
   ip route del "$(service_cidr)" 2>/dev/null || true
+  # The kubelet's own machine-wide chains (its CVE-2020-8558 guard and canaries), once no kubelet
+  # of another local cluster still runs (one that does would restore them anyway).
+  if ! pgrep -x kubelet >/dev/null; then
+    local table chain
+    while iptables -w -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    while iptables -w -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    for table in filter nat mangle; do
+      for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+        iptables -w -t "$table" -F "$chain" 2>/dev/null && iptables -w -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  fi
   ip link del "$br" 2>/dev/null || true
 }
 
@@ -232,6 +265,7 @@ ensure_pause_image() {
     podman import --quiet --change 'ENTRYPOINT ["/catatonit", "-P"]' --change 'USER 65535:65535' \
       "$tmp/pause.tar" "$ref" >/dev/null
     podman push --quiet --tls-verify=false "$ref" >/dev/null
+    podman rmi "$ref" >/dev/null # the registry keeps it
   ) || { rm -rf "$tmp"; die "could not make the pause image $ref"; }
   rm -rf "$tmp"
   log "pause image $ref in the registry"

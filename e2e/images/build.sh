@@ -2,14 +2,15 @@
 # Build the operator and router images from their Dockerfiles, as users build them, with no
 # registry to pull from: podman (buildah) from Debian's packages, on a stand-in for the base image
 # that cannot be pulled here (docs/real-runtime.md says exactly how it differs from the official
-# one). Everything lands outside the repository, in $KIMIK3_CACHE/images: podman's own storage (its
-# layer cache, so a warm run rebuilds only what changed) and the stand-in base (built once).
+# one). Everything lands outside the repository, in $KIMIK3_CACHE/images: podman's own storage and
+# the stand-in base (built once). An image is built again only when its source changed (`build`).
 #
 #   e2e/images/build.sh            build both images; prints "<name> <ref> <image id>" per image
 #   e2e/images/build.sh push HOST  build, then push both images and the chart to the registry at
 #                                  HOST (plain HTTP: the local cluster's, on loopback), each image
 #                                  under its usual path with HOST for the registry
-#                                  (HOST/kimik3-operator/kimik3-operator:<version>), the chart as
+#                                  (HOST/kimik3-operator/kimik3-operator:<version>) and also tagged
+#                                  <version>-<image id> (printed: "<name> <ref>"), the chart as
 #                                  oci://HOST/charts/kimik3-operator (helm on PATH)
 #   e2e/images/build.sh retag FROM TO   push an image already built or pushed (FROM) as TO
 #   e2e/images/build.sh tags       the two image references it builds
@@ -94,13 +95,19 @@ ensure_base() {
   log "stand-in base made in $((SECONDS - t0))s"
 }
 
-push() { # push HOST REF: REF under HOST instead of its own registry
-  local host=$1 ref=$2 t0=$SECONDS
-  local to="$host/${ref#*/}"
-  podman tag "$ref" "$to"
-  podman push --quiet --tls-verify=false "$to" >"$IMAGES/push.log" 2>&1 \
-    || { tail -n 20 "$IMAGES/push.log" >&2; die "podman push $to"; }
+push() { # push NAME HOST REF: REF under HOST instead of its own registry, under its own tag and
+  # under "<tag>-<image id>": a reference that changes with every rebuild, so an install that names
+  # it rolls its pods when the image changed (the version tag alone would not: IfNotPresent).
+  local name=$1 host=$2 ref=$3 t0=$SECONDS id to
+  id="$(podman image inspect -f '{{.Id}}' "$ref")"
+  for to in "$host/${ref#*/}" "$host/${ref#*/}-${id:0:12}"; do
+    podman tag "$ref" "$to"
+    podman push --quiet --tls-verify=false "$to" >"$IMAGES/push.log" 2>&1 \
+      || { tail -n 20 "$IMAGES/push.log" >&2; die "podman push $to"; }
+    podman untag "$ref" "$to" # the registry keeps it; storage keeps only the one tag per image
+  done
   log "pushed $to in $((SECONDS - t0))s"
+  printf '%s %s\n' "$name" "$to"
 }
 
 push_chart() { # push_chart HOST: package the chart as it is in the tree and push it
@@ -113,16 +120,37 @@ push_chart() { # push_chart HOST: package the chart as it is in the tree and pus
   log "pushed the chart to oci://$host/charts/kimik3-operator"
 }
 
-build() { # build NAME TAG DOCKERFILE CONTEXT
-  local name=$1 tag=$2 dockerfile=$3 context=$4 t0=$SECONDS
-  local mounts=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
-  [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
-  # Buildah gives RUN steps limits of its own unless told; ours stay within the VM's hard limits.
-  local limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit "nproc=$NPROC:$NPROC")
-  podman build --quiet --pull=never --layers --platform "linux/$(arch)" --network host "${mounts[@]}" "${limits[@]}" \
-    -f "$dockerfile" -t "$tag" "$context" >"$IMAGES/build-$name.log" 2>&1 \
-    || { tail -n 30 "$IMAGES/build-$name.log" >&2; die "podman build of $name (log $IMAGES/build-$name.log)"; }
-  log "$name built in $((SECONDS - t0))s"
+# The content an image is built from: every file under PATH... (relative to the repository), bytecode
+# caches left out. Labelled on the image (SOURCE_LABEL), so an unchanged source is not built again.
+SOURCE_LABEL=dev.kimik3.source
+source_digest() {
+  (cd "$ROOT" && find "$@" -type f ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
+    sha256sum | cut -c1-16
+}
+
+# build NAME TAG DOCKERFILE CONTEXT PATH...: PATHs are what the image is built from (its source).
+# Why not podman's layer cache alone: buildah 1.28 keys a `RUN --mount=type=bind,from=<stage>` step
+# on its command, not on the mounted stage's content, so a changed wheel in the operator's build
+# stage left the cached runtime layer with the old code (seen here). An image whose source changed
+# is built without the cache; an unchanged one is not built at all.
+build() {
+  local name=$1 tag=$2 dockerfile=$3 context=$4 t0=$SECONDS digest
+  shift 4
+  digest="$(source_digest "$@")"
+  if podman image exists "$tag" &&
+    [[ "$(podman image inspect -f "{{index .Labels \"$SOURCE_LABEL\"}}" "$tag")" == "$digest" ]]; then
+    log "$name unchanged (source $digest)"
+  else
+    local mounts=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+    [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+    # Buildah gives RUN steps limits of its own unless told; ours stay within the VM's hard limits.
+    local limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)" --ulimit "nproc=$NPROC:$NPROC")
+    podman build --quiet --pull=never --no-cache --platform "linux/$(arch)" --network host "${mounts[@]}" \
+      "${limits[@]}" --label "$SOURCE_LABEL=$digest" -f "$dockerfile" -t "$tag" "$context" >"$IMAGES/build-$name.log" 2>&1 \
+      || { tail -n 30 "$IMAGES/build-$name.log" >&2; die "podman build of $name (log $IMAGES/build-$name.log)"; }
+    log "$name built in $((SECONDS - t0))s (source $digest)"
+  fi
+  podman image prune -f >/dev/null # what an earlier build of this image left
   printf '%s %s %s\n' "$name" "$tag" "$(podman image inspect -f '{{.Id}}' "$tag")"
 }
 
@@ -146,18 +174,22 @@ main() {
   if [[ ${1:-} == env ]]; then podman_env; return 0; fi
   if [[ ${1:-} == retag ]]; then
     [[ -n ${3:-} ]] || die "usage: build.sh retag FROM TO"
-    podman tag "$2" "$3" && podman push --quiet --tls-verify=false "$3" >/dev/null || die "retag $2 as $3"
+    podman tag "$2" "$3" && podman push --quiet --tls-verify=false "$3" >/dev/null && podman untag "$3" "$3" ||
+      die "retag $2 as $3"
     return 0
   fi
   ensure_packages
   ensure_base
   local tags; mapfile -t tags < <(image_tags)
-  build operator "${tags[0]}" "$ROOT/images/operator/Dockerfile" "$ROOT"
-  build router "${tags[1]}" "$ROOT/images/router/Dockerfile" "$ROOT/images/router"
+  if [[ ${1:-} == push ]]; then exec 4>&2; else exec 4>&1; fi # push prints only what it pushed
+  # The operator's source as its Dockerfile.dockerignore lets it into the build.
+  build operator "${tags[0]}" "$ROOT/images/operator/Dockerfile" "$ROOT" \
+    pyproject.toml README.md constraints.txt images/operator operator >&4
+  build router "${tags[1]}" "$ROOT/images/router/Dockerfile" "$ROOT/images/router" images/router >&4
   if [[ ${1:-} == push ]]; then
     [[ -n ${2:-} ]] || die "usage: build.sh push HOST:PORT"
-    push "$2" "${tags[0]}"
-    push "$2" "${tags[1]}"
+    push operator "$2" "${tags[0]}"
+    push router "$2" "${tags[1]}"
     push_chart "$2"
   fi
 }

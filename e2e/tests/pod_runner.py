@@ -553,7 +553,10 @@ def _managed_pods() -> list[dict[str, Any]]:
 
 
 def _played(pod: dict[str, Any]) -> bool:
-    return (pod["metadata"].get("annotations") or {}).get(PLAYED) == "true"
+    """Marked at admission, and not bound to the cluster's real node (`cluster.sh env`'s
+    KIMIK3_REAL_NODE), whose kubelet runs it for real (a router placed there by spec.router)."""
+    return ((pod["metadata"].get("annotations") or {}).get(PLAYED) == "true"
+            and pod["spec"].get("nodeName") != os.environ.get("KIMIK3_REAL_NODE", "\0"))
 
 
 def _remove(namespace: str, name: str, uid: str) -> bool:

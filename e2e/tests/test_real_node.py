@@ -14,12 +14,18 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from kimik3_operator.planner import images
 
 from .conftest import REPORT
-from .kube import ROOT, get_json, is_ready, kubectl, wait_for
+from .kube import ROOT, apply, get_json, is_ready, kubectl, wait_for
+from .pod_runner import PodRunner
+from .traffic import SESSION, post, prompt, stats
 
 pytestmark = pytest.mark.e2e
 
@@ -165,3 +171,71 @@ def test_helm_upgrade_to_another_image_rolls_the_operator(release: str, registry
 
     pods = wait_for("two Ready pods of the new image", rolled, timeout=180)
     assert wait_for("a leader among the new pods", lambda: leader(pods), timeout=90)
+
+
+PD_EXAMPLE = ROOT / "manifests" / "examples" / "pd-gb300-decode-b200-prefill.yaml"
+
+
+def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
+    """The P/D example with its router placed on the real node (spec.router's nodeSelector and
+    tolerations, as a user places it on a CPU pool) and sized for the node's two cores."""
+    body = yaml.safe_load(PD_EXAMPLE.read_text())
+    body["metadata"] = {"name": "k3-real", "namespace": namespace}
+    key, _, rest = os.environ["KIMIK3_REAL_NODE_TAINT"].partition("=")
+    body["spec"]["router"] = {**body["spec"].get("router", {}), "replicas": 1,
+                              "nodeSelector": {"kimik3.dev/e2e-node": "real"},
+                              "tolerations": [{"key": key, "operator": "Exists", "effect": rest.partition(":")[2]}],
+                              "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}
+    return body
+
+
+def _registry_digest(registry: str, repository: str, tag: str) -> str:
+    accept = ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
+                        "application/vnd.docker.distribution.manifest.list.v2+json",
+                        "application/vnd.docker.distribution.manifest.v2+json"])
+    r = SESSION.head(f"http://{registry}/v2/{repository}/manifests/{tag}", headers={"Accept": accept}, timeout=10)
+    r.raise_for_status()
+    return str(r.headers["Docker-Content-Digest"])
+
+
+def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engines(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str, registry: str) -> None:
+    """The operator renders the router with the image it always names (ghcr.io/...; the node's
+    containerd gets it from the loopback registry, which stands in for ghcr.io) and the placement
+    of spec.router; the real kubelet runs it and turns it Ready by its own readinessProbe; its
+    discovery watches the engines through the API server's Service address with its own token and
+    reaches them on the host's loopback (e2e/cluster/cni/kimik3-host-loopback). Requests to the pod,
+    and to its Service through the node's Service rules, go prefill then decode."""
+    pod_runner.play(namespace)
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", "--from-literal=token=hf_e2e")
+    body = _router_on_the_real_node(namespace)
+    apply(body)
+    try:
+        wait_for("k3-real Ready", lambda: is_ready(get_json("k3", "k3-real", "-n", namespace)), timeout=240)
+        (router,) = wait_for("one Ready router pod", lambda: [p for p in get_json(
+            "pods", "-n", namespace, "-l", "app.kubernetes.io/component=router")["items"]
+            if is_ready(p) and not p["metadata"].get("deletionTimestamp")] or None, timeout=120)
+        assert router["spec"]["nodeName"] == os.environ["KIMIK3_REAL_NODE"]
+        assert not pod_runner.running(namespace, "router"), "the pod runner played a pod the real kubelet runs"
+        status = router["status"]["containerStatuses"][0]
+        repository, _, tag = images.ROUTER_IMAGE.partition("/")[2].rpartition(":")
+        assert status["imageID"].endswith(_registry_digest(registry, repository, tag)), status["imageID"]
+        assert status["restartCount"] == 0, status
+
+        service_ip = get_json("service", "k3-real-router", "-n", namespace)["spec"]["clusterIP"]
+        answers = []
+        for i, base in enumerate([f"http://{router['status']['podIP']}:8000"] * 3 + [f"http://{service_ip}:8000"] * 3):
+            body_i: dict[str, Any] = {"model": "kimi-k3", "max_tokens": 16, "stream": i % 2 == 1,
+                                      "messages": [{"role": "user", "content": prompt(256, f"real{i}-")}]}
+            answers.append(post(base, "/v1/chat/completions", body_i, timeout=60))
+        failed = [a for a in answers if a.status != 200 or not a.done or a.error]
+        assert not failed, failed
+        prefill, decode = pod_runner.running(namespace, "prefill"), pod_runner.running(namespace, "decode")
+        paths = [r["path"] for engine in prefill + decode for r in stats(engine)["by_request_id"].values()]
+        assert paths.count("prefill_for_remote_decode") >= len(answers), paths
+        assert paths.count("remote_prefill") >= len(answers), paths
+        REPORT.append(f"real node: router pod {router['metadata']['name']} served {len(answers)}/{len(answers)} "
+                      f"requests (3 to its pod IP, 3 to its Service), prefill then decode")
+    finally:
+        kubectl("-n", namespace, "delete", "k3", "--all", "--wait=true", "--timeout=120s", check=False)
+        wait_for("the test's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=180)

@@ -252,3 +252,22 @@ def test_an_aggregated_router_that_is_cache_aware_gets_token_ids() -> None:
     assert "--enable-scale-out" in leader
     leader, _ = _leader_and_worker_commands(_plan(AGGREGATED, policy="RoundRobin"), "gb300-rack-a", "aggregated")
     assert "--enable-scale-out" not in leader
+
+
+def test_router_pods_run_where_the_spec_places_them_and_nowhere_in_particular_by_default() -> None:
+    """spec.router's nodeSelector and tolerations go to every router pod (each P/D revision and the
+    aggregated router); a spec without them renders neither field, so upgrading adds no rollout."""
+    toleration = {"key": "example.com/cpu-pool", "operator": "Exists", "effect": "NoSchedule"}
+    placed = _plan(MIXED, nodeSelector={"pool": "cpu"}, tolerations=[toleration])
+    deployments = _routers(placed, pairs={placed.compat_hash: 1, "0123456789abcdef": 1})
+    assert len(deployments) == 3  # two P/D revisions and the aggregated router
+    for deployment in deployments.values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "cpu"}
+        assert pod["tolerations"] == [toleration]
+    for deployment in _routers(_plan(MIXED)).values():
+        assert not {"nodeSelector", "tolerations"} & deployment["spec"]["template"]["spec"].keys()
+    # Serving pods keep their pools' placement: the router's is the router's alone.
+    serving = [o for o in render_serving(OWNER, placed) if o["kind"] == "LeaderWorkerSet"]
+    assert serving and all(o["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"].get("nodeSelector")
+                           != {"pool": "cpu"} for o in serving)

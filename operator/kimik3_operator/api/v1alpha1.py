@@ -734,6 +734,10 @@ class Router(SpecModel):
     """How the prefill/decode router picks a decode engine (the values of policy)."""
     resources: RouterResources = RouterResources()
     """CPU and memory of each router pod."""
+    node_selector: Annotated[dict[str, LabelValue], Field(max_length=16)] = {}
+    """Labels that select the nodes the router pods may run on (they need no GPU: e.g. CPU nodes)."""
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] = []
+    """Tolerations for the router pods (e.g. of a tainted CPU pool)."""
 
 
 class Workload(SpecModel):

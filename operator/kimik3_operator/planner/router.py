@@ -8,7 +8,9 @@ any decode of the same revision), and aggregated roles get a load-balancing rout
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..api import KimiK3DeploymentSpec, RoleName
 from ..api.v1alpha1 import RouterMode
@@ -27,6 +29,9 @@ class RouterPlan:
     drain_seconds: int
     """How long a terminating router may finish the streams it carries: the engines' own drain
     budget (spec.engine.shutdownTimeoutSeconds), the same promise to a client either way."""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    """Where its pods may run (spec.router), in the core/v1 wire form."""
 
     @property
     def roles(self) -> tuple[RoleName, ...]:
@@ -64,5 +69,7 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
-                   drain_seconds=spec.engine.shutdown_timeout_seconds)
+                   drain_seconds=spec.engine.shutdown_timeout_seconds,
+                   node_selector=tuple(sorted(router.node_selector.items())),
+                   tolerations=tuple(t.wire() for t in router.tolerations))
         for mode, chosen, policies in modes if chosen)

@@ -47,6 +47,7 @@ from .names import (
     object_meta,
     router_name,
 )
+from .placement import placement
 from .workloads import LWS_WORKER_INDEX_LABEL
 
 ROUTER_PORT = 8000
@@ -284,6 +285,7 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                     }]}},
                     "containers": [router_container(owner, targets)],
                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    **placement(dict(targets.plan.node_selector), targets.plan.tolerations),
                 },
             },
         },

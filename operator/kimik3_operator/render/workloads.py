@@ -17,6 +17,7 @@ from . import chat_template, compile_cache
 from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
+from .placement import placement
 from .rdma import fabric_env
 from .weights import serving_mounts, serving_volumes, wait_containers
 
@@ -104,10 +105,7 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
                     *serving_volumes(owner, plan.weights), compile_cache.volume(owner, plan.weights),
                     *chat_template.volumes(plan.engine, worker=worker)],
     }
-    if pool.node_selector:
-        spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        spec["tolerations"] = [dict(t) for t in pool.tolerations]
+    spec.update(placement(pool.node_selector, pool.tolerations))
     if role.compute_domain:
         spec["resourceClaims"] = pod_claims(owner, pool, role)
     terms = [kv_domain_affinity(owner)] if role.shared_compute_domain else []
