@@ -49,7 +49,7 @@ def helm(*args: str, timeout: float = 300) -> str:
     return result.stdout
 
 
-def values(registry: str, tag: str | None = None) -> list[str]:
+def values(registry: str, tag: str) -> list[str]:
     """What a user on this cluster sets: the registry, where the operator may run (the real
     node's taint and label), the one namespace it watches, no second copy of the CRD."""
     key, _, rest = os.environ["KIMIK3_REAL_NODE_TAINT"].partition("=")
@@ -57,9 +57,7 @@ def values(registry: str, tag: str | None = None) -> list[str]:
     out = ["--set", f"image.repository={registry}/kimik3-operator/kimik3-operator",
            "--set-json", f'watchNamespaces=["{NAMESPACE}"]', "--set", "crds.enabled=false",
            "--set-json", f"tolerations=[{json.dumps({'key': key, 'operator': 'Exists', 'effect': effect})}]",
-           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}']
-    if tag:
-        out += ["--set", f"image.tag={tag}"]
+           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}', "--set", f"image.tag={tag}"]
     return out
 
 
@@ -90,13 +88,22 @@ def registry(chart: str) -> str:
     host = os.environ["KIMIK3_REGISTRY"]
     pushed = subprocess.run([str(IMAGE_BUILD), "push", host], capture_output=True, text=True, timeout=1800)
     assert pushed.returncode == 0, f"e2e/images/build.sh push failed:\n{pushed.stderr[-4000:]}"
+    refs = dict(line.split() for line in pushed.stdout.splitlines())
+    # The "<version>-<image id>" tag: a node that pulled an earlier build of the version tag (a kept
+    # cluster) still runs this one.
+    OPERATOR_TAG[:] = [refs["operator"].rpartition(":")[2]]
     return host
+
+
+OPERATOR_TAG: list[str] = []
+"""The operator image's tag in the registry, set by the `registry` fixture."""
 
 
 @pytest.fixture(scope="module")
 def release(registry: str) -> Iterator[str]:
     helm("install", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
-         "--plain-http", "-n", NAMESPACE, "--create-namespace", *values(registry), "--wait", "--timeout", "240s")
+         "--plain-http", "-n", NAMESPACE, "--create-namespace", *values(registry, OPERATOR_TAG[0]), "--wait",
+         "--timeout", "240s")
     yield RELEASE
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
@@ -155,9 +162,9 @@ def test_helm_upgrade_to_another_image_rolls_the_operator(release: str, registry
     """A new image reference (the same build under a second tag, as a registry holds a rebuild)
     rolls the Deployment; the new pods come up Ready and one of them leads."""
     before = {p["metadata"]["name"] for p in wait_for("two Ready operator pods", ready_pods, timeout=120)}
-    from_ref = f"{registry}/kimik3-operator/kimik3-operator:{_chart_version()}"
     tag = f"{_chart_version()}-e2e-upgrade"
-    pushed = subprocess.run([str(IMAGE_BUILD), "retag", from_ref, f"{registry}/kimik3-operator/kimik3-operator:{tag}"],
+    pushed = subprocess.run([str(IMAGE_BUILD), "retag", images.OPERATOR_IMAGE,
+                             f"{registry}/kimik3-operator/kimik3-operator:{tag}"],
                             capture_output=True, text=True, timeout=300)
     assert pushed.returncode == 0, pushed.stderr[-2000:]
     helm("upgrade", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
