@@ -13,7 +13,13 @@ ensure_debian_packages() {
   export DEBIAN_FRONTEND=noninteractive
   # Another apt-get (the cluster build downloads Prometheus's package) may hold the lock a moment.
   local install=(apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends "${missing[@]}")
-  if ! { "${install[@]}" || { apt-get -o DPkg::Lock::Timeout=300 update && "${install[@]}"; }; } >"$log" 2>&1; then
+  # No package may start its service (docker-registry's would listen on *:5000 on a systemd
+  # machine): a policy-rc.d that refuses every start, for the length of the install, if none is there.
+  local policy=/usr/sbin/policy-rc.d ours=0 rc=0
+  if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1; fi
+  { "${install[@]}" || { apt-get -o DPkg::Lock::Timeout=300 update && "${install[@]}"; }; } >"$log" 2>&1 || rc=$?
+  ((ours)) && rm -f "$policy"
+  if ((rc != 0)); then
     tail -n 20 "$log" >&2
     printf '[debian] FAILED: apt-get install %s (log %s)\n' "${missing[*]}" "$log" >&2
     return 1

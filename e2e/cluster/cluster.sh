@@ -140,7 +140,10 @@ declare -A STALE=()
 # authentications) and which namespaces it watches (WATCH_NAMESPACE empty: all). start() sets it;
 # write_configs records it, so that a change restarts the component.
 KEDA_ENV="WATCH_NAMESPACE= POD_NAMESPACE=$KEDA_NAMESPACE KEDA_CLUSTER_OBJECT_NAMESPACE=$KEDA_NAMESPACE"
-declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV)
+# containerd pulls only from the loopback registry (node.sh's hosts.toml for it and for ghcr.io); any
+# other registry name goes to a proxy address nothing listens on and fails here, never off the machine.
+CONTAINERD_ENV="HTTP_PROXY=http://127.0.0.1:1 HTTPS_PROXY=http://127.0.0.1:1 NO_PROXY=127.0.0.1,localhost"
+declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV [containerd]=$CONTAINERD_ENV)
 
 FAKE_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 # The aggregator's client certificate (front-proxy CA): the only name the API server and the
@@ -614,6 +617,7 @@ command_of() {
       [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
       CMD=("${PY:-python3}" "${BINARY[service-proxy]}" --kubeconfig="$kc" --chain="$(node_nat_chain)"
         --kubernetes-ip="$(kubernetes_service_ip)" --apiserver="127.0.0.1:${PORT[APISERVER_PORT]}"
+        --pod-subnet="$(node_subnet)"
         --ready-file="$RUN/service-proxy.ready")
       ;;
     prometheus)
@@ -1105,6 +1109,9 @@ cmd_up() {
   pod_cidr | write_file "$STATE/pod-cidr" 644
   service_cidr | write_file "$STATE/service-cidr" 644
 
+  # The real node's addresses and guards before the API server: it calls webhook Services by their
+  # address, which must never reach the default route.
+  ensure_node_network
   ensure_running etcd
   wait_healthy etcd 30
   ensure_running kube-apiserver
@@ -1123,7 +1130,6 @@ cmd_up() {
   # The real node: its registry (with the pause image) before containerd, the bridge before the
   # kubelet (which serves on the bridge's address), the Service rules beside them.
   ensure_running registry
-  ensure_node_network
   ensure_node_cgroups
   ensure_running containerd
 
@@ -1179,16 +1185,19 @@ cmd_down() {
   flock 8
   log "stopping"
   resolve_ports
-  # The real node first: its pods go with it (remove_node_pods), containerd once nothing runs.
-  stop kubelet service-proxy
-  remove_node_pods
-  stop containerd registry
-  remove_node_network
-  remove_node_state
+  # The real node first: its pods go with it (remove_node_pods), containerd once nothing runs. A
+  # step that fails is logged and the rest still runs: a half-done `down` would leave the control
+  # plane running.
+  stop kubelet service-proxy || log "could not stop the kubelet or the service proxy"
+  remove_node_pods || log "could not remove every pod of the real node"
+  stop containerd registry || log "could not stop containerd or the registry"
+  remove_node_state || log "could not remove the real node's state"
   stop prometheus-adapter keda-metrics-apiserver keda-operator prometheus \
     compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
   stop etcd
+  # Last: while the API server ran, its calls to Service addresses had to meet the guards.
+  remove_node_network || log "could not remove the real node's network"
   # The next `up` starts from an empty cluster; the audit log and the metrics belong to this
   # cluster's life. PKI, kubeconfigs and component logs stay (reused, and useful after a failed
   # run), and so do the scrape targets: their writers (pod runners) remove their own files.

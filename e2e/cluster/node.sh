@@ -19,10 +19,11 @@ NODE_DIR="$STATE/node"
 CONTAINERD_SOCK="$NODE_DIR/containerd.sock"
 NODE_REGISTRY_DIR="$STATE/registry"
 
-# The fake nodes' pods of every cluster (127.<64+I>.0.0/16) and the range real pods reach them by
-# (cni/kimik3-host-loopback maps one onto the other in the pod, the bridge maps it back).
-HOST_LOOPBACK=127.64.0.0/10
-HOST_LOOPBACK_VIA=100.64.0.0/10
+# The fake nodes' pods of this cluster (its pod CIDR, 127.<64+I>.0.0/16) and the range its real
+# pods reach them by, 100.<64+I>.0.0/16 (cni/kimik3-host-loopback maps one onto the other in the
+# pod, the bridge maps it back): the other local cluster's pods are out of reach.
+host_loopback() { pod_cidr; }
+host_loopback_via() { local c; c="$(pod_cidr)"; echo "100.${c#127.}"; }
 
 node_index() { local c; c="$(service_cidr)"; c="${c#10.}"; echo $((${c%%.*} - 96)); }
 node_bridge() { echo "k3e$(node_index)"; }
@@ -54,7 +55,8 @@ write_node_configs() {
   ln -sfn "$HERE/cni/kimik3-host-loopback" "$NODE_DIR/cni/bin/kimik3-host-loopback"
   issue kubelet "/O=system:masters/CN=system:node:$NODE_NAME" serving "$NODE_NAME" "IP:$(node_ip)"
   write_file "$STATE/kubeconfigs/kubelet.kubeconfig" 600 kubelet < <(kubeconfig kubelet)
-  write_file "$STATE/kubeconfigs/service-proxy.kubeconfig" 600 service-proxy < <(kubeconfig operator)
+  write_file "$STATE/kubeconfigs/service-proxy.kubeconfig" 600 service-proxy < <(kubeconfig service-proxy)
+  write_file "$RUN/containerd.env" 644 containerd <<<"${ENVIRONMENT[containerd]}"
 
   write_file "$CONF/registry.yml" 644 registry <<EOF
 version: 0.1
@@ -115,8 +117,8 @@ EOF
 
   # The bridge plugin with host-local addresses and no masquerade (ipMasq false): pods reach each
   # other, the node and, through DNAT, the API server and the Services; and, through
-  # kimik3-host-loopback, the fake nodes' pods, which live on the host's loopback (127.64.0.0/10
-  # holds every cluster's KIMIK3_POD_CIDR). Nothing else.
+  # kimik3-host-loopback, this cluster's fake nodes' pods, which live on the host's loopback
+  # (KIMIK3_POD_CIDR). Nothing else.
   write_file "$NODE_DIR/cni/net.d/10-kimik3-e2e.conflist" 644 containerd <<EOF
 {
   "cniVersion": "1.0.0",
@@ -135,7 +137,7 @@ EOF
         "routes": [{"dst": "0.0.0.0/0"}]
       }
     },
-    {"type": "kimik3-host-loopback", "hostLoopback": "$HOST_LOOPBACK", "via": "$HOST_LOOPBACK_VIA"}
+    {"type": "kimik3-host-loopback", "hostLoopback": "$(host_loopback)", "via": "$(host_loopback_via)"}
   ]
 }
 EOF
@@ -165,6 +167,8 @@ failCgroupV1: false
 registerWithTaints:
 - {key: ${NODE_TAINT%%=*}, value: "$(t=${NODE_TAINT#*=}; echo "${t%%:*}")", effect: ${NODE_TAINT##*:}}
 resolvConf: ""
+# Not /var/log/pods: the other local cluster's kubelet would collect this one's logs as orphans.
+podLogsDir: $NODE_DIR/pod-logs
 maxPods: 30
 serializeImagePulls: false
 evictionHard: {memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
@@ -182,17 +186,24 @@ ensure_node_cgroups() {
   done
 }
 
-iptables_ensure() { # iptables_ensure TABLE CHAIN RULE...: append RULE to CHAIN once
+iptables_first() { # iptables_first TABLE CHAIN RULE...: RULE at the top of CHAIN, once
   local table=$1 chain=$2
   shift 2
-  iptables -w -t "$table" -C "$chain" "$@" 2>/dev/null || iptables -w -t "$table" -A "$chain" "$@"
+  iptables -w -t "$table" -C "$chain" "$@" 2>/dev/null || iptables -w -t "$table" -I "$chain" 1 "$@"
 }
 
 # The bridge exists before the kubelet starts, because the kubelet serves on the node address;
-# the CNI bridge plugin adopts it (same name, gateway address already set).
+# the CNI bridge plugin adopts it (same name, gateway address already set). Idempotent, and never
+# open for a moment: the guard chain is replaced atomically, the jumps go first in their chains.
 ensure_node_network() {
-  local br subnet nat guard
+  local br subnet nat guard svc existing
   br="$(node_bridge)" subnet="$(node_subnet)" nat="$(node_nat_chain)" guard="$(node_guard_chain)"
+  svc="$(service_cidr)"
+  # Someone else's route for our ranges (a VPN, another cluster) is never taken over.
+  while read -r existing; do
+    [[ -z $existing || $existing == *" dev $br "* ]] ||
+      die "a route that is not this cluster's exists ($existing); choose another KIMIK3_PORT_BASE"
+  done < <(ip route show exact "$svc"; ip route show exact "$subnet")
   if ! ip link show "$br" >/dev/null 2>&1; then
     ip link add "$br" type bridge
   fi
@@ -200,26 +211,24 @@ ensure_node_network() {
   ip link set "$br" up
   # DNAT from the bridge to 127.0.0.1 (the API server) needs loopback destinations accepted there.
   sysctl -qw "net.ipv4.conf.$br.route_localnet=1"
-  # The Service range is routed to the bridge, never to the default route, and a packet still
-  # addressed to it after the nat table (no DNAT rule: no ready endpoint) is refused at once.
-  # (An `unreachable` route would fail local connects before the nat OUTPUT chain can DNAT them.)
-  ip route replace "$(service_cidr)" dev "$br"
+  # The guard: a packet still addressed to the Service range after the nat table (no DNAT rule: no
+  # ready endpoint) is refused at once; the bridge forwards only to itself.
+  printf '%s\n' '*filter' ":$guard - [0:0]" "-A $guard -d $svc -j REJECT" "-A $guard -i $br -o $br -j ACCEPT" \
+    "-A $guard -i $br -j DROP" COMMIT | iptables-restore -w --noflush
+  iptables_first filter FORWARD -i "$br" -j "$guard"
+  iptables_first filter FORWARD -d "$svc" -j "$guard"
+  iptables_first filter OUTPUT -d "$svc" -j "$guard"
+  # The Service range is routed to the bridge, never to the default route (an `unreachable` route
+  # would fail local connects before the nat OUTPUT chain can DNAT them).
+  ip route replace "$svc" dev "$br"
   iptables -w -t nat -N "$nat" 2>/dev/null || true
-  iptables_ensure nat PREROUTING -i "$br" -d "$(service_cidr)" -j "$nat"
-  iptables_ensure nat OUTPUT -d "$(service_cidr)" -j "$nat"
+  iptables_first nat PREROUTING -i "$br" -d "$svc" -j "$nat"
+  iptables_first nat OUTPUT -d "$svc" -j "$nat"
   # A pod that reaches a pod of this bridge through a Service gets the reply back through the node.
-  iptables_ensure nat POSTROUTING -s "$subnet" -d "$subnet" -m conntrack --ctstate DNAT -j MASQUERADE
-  # The fake nodes' pods, on the host's loopback (cni/kimik3-host-loopback): DNAT'ed, so the
-  # kubelet's guard against outside packets to 127.0.0.0/8 (KUBE-FIREWALL) lets them in.
-  iptables_ensure nat PREROUTING -i "$br" -d "$HOST_LOOPBACK_VIA" -j NETMAP --to "$HOST_LOOPBACK"
-  iptables -w -t filter -N "$guard" 2>/dev/null || true
-  iptables -w -t filter -F "$guard"
-  iptables -w -t filter -A "$guard" -d "$(service_cidr)" -j REJECT
-  iptables -w -t filter -A "$guard" -i "$br" -o "$br" -j ACCEPT
-  iptables -w -t filter -A "$guard" -i "$br" -j DROP
-  iptables_ensure filter FORWARD -i "$br" -j "$guard"
-  iptables_ensure filter FORWARD -d "$(service_cidr)" -j "$guard"
-  iptables_ensure filter OUTPUT -d "$(service_cidr)" -j "$guard"
+  iptables_first nat POSTROUTING -s "$subnet" -d "$subnet" -m conntrack --ctstate DNAT -j MASQUERADE
+  # This cluster's fake nodes' pods, on the host's loopback (cni/kimik3-host-loopback): DNAT'ed,
+  # so the kubelet's guard against outside packets to 127.0.0.0/8 (KUBE-FIREWALL) lets them in.
+  iptables_first nat PREROUTING -i "$br" -d "$(host_loopback_via)" -j NETMAP --to "$(host_loopback)"
 }
 
 remove_node_network() {
@@ -228,13 +237,13 @@ remove_node_network() {
   while iptables -w -t nat -D PREROUTING -i "$br" -d "$(service_cidr)" -j "$nat" 2>/dev/null; do :; done
   while iptables -w -t nat -D OUTPUT -d "$(service_cidr)" -j "$nat" 2>/dev/null; do :; done
   while iptables -w -t nat -D POSTROUTING -s "$(node_subnet)" -d "$(node_subnet)" -m conntrack --ctstate DNAT -j MASQUERADE 2>/dev/null; do :; done
-  while iptables -w -t nat -D PREROUTING -i "$br" -d "$HOST_LOOPBACK_VIA" -j NETMAP --to "$HOST_LOOPBACK" 2>/dev/null; do :; done
+  while iptables -w -t nat -D PREROUTING -i "$br" -d "$(host_loopback_via)" -j NETMAP --to "$(host_loopback)" 2>/dev/null; do :; done
   while iptables -w -t filter -D FORWARD -i "$br" -j "$guard" 2>/dev/null; do :; done
   while iptables -w -t filter -D FORWARD -d "$(service_cidr)" -j "$guard" 2>/dev/null; do :; done
   while iptables -w -t filter -D OUTPUT -d "$(service_cidr)" -j "$guard" 2>/dev/null; do :; done
   iptables -w -t nat -F "$nat" 2>/dev/null && iptables -w -t nat -X "$nat" 2>/dev/null || true
   iptables -w -t filter -F "$guard" 2>/dev/null && iptables -w -t filter -X "$guard" 2>/dev/null || true
-  ip route del "$(service_cidr)" 2>/dev/null || true
+  ip route del "$(service_cidr)" dev "$br" 2>/dev/null || true
   # The kubelet's own machine-wide chains (its CVE-2020-8558 guard and canaries), once no kubelet
   # of another local cluster still runs (one that does would restore them anyway).
   if ! pgrep -x kubelet >/dev/null; then

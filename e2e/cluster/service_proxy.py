@@ -12,14 +12,18 @@ range only:
 - every other ClusterIP port goes to its ready endpoints (EndpointSlices), one picked at random per
   connection as kube-proxy does (`statistic --mode random` with probabilities 1/n, 1/(n-1), ...).
 
-A Service without ready endpoints has no rule; node.sh makes the Service range unreachable, so such
-a connection fails at once and nothing leaves the machine. The chain is replaced whole with
-`iptables-restore --noflush` (atomic per table), and only when its rules change.
+A Service without ready endpoints has no rule; node.sh refuses what is still addressed to the
+Service range after the nat table, so such a connection fails at once and nothing leaves the
+machine. Only endpoints on this machine get a rule: IPv4 addresses in 127.0.0.0/8 (the fake nodes'
+pods) or in the real node's pod subnet; any other (a hand-made EndpointSlice naming an outside
+address) is left out. The chain is replaced whole with `iptables-restore --noflush` (atomic per
+table), and only when its rules change.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import subprocess
 import sys
 import threading
@@ -29,9 +33,19 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+
+
+def on_this_machine(address: str, pod_subnet: ipaddress.IPv4Network) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip.version == 4 and (ip in LOOPBACK or ip in pod_subnet)
+
 
 def rules(chain: str, services: dict[str, Any], slices: dict[str, Any], kubernetes_ip: str,
-          apiserver: str) -> list[str]:
+          apiserver: str, pod_subnet: ipaddress.IPv4Network) -> list[str]:
     out = [f"-A {chain} -d {kubernetes_ip}/32 -p tcp --dport 443 -j DNAT --to-destination {apiserver}"]
     for key in sorted(services):
         svc = services[key]
@@ -39,6 +53,7 @@ def rules(chain: str, services: dict[str, Any], slices: dict[str, Any], kubernet
         if not ip or ip == "None" or ip == kubernetes_ip:
             continue
         mine = [s for s in slices.values() if s.metadata.namespace == svc.metadata.namespace
+                and s.address_type == "IPv4"
                 and (s.metadata.labels or {}).get("kubernetes.io/service-name") == svc.metadata.name]
         for port in svc.spec.ports or []:
             if (port.protocol or "TCP") != "TCP":
@@ -47,10 +62,11 @@ def rules(chain: str, services: dict[str, Any], slices: dict[str, Any], kubernet
                 f"{address}:{slice_port.port}"
                 for s in mine
                 for slice_port in s.ports or []
-                if slice_port.name == port.name and slice_port.port
+                if (slice_port.name or "") == (port.name or "") and slice_port.port
                 for endpoint in s.endpoints or []
                 if endpoint.conditions is None or endpoint.conditions.ready is not False
                 for address in endpoint.addresses
+                if on_this_machine(address, pod_subnet)
             })
             for i, target in enumerate(targets):
                 left = len(targets) - i
@@ -69,6 +85,8 @@ class Mirror:
     every event so the writer recomputes."""
 
     def __init__(self, api: client.ApiClient) -> None:
+        self.listed: set[int] = set()
+        """Which of the two stores have been listed at least once (ready when both)."""
         self.core = client.CoreV1Api(api)
         self.discovery = client.DiscoveryV1Api(api)
         self.services: dict[str, Any] = {}
@@ -84,6 +102,7 @@ class Mirror:
                     store.clear()
                     for item in listed.items:
                         store[f"{item.metadata.namespace}/{item.metadata.name}"] = item
+                    self.listed.add(id(store))
                 self.changed.set()
                 for event in watch.Watch().stream(lister, resource_version=listed.metadata.resource_version,
                                                   timeout_seconds=300):
@@ -111,6 +130,8 @@ def main() -> None:
     parser.add_argument("--chain", required=True)
     parser.add_argument("--kubernetes-ip", required=True, help="the `kubernetes` Service's ClusterIP")
     parser.add_argument("--apiserver", required=True, help="HOST:PORT the API server listens on")
+    parser.add_argument("--pod-subnet", type=ipaddress.IPv4Network, required=True,
+                        help="the real node's pod subnet (endpoints outside it and 127.0.0.0/8 get no rule)")
     parser.add_argument("--ready-file", type=Path, required=True, help="created once the first rules are in")
     args = parser.parse_args()
     mirror = Mirror(config.new_client_from_config(config_file=args.kubeconfig))
@@ -121,12 +142,19 @@ def main() -> None:
         time.sleep(0.05)  # a burst of events, one write
         mirror.changed.clear()
         with mirror.lock:
-            wanted = rules(args.chain, dict(mirror.services), dict(mirror.slices), args.kubernetes_ip, args.apiserver)
+            wanted = rules(args.chain, dict(mirror.services), dict(mirror.slices), args.kubernetes_ip,
+                           args.apiserver, args.pod_subnet)
+            listed = len(mirror.listed) == 2
         if wanted != written:
-            apply(args.chain, wanted)
+            try:
+                apply(args.chain, wanted)
+            except subprocess.CalledProcessError as error:  # the old rules stay; try again at the next event
+                print(f"service-proxy: iptables-restore failed: {error}", file=sys.stderr, flush=True)
+                continue
             written = wanted
             print(f"service-proxy: {len(wanted)} rules", file=sys.stderr, flush=True)
-        args.ready_file.touch()
+        if listed:
+            args.ready_file.touch()
 
 
 if __name__ == "__main__":

@@ -44,15 +44,22 @@ NPROC=32768
 
 arch() { case "$(uname -m)" in x86_64) echo amd64 ;; aarch64) echo arm64 ;; *) die "unsupported machine $(uname -m)" ;; esac; }
 
+replace() { # replace FILE < content: only when it differs (another podman may be reading it)
+  local tmp
+  tmp="$(mktemp "$1.XXXXXX")"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; fi
+}
+
 write_conf() { # podman's configuration for this storage only: never the host's
   mkdir -p "$IMAGES/storage" "$IMAGES/run" "$IMAGES/tmp"
-  cat >"$IMAGES/storage.conf" <<EOF
+  replace "$IMAGES/storage.conf" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "$IMAGES/storage"
 runroot = "$IMAGES/run"
 EOF
-  cat >"$IMAGES/containers.conf" <<EOF
+  replace "$IMAGES/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$(ulimit -Sn):$(ulimit -Hn)", "nproc=$NPROC:$NPROC"]
 [engine]
@@ -173,11 +180,17 @@ main() {
   eval "$(podman_env)"
   if [[ ${1:-} == env ]]; then podman_env; return 0; fi
   if [[ ${1:-} == retag ]]; then
+    exec 9>"$IMAGES/.lock"
+    flock 9
     [[ -n ${3:-} ]] || die "usage: build.sh retag FROM TO"
     podman tag "$2" "$3" && podman push --quiet --tls-verify=false "$3" >/dev/null && podman untag "$3" "$3" ||
       die "retag $2 as $3"
     return 0
   fi
+  # One build at a time on this storage (the demo's and the tests' may overlap): `podman image
+  # prune` would take another build's unnamed stage.
+  exec 9>"$IMAGES/.lock"
+  flock 9
   ensure_packages
   ensure_base
   local tags; mapfile -t tags < <(image_tags)

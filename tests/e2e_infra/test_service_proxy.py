@@ -4,6 +4,7 @@ would send where, for the Services, EndpointSlices and ports the API server serv
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ service_proxy = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(service_proxy)
 
 CHAIN, KUBERNETES_IP, APISERVER = "KIMIK3-SVC-7", "10.103.0.1", "127.0.0.1:16702"
+POD_SUBNET = ipaddress.IPv4Network("10.200.7.0/24")
 
 
 def service(name: str, ip: str, *ports: tuple[str, int, str], namespace: str = "ns") -> client.V1Service:
@@ -25,10 +27,10 @@ def service(name: str, ip: str, *ports: tuple[str, int, str], namespace: str = "
                                                          for n, p, proto in ports]))
 
 
-def endpoints(service_name: str, ports: dict[str, int], *addresses: tuple[str, bool | None],
-              namespace: str = "ns", name: str | None = None) -> client.V1EndpointSlice:
+def endpoints(service_name: str, ports: dict[str | None, int], *addresses: tuple[str, bool | None],
+              namespace: str = "ns", name: str | None = None, family: str = "IPv4") -> client.V1EndpointSlice:
     return client.V1EndpointSlice(
-        address_type="IPv4",
+        address_type=family,
         metadata=client.V1ObjectMeta(name=name or f"{service_name}-x", namespace=namespace,
                                      labels={"kubernetes.io/service-name": service_name}),
         ports=[client.DiscoveryV1EndpointPort(name=n, port=p) for n, p in ports.items()],
@@ -39,7 +41,7 @@ def endpoints(service_name: str, ports: dict[str, int], *addresses: tuple[str, b
 def rules(services: list[Any], slices: list[Any]) -> list[str]:
     return service_proxy.rules(CHAIN, {f"{s.metadata.namespace}/{s.metadata.name}": s for s in services},
                                {f"{s.metadata.namespace}/{s.metadata.name}": s for s in slices},
-                               KUBERNETES_IP, APISERVER)
+                               KUBERNETES_IP, APISERVER, POD_SUBNET)
 
 
 def test_the_kubernetes_service_goes_to_the_api_server_on_loopback_and_nothing_else_without_endpoints() -> None:
@@ -70,3 +72,22 @@ def test_endpoints_of_another_namespace_or_service_udp_ports_and_headless_servic
               endpoints("headless", {"http": 8000}, ("10.200.7.7", True))]
     out = rules(services, slices)[1:]
     assert out == [f"-A {CHAIN} -d 10.103.1.1/32 -p tcp --dport 80 -j DNAT --to-destination 10.200.7.9:8000"]
+
+
+def test_only_endpoints_on_this_machine_get_a_rule() -> None:
+    """Loopback (the fake nodes' pods) and the real node's pod subnet; never an outside address a
+    hand-made EndpointSlice names, nor an IPv6 or FQDN slice (iptables-restore would refuse it)."""
+    svc = service("mixed", "10.103.2.2", ("http", 80, "TCP"))
+    slices = [endpoints("mixed", {"http": 8000}, ("127.100.0.5", True), ("10.200.7.9", True), ("10.0.0.9", True),
+                        ("8.8.8.8", True), ("10.200.8.1", True)),
+              endpoints("mixed", {"http": 8000}, ("fd00::1", True), name="mixed-v6", family="IPv6"),
+              endpoints("mixed", {"http": 8000}, ("example.com", True), name="mixed-fqdn", family="FQDN")]
+    out = rules([svc], slices)[1:]
+    assert [r.split("--to-destination ")[1] for r in out] == ["10.200.7.9:8000", "127.100.0.5:8000"]
+
+
+def test_a_service_with_one_unnamed_port_gets_its_rule() -> None:
+    """The API server names a lone port "" in the EndpointSlice and leaves the Service's unset."""
+    svc = service("plain", "10.103.3.3", (None, 80, "TCP"))  # type: ignore[arg-type]
+    out = rules([svc], [endpoints("plain", {"": 8080}, ("10.200.7.4", True))])[1:]
+    assert out == [f"-A {CHAIN} -d 10.103.3.3/32 -p tcp --dport 80 -j DNAT --to-destination 10.200.7.4:8080"]
