@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -246,3 +248,16 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
     finally:
         kubectl("-n", namespace, "delete", "k3", "--all", "--wait=true", "--timeout=120s", check=False)
         wait_for("the test's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=180)
+
+
+def test_service_addresses_lead_to_their_endpoints_or_nowhere_at_once(chart: str) -> None:
+    """The node's Service rules, from the host: the `kubernetes` Service reaches the API server on
+    loopback; an address of the Service range that no rule takes is refused at once, not routed
+    off the machine (e2e/cluster/node.sh's guard)."""
+    ip = get_json("service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+    socket.create_connection((ip, 443), timeout=5).close()
+    unbacked = ".".join(ip.split(".")[:2] + ["255", "254"])
+    started = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((unbacked, 80), timeout=5)
+    assert time.monotonic() - started < 1.0
