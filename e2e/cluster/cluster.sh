@@ -1091,6 +1091,8 @@ cmd_up() {
   local t0 name
   t0="$(now_ms)"
   "$HERE/build.sh"
+  mkdir -p "$LOGS"
+  ensure_node_packages # the real node's binaries are Debian's
   for name in "${COMPONENTS[@]}"; do
     [[ $name == compute-domain-controller || $name == service-proxy ]] && continue
     [[ -x ${BINARY[$name]} ]] || die "${BINARY[$name]} missing after build.sh"
@@ -1100,8 +1102,6 @@ cmd_up() {
   mkdir -p "$STATE"
   exec 8>"$STATE/.lock"
   flock 8 # one up/down at a time
-  mkdir -p "$LOGS"
-  ensure_node_packages
   resolve_ports
   ensure_pki
   write_configs
