@@ -38,20 +38,18 @@ lint-imports
 echo "== unit, schema and render tests"
 python -m pytest tests -q "$@" || { rc=$?; [[ $rc == 5 && $# -gt 0 ]] || exit "$rc"; }
 
-echo "== building the local cluster (log: $CACHE/build.log)"
-if ! wait "$build_pid"; then
-  tail -n 40 "$CACHE/build.log" >&2
-  echo "FAILED: building the cluster binaries (see $CACHE/build.log)" >&2
-  exit 1
-fi
-grep -E '^\[build\]' "$CACHE/build.log" || true
-echo "== building the images (log: $CACHE/images.log)"
-if ! wait "$images_pid"; then
-  tail -n 40 "$CACHE/images.log" >&2
-  echo "FAILED: building the operator and router images (see $CACHE/images.log)" >&2
-  exit 1
-fi
-grep -E '^\[images\]' "$CACHE/images.log" || true
+await_build() { # await_build PID LOG TAG WHAT: a background build's end, its summary, or FAILED
+  local pid=$1 log=$2 tag=$3 what=$4
+  echo "== building $what (log: $log)"
+  if ! wait "$pid"; then
+    tail -n 40 "$log" >&2
+    echo "FAILED: building $what (see $log)" >&2
+    exit 1
+  fi
+  grep -E "^\\[$tag\\]" "$log" || true
+}
+await_build "$build_pid" "$CACHE/build.log" build "the cluster binaries"
+await_build "$images_pid" "$CACHE/images.log" images "the operator and router images"
 
 started_cluster=0
 if ! "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_cluster=1; fi

@@ -110,8 +110,9 @@ EOF
       ldf+=" -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
       ldf+=" -X $p.gitCommit=$commit -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
-    # One go build for all five mains (the kubelet runs the real node, e2e/node/node.sh) so shared packages compile once; -pgo=off because the
-    # apiserver's default.pgo would recompile the graph under a profile for no test benefit.
+    # One go build for all five mains (the kubelet runs the real node, node.sh) so shared packages
+    # compile once; -pgo=off because the apiserver's default.pgo would recompile the graph under a
+    # profile for no test benefit.
     mkdir -p "$w/out"
     go build -p 2 -pgo=off -ldflags "$ldf" -o "$w/out/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \

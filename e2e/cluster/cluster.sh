@@ -60,8 +60,8 @@
 # missing, so a second `up` makes no writes to the API server (the audit log stays quiet).
 # Network rule: everything listens on and talks to loopback only: 127.0.0.1, and the pod IPs, which
 # are loopback addresses too (KIMIK3_POD_CIDR). Beside the fake nodes runs one real node
-# (e2e/node/node.sh: kubelet, containerd, runc) whose pods live in network namespaces on a bridge of
-# this cluster's own; only its Service rules give Service IPs a meaning (e2e/node/service_proxy.py).
+# (e2e/cluster/node.sh: kubelet, containerd, runc) whose pods live in network namespaces on a bridge of
+# this cluster's own; only its Service rules give Service IPs a meaning (e2e/cluster/service_proxy.py).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -214,7 +214,7 @@ pod_cidr() { # the pods' /16 inside 127.0.0.0/8 (KIMIK3_POD_CIDR above)
   fi
 }
 
-# The Services' /16 (--service-cluster-ip-range). The real node's Service rules (e2e/node) send
+# The Services' /16 (--service-cluster-ip-range). The real node's Service rules (service_proxy.py) send
 # these addresses to pods, so two local clusters must not share it: 10.96.0.0/16, or with
 # KIMIK3_PORT_BASE 10.<96 + BASE/100 % 64>.0.0/16 (the same index as the pods' /16).
 service_cidr() {
