@@ -36,6 +36,9 @@ ruff check .
 mypy
 lint-imports
 echo "== unit, schema and render tests"
+# The router pods' front is Debian's HAProxy; the security tests run it (tests/security/test_front_door.py).
+source "$ROOT/e2e/debian-packages.sh"
+ensure_debian_packages "$CACHE/apt.log" haproxy
 python -m pytest tests -q "$@" || { rc=$?; [[ $rc == 5 && $# -gt 0 ]] || exit "$rc"; }
 
 await_build() { # await_build PID LOG TAG WHAT: a background build's end, its summary, or FAILED

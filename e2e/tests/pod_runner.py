@@ -4,11 +4,13 @@ kwok marks pods Running and runs nothing. For every Running leader pod of a serv
 the Kimi K3 engine simulator (`python -m kimik3_operator.simulator`) with the pod's rendered command
 and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
 status); for every Running router pod it starts the real `vllm-router` (from the router image's own
-hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args.
+hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args, and its front: Debian's
+HAProxy, the router image's, on the pod's rendered configuration (e2e/tests/front_play.py).
 
 Pod IPs are loopback addresses here (the cluster's KIMIK3_POD_CIDR), so each process listens on its
 own pod IP at the rendered ports, as it would in its pod's network namespace: the one rewrite is the
-rendered wildcard listen address (0.0.0.0 in a pod means "my pod IP"). Nothing else of a command
+rendered listen addresses, since played pods share the host's network namespace (0.0.0.0 and the
+pod-local 127.0.0.1 in a pod both mean "my pod IP" here). Nothing else of a command
 changes, and no URL is rewritten: the routers find the engines through the API server, as their
 Kubernetes discovery does in a cluster, with a token of the pod's own ServiceAccount (what the
 kubelet would mount), and reach them at their pod IPs.
@@ -38,6 +40,7 @@ the SLO scaler, prometheus-adapter and KEDA per pod.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -56,14 +59,19 @@ from typing import Any, TypedDict
 import yaml
 
 from kimik3_operator.contract.names import SERIES_LABELS
+from kimik3_operator.render.front import API_KEY_ENV, CONFIG_ENV, FRONT_PORT, ROUTER_LOOPBACK_PORT
+from kimik3_operator.render.front import METRICS_PORT as FRONT_METRICS_PORT
 from tests.support import kubelet
 
+from .front_play import relocate, start_front
 from .kube import host_daemon, is_ready, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
 SERVING_ROLES = ("prefill", "decode", "aggregated")
 ROUTER = "router"
+FRONT = "front"
+"""A router pod's containers: the router, and the front clients reach (render/front.py)."""
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
@@ -74,7 +82,7 @@ PROBE_SECONDS = 1.0
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ENGINE_PORT = 8000
-ROUTER_PORT = 8000
+ROUTER_PORT = FRONT_PORT
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
@@ -189,6 +197,8 @@ class Proc:
     """Its pod was deleted (not merely left unplayed): the object goes once the process has exited."""
     cut: threading.Event = field(default_factory=threading.Event)
     """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
+    front: subprocess.Popen[bytes] | None = None
+    """A router pod's front (HAProxy, e2e/tests/front_play.py), in front of `proc`, the router."""
 
     @property
     def url(self) -> str:
@@ -409,19 +419,40 @@ class PodRunner:
         meta = pod["metadata"]
         if (ip := self._bindable(pod)) is None:
             return None
-        (container,) = pod["spec"]["containers"]
+        containers = {c["name"]: c for c in pod["spec"]["containers"]}
+        container, front = containers[ROUTER], containers.get(FRONT)
         env = self._env(pod, container)
         args = [kubelet.expand(a, env) for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
-        args = [ip if a == "0.0.0.0" else a for a in args]  # the pod's wildcard: its own IP
+        # Played pods share the host's network namespace: the pod's wildcard and its loopback are its own IP.
+        args = [ip if a in ("0.0.0.0", "127.0.0.1") else a for a in args]
         health = str(self.router_health_seconds)
         argv = [str(self.router_bin), *args,
                 # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
                 "--health-check-interval-secs", health]
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
                "KUBECONFIG": str(self._router_kubeconfig(pod)), "RUST_LOG": os.environ.get("RUST_LOG", "info")}
-        proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}", argv, env)
+        name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
+        played = self._start_front(pod, front, ip, name) if front is not None else None
+        proc, log = self._spawn(name, argv, env)
+        view = _kubelet_view(pod, container)
+        if front is not None:
+            view["probe"] = Probe.of(pod, front)  # the pod's readiness is its front's probe
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
-                    metrics_port=29000, labels=dict(meta["labels"]), **_kubelet_view(pod, container))
+                    metrics_port=29000, labels=dict(meta["labels"]), front=played, **view)
+
+    def _start_front(self, pod: dict[str, Any], container: dict[str, Any], ip: str,
+                     name: str) -> subprocess.Popen[bytes]:
+        env = {e["name"]: e for e in container.get("env") or []}
+        config = relocate(env[CONFIG_ENV]["value"], f"{ip}:{FRONT_PORT}", f"{ip}:{ROUTER_LOOPBACK_PORT}",
+                          f"{ip}:{FRONT_METRICS_PORT}")
+        key = None
+        if (ref := (env.get(API_KEY_ENV) or {}).get("valueFrom", {}).get("secretKeyRef")) is not None:
+            secret = json.loads(kubectl("get", "secret", ref["name"], "-n", pod["metadata"]["namespace"],
+                                        "-o", "json").stdout)
+            key = base64.b64decode(secret["data"][ref["key"]]).decode()
+        folder = self.root / "fronts" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return start_front(config, folder, self.root / f"{name}.front.log", key)
 
     def _leave(self, proc: Proc, deleted: bool = True) -> None:
         """What the kubelet does with a deleted pod: its preStop hook first (the process keeps
@@ -478,6 +509,17 @@ class PodRunner:
                     self.problems.append(f"probing {proc.namespace}/{proc.pod}: {exc!r}")
 
     def _terminate(self, proc: Proc, grace: float = 15.0) -> None:
+        """SIGTERM, and SIGKILL after `grace`. A router pod's front goes first, as in its pod: it
+        stops accepting and finishes what it carries (SIGUSR1, HAProxy's soft stop), then the router."""
+        if (front := proc.front) is not None and front.poll() is None:
+            started = time.monotonic()
+            front.send_signal(signal.SIGUSR1)
+            try:
+                front.wait(grace)
+            except subprocess.TimeoutExpired:
+                front.kill()
+                front.wait(10)
+            grace = max(1.0, grace - (time.monotonic() - started))
         if proc.alive():
             proc.proc.send_signal(signal.SIGTERM)
             try:

@@ -22,8 +22,8 @@ COMPAT = "serving.kimik3.dev/compat-hash"
 def _selector_hashes(deployment: dict[str, Any]) -> set[str]:
     """The compatibility hashes a router Deployment's engine selectors name (one, if it pairs one
     revision)."""
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return {a.partition("=")[2] for a in container["args"] if a.startswith(f"{COMPAT}=")}
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return {a.partition("=")[2] for c in containers for a in c.get("args", []) if a.startswith(f"{COMPAT}=")}
 
 
 def _state(namespace: str) -> dict[str, Any]:

@@ -110,8 +110,9 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
         "PrefillDecode", 2, 1, 3)
     compat = cr["status"]["engine"]["compatibilityHash"]
     assert router["name"] == f"k3-router-{compat[:10]}" and router["compatibilityHash"] == compat
-    (container,) = get_json("deployment", router["name"], "-n", namespace)["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
+    containers = get_json("deployment", router["name"], "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["front", "router"]  # clients reach the front only
+    args = containers[1]["args"]
     assert "--prefill" not in args and "--decode" not in args  # no list to restart for
     for role in ("prefill", "decode"):
         selector = args[args.index(f"--{role}-selector") + 1:]

@@ -21,6 +21,7 @@ from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.v1alpha1 import RouterPolicy
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner
+from kimik3_operator.render.front import ROUTER_LOOPBACK_PORT
 from kimik3_operator.render.router import ADD_WAIT_SECONDS, POLICY_FLAG, RouterTargets, router_args, router_targets
 from tests.golden.scenarios import SCENARIOS
 from tests.golden.test_golden import OWNER_UID, plan_scenario, rendered_objects
@@ -42,7 +43,8 @@ def golden_cases() -> dict[str, Case]:
         plan = plan_scenario(body)
         deployments = {o["metadata"]["name"]: o for o in rendered_objects(scenario) if o["kind"] == "Deployment"}
         for targets in router_targets(_owner(body), plan):
-            (container,) = deployments[targets.deployment]["spec"]["template"]["spec"]["containers"]
+            containers = deployments[targets.deployment]["spec"]["template"]["spec"]["containers"]
+            container = next(c for c in containers if c["name"] == "router")
             out[f"golden/{scenario}/{targets.deployment}"] = (container["args"], targets, _owner(body))
     return out
 
@@ -115,7 +117,8 @@ def meant(targets: RouterTargets, owner: Owner) -> dict[str, Any]:
         "policy": "cache_aware" if pd else policy["aggregated"],  # P/D mode ignores it
         "prefill_policy": policy.get("prefill"), "decode_policy": policy.get("decode"),
         "kv_connector": "nixl",
-        "host": "0.0.0.0", "port": 8000, "prometheus_host": "0.0.0.0", "prometheus_port": 29000,
+        # on the pod's loopback, behind its front (render/front.py); metrics for Prometheus
+        "host": "127.0.0.1", "port": ROUTER_LOOPBACK_PORT, "prometheus_host": "0.0.0.0", "prometheus_port": 29000,
         "service_discovery": True, "service_discovery_namespace": owner.namespace, "service_discovery_port": 8000,
         "selector": {} if pd else selector("aggregated"),
         "prefill_selector": selector("prefill") if pd else {}, "decode_selector": selector("decode") if pd else {},

@@ -41,8 +41,8 @@ def _routers(plan: Plan, pairs: dict[str, int] | None = None, owner: Owner = OWN
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container  # type: ignore[no-any-return]
+    """The router's container (beside it, the front: render/front.py)."""
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "router")  # type: ignore[no-any-return]
 
 
 def _values(args: list[str], flag: str) -> list[str]:
@@ -162,19 +162,40 @@ def test_policies_outside_the_list_are_refused() -> None:
         KimiK3Deployment.model_validate(body)
 
 
+def _front(deployment: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "front")  # type: ignore[no-any-return]
+
+
 def test_probes_and_the_add_wait() -> None:
     (deployment,) = _routers(_plan(PD)).values()
-    container = _container(deployment)
-    # ready only with a healthy engine of each kind (/health says 200 with none at all)
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    container, front = _container(deployment), _front(deployment)
+    # ready only with a healthy engine of each kind (/health says 200 with none at all), through the front
+    assert front["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
+    assert front["livenessProbe"]["httpGet"] == {"path": "/front/healthz", "port": "front-metrics"}
     assert "startupProbe" not in container  # it listens at once: nothing to wait for
     assert _values(container["args"], "--worker-startup-timeout-secs") == [str(ADD_WAIT_SECONDS)]
     assert ADD_WAIT_SECONDS <= 30  # one unreachable Ready pod stalls every add behind it this long
-    # both listeners on every address (the router's defaults are loopback only), and exposed
+    # the router on the pod's loopback only, behind the front; its metrics on every address
     args = container["args"]
-    assert _values(args, "--host") == _values(args, "--prometheus-host") == ["0.0.0.0"]
-    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8000), ("metrics", 29000)]
+    assert (_values(args, "--host"), _values(args, "--port")) == (["127.0.0.1"], ["8001"])
+    assert _values(args, "--prometheus-host") == ["0.0.0.0"]
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("metrics", 29000)]
+    assert [(p["name"], p["containerPort"]) for p in front["ports"]] == [("http", 8000), ("front-metrics", 29001)]
+
+
+def test_the_api_key_comes_from_its_secret_and_admission_from_the_spec() -> None:
+    (deployment,) = _routers(_plan(PD, apiKey={"name": "clients", "key": "k"},
+                                   admission={"maxConcurrentRequests": 7, "queueSize": 3})).values()
+    env = {e["name"]: e for e in _front(deployment)["env"]}
+    assert env["KIMIK3_API_KEY"] == {"name": "KIMIK3_API_KEY",
+                                     "valueFrom": {"secretKeyRef": {"name": "clients", "key": "k"}}}
+    config = env["KIMIK3_FRONT_CONFIG"]["value"]
+    assert "secure_memcmp(txn.expected)" in config and "maxconn 7" in config and "queue(router) ge 3" in config
+    (plain,) = _routers(_plan(PD)).values()
+    config = next(e["value"] for e in _front(plain)["env"] if e["name"] == "KIMIK3_FRONT_CONFIG")
+    assert "KIMIK3_API_KEY" not in config and "maxconn" not in config and "ge 128" not in config
 
 
 def test_the_router_is_hardened() -> None:
@@ -182,15 +203,17 @@ def test_the_router_is_hardened() -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
-    security = _container(deployment)["securityContext"]
-    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
+    for container in (_container(deployment), _front(deployment)):
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}}
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    # a terminating router gets the engines' drain budget for its streams, after the preStop pause
-    assert pod["terminationGracePeriodSeconds"] == 10 + 300
-    assert _container(deployment)["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}
+    # a terminating router pod gets the engines' drain budget for its streams, after the preStop
+    # pause: the front stops accepting first (HAProxy's soft stop), the router 2 s later
+    assert pod["terminationGracePeriodSeconds"] == 10 + 2 + 300
+    assert _container(deployment)["lifecycle"]["preStop"] == {"sleep": {"seconds": 12}}
+    assert "sleep 10; kill -USR1 1" in _front(deployment)["lifecycle"]["preStop"]["exec"]["command"][2]
 
 
 def test_resources_default_and_follow_the_spec() -> None:
@@ -210,7 +233,7 @@ def test_the_service_fronts_the_router_pods() -> None:
     (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "k3-router"]
     (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
     assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
-        ("http", 8000, "http"), ("metrics", 29000, "metrics")]
+        ("http", 8000, "http"), ("metrics", 29000, "metrics"), ("front-metrics", 29001, "front-metrics")]
     assert service["spec"]["selector"].items() <= deployment["spec"]["selector"]["matchLabels"].items()
     template = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= template.items()

@@ -714,6 +714,20 @@ class RouterResources(SpecModel):
     )
 
 
+class RouterAdmission(SpecModel):
+    """How many requests each router pod carries at once, and what the rest get: enforced by the
+    pod's front (HAProxy), before the router. A request over the limit waits in a queue; one more
+    than the queue holds gets 429 with Retry-After at once, and one that waited queueTimeoutSeconds
+    gets 503 with Retry-After. Every refusal is counted in the front's metrics."""
+
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """Requests each router pod passes on at once (streams included, until they end); none: no limit."""
+    queue_size: Annotated[int, Field(ge=0, le=100_000)] = 128
+    """Requests that may wait for a slot per router pod (with maxConcurrentRequests); 0 refuses at once."""
+    queue_timeout_seconds: Annotated[int, Field(ge=1, le=600)] = 30
+    """How long a request may wait for a slot."""
+
+
 class Router(SpecModel):
     """The router in front of the engines (vllm-router): one endpoint for clients. A deployment with
     prefill/decode roles gets a prefill/decode router (`<name>-router`) that sends each request to a
@@ -738,6 +752,12 @@ class Router(SpecModel):
     """Labels that select the nodes the router pods may run on (they need no GPU: e.g. CPU nodes)."""
     tolerations: Annotated[list[Toleration], Field(max_length=16)] = []
     """Tolerations for the router pods (e.g. of a tainted CPU pool)."""
+    admission: RouterAdmission = RouterAdmission()
+    """Concurrency limit and queue of each router pod."""
+    api_key: SecretKeyRef | None = None
+    """A key of a Secret holding the API key clients must send (`Authorization: Bearer <key>`) for
+    every route but the health checks; compared in constant time by the front and not passed on. A
+    missing Secret keeps the router pods from starting; an empty key refuses every request."""
 
 
 class Workload(SpecModel):

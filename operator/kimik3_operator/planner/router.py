@@ -17,6 +17,18 @@ from ..api.v1alpha1 import RouterMode
 
 
 @dataclass(frozen=True)
+class FrontPlan:
+    """What the front of each router pod lets through (render/front.py)."""
+
+    max_concurrent: int | None = None
+    """Requests passed to the router at once; None: no limit (and no queue)."""
+    queue_size: int = 128
+    queue_timeout_seconds: int = 30
+    api_key: tuple[str, str] | None = None
+    """(Secret, key) of the API key clients must send; None: none asked."""
+
+
+@dataclass(frozen=True)
 class RouterPlan:
     mode: RouterMode
     routes: tuple[tuple[str, RoleName], ...]
@@ -32,6 +44,7 @@ class RouterPlan:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     """Where its pods may run (spec.router), in the core/v1 wire form."""
+    front: FrontPlan = FrontPlan()
 
     @property
     def roles(self) -> tuple[RoleName, ...]:
@@ -65,11 +78,15 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
         ("Aggregated", tuple(r for r in routes if r[1] == "aggregated"), (("aggregated", router.policy),)),
     )
     requests, limits = router.resources.requests, router.resources.limits
+    admission, key = router.admission, router.api_key
+    front = FrontPlan(max_concurrent=admission.max_concurrent_requests, queue_size=admission.queue_size,
+                      queue_timeout_seconds=admission.queue_timeout_seconds,
+                      api_key=(key.name, key.key) if key else None)
     return tuple(
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
                    drain_seconds=spec.engine.shutdown_timeout_seconds,
                    node_selector=tuple(sorted(router.node_selector.items())),
-                   tolerations=tuple(t.wire() for t in router.tolerations))
+                   tolerations=tuple(t.wire() for t in router.tolerations), front=front)
         for mode, chosen, policies in modes if chosen)

@@ -22,6 +22,10 @@ The discovery add path waits for each new pod's /health, one pod at a time, up t
 `--worker-startup-timeout-secs` (router.rs wait_for_healthy_workers): one Ready pod it cannot reach
 stalls every add behind it for that long, and a failed add is retried only on that pod's next event.
 Serving pods are Ready only once vLLM answers, so `ADD_WAIT_SECONDS` is short.
+
+Clients never reach the router itself: it listens on the pod's loopback, behind the pod's front
+(render/front.py), which passes the OpenAI routes and the health checks and nothing of the router's
+admin API.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
 from .disruption import budget
 from .engine import HTTP_PORT
+from .front import FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
+from .front import METRICS_PORT as FRONT_METRICS_PORT
 from .names import (
     LABEL_COMPAT,
     LABEL_DEPLOYMENT,
@@ -50,7 +56,8 @@ from .names import (
 from .placement import placement
 from .workloads import LWS_WORKER_INDEX_LABEL
 
-ROUTER_PORT = 8000
+ROUTER_PORT = FRONT_PORT
+"""The port of the router Service and of every router pod: the front's."""
 METRICS_PORT = 29000
 RUN_AS = 65532  # the router image's non-root user (images/router/Dockerfile)
 COMPONENT = "router"
@@ -69,9 +76,12 @@ ROUTER_ARGS = (
 )
 PROBE_PERIOD_SECONDS = 5
 PRE_STOP_SECONDS = 10
-"""The endpoints controller needs a moment to take a terminating router out of its Service before
-it stops accepting requests; on SIGTERM it then waits for the requests it carries, streams
-included, with no limit of its own (axum's graceful shutdown, src/server.rs)."""
+"""The endpoints controller needs a moment to take a terminating router pod out of its Service
+before its front stops accepting requests; the front then lets the requests it carries finish."""
+ROUTER_STOP_LAG_SECONDS = 2
+"""The router stops accepting this much after its front (on SIGTERM it waits for the requests it
+carries, streams included, with no limit of its own: axum's graceful shutdown, src/server.rs), so
+no request the front still takes finds the router gone."""
 
 POLICY_FLAG = {
     "CacheAware": "cache_aware",
@@ -158,11 +168,12 @@ def engine_selector(owner: Owner, role: str, compat_hash: str | None) -> list[st
 
 
 def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
-    """vllm-router's arguments (the image's ENTRYPOINT is vllm-router). Both listeners bind every
-    address: the router's defaults are loopback only. Each selector is one flag with all its pairs:
-    the router's launcher keeps only the last of a repeated flag (py_src/vllm_router/router_args.py)."""
+    """vllm-router's arguments (the image's ENTRYPOINT is vllm-router). It serves on the pod's
+    loopback only, for the front; its metrics listener (metrics only) binds every address. Each
+    selector is one flag with all its pairs: the router's launcher keeps only the last of a repeated
+    flag (py_src/vllm_router/router_args.py)."""
     policy = {role: POLICY_FLAG[name] for role, name in targets.plan.policies}
-    args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+    args = ["--host", "127.0.0.1", "--port", str(ROUTER_LOOPBACK_PORT),
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT),
             "--service-discovery", "--service-discovery-namespace", owner.namespace,
             "--service-discovery-port", str(HTTP_PORT), *ROUTER_ARGS]
@@ -216,17 +227,15 @@ def router_service(owner: Owner, name: str) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": pod_selector(owner, name),
             "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"},
-                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                      {"name": "front-metrics", "port": FRONT_METRICS_PORT, "targetPort": "front-metrics",
+                       "protocol": "TCP"}],
         },
     }
 
 
 ROUTER_EPHEMERAL = ("256Mi", "1Gi")
 """Request and limit of the router's ephemeral storage."""
-
-
-def _probe(path: str, **extra: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS, **extra}
 
 
 def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
@@ -239,15 +248,15 @@ def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
         "name": COMPONENT,
         "image": ROUTER_IMAGE,
         "args": router_args(owner, targets),
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        # It listens at once (discovery runs beside the server, server.rs startup). Ready means it
-        # has a healthy engine of each kind it needs (/readiness, pd_router.rs); /health would say
-        # 200 with no engine at all.
-        "livenessProbe": _probe("/liveness", timeoutSeconds=5, failureThreshold=3),
-        "readinessProbe": _probe("/readiness", timeoutSeconds=2, failureThreshold=2),
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        # It listens at once (discovery runs beside the server, server.rs startup), on loopback: the
+        # kubelet reaches its /liveness through the front (which answers its probes unqueued). The
+        # pod's readiness is the front's probe of /readiness: a healthy engine of each kind it
+        # needs (pd_router.rs); /health would say 200 with no engine at all.
+        "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": PROBE_PERIOD_SECONDS,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
         "resources": resources,
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS + ROUTER_STOP_LAG_SECONDS}}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
@@ -274,7 +283,8 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                     "serviceAccountName": service_account(owner),
                     "automountServiceAccountToken": True,  # its discovery watches the pods
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": PRE_STOP_SECONDS + targets.plan.drain_seconds,
+                    "terminationGracePeriodSeconds": PRE_STOP_SECONDS + ROUTER_STOP_LAG_SECONDS
+                    + targets.plan.drain_seconds,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -283,7 +293,8 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                         "podAffinityTerm": {"labelSelector": {"matchLabels": pod_selector(owner, targets.name)},
                                             "topologyKey": "kubernetes.io/hostname"},
                     }]}},
-                    "containers": [router_container(owner, targets)],
+                    "containers": [front_container(targets.plan, PRE_STOP_SECONDS),
+                                   router_container(owner, targets)],
                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
                     **placement(dict(targets.plan.node_selector), targets.plan.tolerations),
                 },
