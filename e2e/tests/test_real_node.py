@@ -194,8 +194,24 @@ def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
     body["spec"]["router"] = {**body["spec"].get("router", {}), "replicas": 1,
                               "nodeSelector": {"kimik3.dev/e2e-node": "real"},
                               "tolerations": [{"key": key, "operator": "Exists", "effect": rest.partition(":")[2]}],
-                              "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}
+                              "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                              "apiKey": {"name": "clients", "key": "api-key"}}
     return body
+
+
+API_KEY = "sk-e2e-real-node"
+HOSTILE = [b"GET /workers HTTP/1.1", b"DELETE /workers/http%3A%2F%2F127.64.0.5%3A8000 HTTP/1.1",
+           b"GET //workers HTTP/1.1", b"GET /%2Fworkers HTTP/1.1", b"GET /v1/models/../workers HTTP/1.1",
+           b"GET http://x/workers HTTP/1.1", b"POST /remove_worker?url=http://127.64.0.5:8000 HTTP/1.1",
+           b"POST /flush_cache HTTP/1.1"]
+
+
+def _raw(ip: str, port: int, line: bytes) -> int:
+    """The status HAProxy answers to a request line sent as it is, with the right key."""
+    with socket.create_connection((ip, port), timeout=10) as conn:
+        conn.sendall(line + b"\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode()
+                     + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        return int(conn.recv(4096).split(b" ", 2)[1])
 
 
 def _registry_digest(registry: str, repository: str, tag: str) -> str:
@@ -217,6 +233,7 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
     and to its Service through the node's Service rules, go prefill then decode."""
     pod_runner.play(namespace)
     kubectl("-n", namespace, "create", "secret", "generic", "hf-token", "--from-literal=token=hf_e2e")
+    kubectl("-n", namespace, "create", "secret", "generic", "clients", f"--from-literal=api-key={API_KEY}")
     body = _router_on_the_real_node(namespace)
     apply(body)
     try:
@@ -226,19 +243,38 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
             if is_ready(p) and not p["metadata"].get("deletionTimestamp")] or None, timeout=120)
         assert router["spec"]["nodeName"] == os.environ["KIMIK3_REAL_NODE"]
         assert not pod_runner.running(namespace, "router"), "the pod runner played a pod the real kubelet runs"
-        status = router["status"]["containerStatuses"][0]
         repository, _, tag = images.ROUTER_IMAGE.partition("/")[2].rpartition(":")
-        assert status["imageID"].endswith(_registry_digest(registry, repository, tag)), status["imageID"]
-        assert status["restartCount"] == 0, status
+        statuses = router["status"]["containerStatuses"]
+        assert sorted(c["name"] for c in statuses) == ["front", "router"]
+        for status in statuses:
+            assert status["imageID"].endswith(_registry_digest(registry, repository, tag)), status["imageID"]
+            assert status["restartCount"] == 0, status
 
         service_ip = get_json("service", "k3-real-router", "-n", namespace)["spec"]["clusterIP"]
         answers = []
         for i, base in enumerate([f"http://{router['status']['podIP']}:8000"] * 3 + [f"http://{service_ip}:8000"] * 3):
             body_i: dict[str, Any] = {"model": "kimi-k3", "max_tokens": 16, "stream": i % 2 == 1,
                                       "messages": [{"role": "user", "content": prompt(256, f"real{i}-")}]}
-            answers.append(post(base, "/v1/chat/completions", body_i, timeout=60))
+            answers.append(post(base, "/v1/chat/completions", body_i, timeout=60,
+                                headers={"Authorization": f"Bearer {API_KEY}"}))
         failed = [a for a in answers if a.status != 200 or not a.done or a.error]
         assert not failed, failed
+
+        # The front door, on the real pod: the key is asked; no admin route is reachable, by any
+        # spelling, even with the key; the router itself listens on the pod's loopback only.
+        ip = router["status"]["podIP"]
+        assert post(f"http://{ip}:8000", "/v1/chat/completions", body_i, timeout=30).status == 401
+        refused = {line.decode(): _raw(ip, 8000, line) for line in HOSTILE}
+        assert all(code in (400, 404) for code in refused.values()), refused
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((ip, 8001), timeout=5).close()
+        after = post(f"http://{ip}:8000", "/v1/chat/completions", {**body_i, "stream": False}, timeout=60,
+                     headers={"Authorization": f"Bearer {API_KEY}"})
+        assert after.status == 200, after  # the engines are all still there
+        metrics = SESSION.get(f"http://{ip}:29001/metrics", timeout=10).text
+        assert 'haproxy_frontend_http_responses_total{proxy="front",code="4xx"}' in metrics
+        REPORT.append(f"real node: front door refused {len(refused)}/{len(HOSTILE)} admin and path-trick requests "
+                      f"({sorted(set(refused.values()))}), a request without the key (401); router port 8001 closed")
         prefill, decode = pod_runner.running(namespace, "prefill"), pod_runner.running(namespace, "decode")
         paths = [r["path"] for engine in prefill + decode for r in stats(engine)["by_request_id"].values()]
         assert paths.count("prefill_for_remote_decode") >= len(answers), paths

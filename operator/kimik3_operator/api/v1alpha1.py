@@ -760,6 +760,84 @@ class Router(SpecModel):
     missing Secret keeps the router pods from starting; an empty key refuses every request."""
 
 
+LabelKey = Annotated[str, Field(min_length=1, max_length=317,
+                                 pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+
+
+class SelectorRequirement(SpecModel):
+    """One matchExpressions entry of a label selector (meta/v1)."""
+
+    key: LabelKey
+    """Label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """In | NotIn (values needed) | Exists | DoesNotExist (no values)."""
+    values: Annotated[list[LabelValue], Field(max_length=64)] = []
+    """Label values for In and NotIn."""
+
+    rules = (
+        Rule(cel="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+             message="a selector requirement has values exactly when its operator is In or NotIn",
+             check=lambda r: (r.operator in ("In", "NotIn")) == bool(r.values)),
+    )
+
+
+class LabelSelector(SpecModel):
+    """A label selector (meta/v1); empty selects everything in its scope."""
+
+    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] = {}
+    """Labels that must all be present with these values."""
+    match_expressions: Annotated[list[SelectorRequirement], Field(max_length=16)] = []
+    """Requirements that must all hold."""
+
+
+Cidr = Annotated[str, Field(max_length=64, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]
+
+
+class IpBlock(SpecModel):
+    """Addresses outside the cluster's pods (networking/v1 IPBlock)."""
+
+    cidr: Cidr
+    """The addresses allowed, e.g. 10.0.0.0/16."""
+    except_: Annotated[list[Cidr], Field(max_length=16, alias="except")] = []
+    """Ranges inside cidr left out."""
+
+
+class NetworkPeer(SpecModel):
+    """Who may connect (a networking/v1 NetworkPolicyPeer): pods chosen by podSelector in the
+    namespaces chosen by namespaceSelector (the deployment's own when left out), or an ipBlock."""
+
+    pod_selector: LabelSelector | None = None
+    """Pods; with namespaceSelector, in those namespaces."""
+    namespace_selector: LabelSelector | None = None
+    """Namespaces; every pod in them unless podSelector narrows it."""
+    ip_block: IpBlock | None = None
+    """Addresses; alone, without the two selectors."""
+
+    rules = (
+        Rule(cel="has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
+             message="a network peer is an ipBlock, or a podSelector and/or namespaceSelector, not both, not neither",
+             check=lambda p: (p.ip_block is not None)
+             != (p.pod_selector is not None or p.namespace_selector is not None)),
+    )
+
+
+class Network(SpecModel):
+    """NetworkPolicies for the deployment's pods (enforced where the cluster's network plugin
+    enforces NetworkPolicies). Engines accept connections only from the deployment's own pods: its
+    routers, their P/D peers (NIXL) and the other pods of their group (NCCL, torch.distributed), and
+    on their HTTP port (vLLM's /metrics is on it) from metricsFrom. Routers accept clients on their
+    HTTP port from clients, and their metrics ports from metricsFrom or, when it is empty, from anywhere."""
+
+    policies: bool = True
+    """Render the NetworkPolicies."""
+    clients: Annotated[list[NetworkPeer], Field(max_length=16)] = []
+    """Who may send requests to the routers; empty: every pod of the deployment's namespace. An
+    ingress controller or a gateway in another namespace needs its entry here."""
+    metrics_from: Annotated[list[NetworkPeer], Field(max_length=16)] = []
+    """Who scrapes metrics (Prometheus). The engines serve /metrics beside inference, so they admit
+    only these: leave it empty and an in-cluster Prometheus outside the namespace reads no engine."""
+
+
 class Workload(SpecModel):
     """The traffic to size for: used to choose replicas the spec leaves out."""
 
@@ -879,6 +957,8 @@ class KimiK3DeploymentSpec(SpecModel):
     """Node pools and the roles each serves; every prefill role pairs with every decode role."""
     router: Router = Router()
     """Request router."""
+    network: Network = Network()
+    """Who may connect to the engines and the routers (NetworkPolicies)."""
     rollout: Rollout = Rollout()
     """How spec changes roll out to running replicas."""
     workload: Workload | None = None

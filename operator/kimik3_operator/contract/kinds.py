@@ -76,6 +76,8 @@ JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=Tr
 """A Job's pod template is immutable and its name already says what it stages: once created it is
 left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
 SERVICE = ChildKind("v1", "Service", "services", SERVING)
+NETWORK_POLICY = ChildKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", SERVING)
+"""Who may connect to the engines and the routers (render/network_policy.py); before the pods start."""
 COMPUTE_DOMAIN = ChildKind(
     "resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains", SERVING,
     missing_hint="multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)")
@@ -94,7 +96,8 @@ POD_DISRUPTION_BUDGET = ChildKind("policy/v1", "PodDisruptionBudget", "poddisrup
 """One per serving role and per router (render/disruption.py): a drain takes one group at a time."""
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
-    PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, JOB, SERVICE, COMPUTE_DOMAIN,
+    PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, JOB, SERVICE, NETWORK_POLICY,
+    COMPUTE_DOMAIN,
     LEADER_WORKER_SET, HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT, POD_DISRUPTION_BUDGET,
 )
 """In apply order: an identity and the ConfigMap it may write before the Job that runs as it, what

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
+from .network import NetworkPlan
 from .pod_resources import PodResources
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
@@ -236,6 +237,8 @@ class Plan:
     """The routers in front of the roles; none when spec.router.replicas is 0."""
     scaling: ScalingSettings | None = None
     """Deployment-wide autoscaling settings; None when no role is autoscaled."""
+    network: NetworkPlan | None = None
+    """Who may connect to the pods (NetworkPolicies); None: no policy."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

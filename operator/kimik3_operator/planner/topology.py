@@ -27,6 +27,7 @@ from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_tran
 from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
+from .network import network_plan
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
@@ -54,7 +55,8 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     pools = with_shapes(spec, engine, pools)
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
-                            routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url)),
+                            routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url),
+                            network=network_plan(spec)),
                        staged or {})
 
 

@@ -13,6 +13,7 @@ from .autoscalers import scalers
 from .compute_domain import compute_domain, role_domain_name
 from .disruption import role_budget
 from .names import Owner, stamp_hash
+from .network_policy import network_policies
 from .router import RoleEndpoints, router_children, router_identity
 from .services import leader_service
 from .weights import weights_children
@@ -45,7 +46,8 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
             children.append(compute_domain(owner, pool, role))
         children += [leader_worker_set(owner, plan, pool, role, (partitions or {}).get((pool.name, role.role), 0)),
                      role_budget(owner, pool, role)]
-    return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers))
+    return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers)
+                           + network_policies(owner, plan))
 
 
 def render_routers(owner: Owner, plan: Plan, routers: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
