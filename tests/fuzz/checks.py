@@ -204,8 +204,11 @@ def _check_router(child: dict[str, Any], children: list[dict[str, Any]], owner: 
     template = child["spec"]["template"]
     assert child["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
     pod = template["spec"]
-    (c,) = pod["containers"]
+    # clients reach the front only; the router listens on the pod's loopback
+    assert [c["name"] for c in pod["containers"]] == ["front", "router"]
+    c = pod["containers"][1]
     args = c["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
     assert "--service-discovery" in args and args[args.index("--service-discovery-namespace") + 1] == owner.namespace
     assert pod["automountServiceAccountToken"] is True
     name = pod["serviceAccountName"]

@@ -323,7 +323,44 @@ def _router_settings(draw: Draw) -> dict[str, Any]:
         router["resources"] = {
             part: {r: draw(st.sampled_from(ROUTER_AMOUNTS)) for r in ("cpu", "memory") if maybe(draw, 50)}
             for part in ("requests", "limits") if maybe(draw, 60)}
+    if maybe(draw, 20):
+        router["admission"] = {k: draw(st.integers(lo, hi)) for k, lo, hi in (
+            ("maxConcurrentRequests", 1, 4096), ("queueSize", 0, 1024), ("queueTimeoutSeconds", 1, 600))
+            if maybe(draw, 60)}
+    if maybe(draw, 15):
+        router["apiKey"] = {"name": "clients", **({"key": "key"} if maybe(draw, 50) else {})}
     return router
+
+
+def _selector_spec(draw: Draw) -> dict[str, Any]:
+    """A meta/v1 label selector; now and then a requirement whose values do not fit its operator."""
+    out: dict[str, Any] = {}
+    if maybe(draw, 50):
+        out["matchLabels"] = _selector(draw) if maybe(draw, 90) else {"not a key!": "x"}
+    if maybe(draw, 50):
+        operator = draw(st.sampled_from(("In", "NotIn", "Exists", "DoesNotExist")))
+        fits = maybe(draw, 80)
+        has_values = (operator in ("In", "NotIn")) == fits
+        out["matchExpressions"] = [{"key": "app", "operator": operator,
+                                    **({"values": ["envoy"]} if has_values else {})}]
+    return out
+
+
+def _network(draw: Draw) -> dict[str, Any]:
+    """spec.network: peers as users write them, now and then one that is neither or both kinds."""
+    def peer() -> dict[str, Any]:
+        kinds = (draw(st.sampled_from(({"podSelector"}, {"namespaceSelector"}, {"podSelector", "namespaceSelector"},
+                                       {"ipBlock"}))) if maybe(draw, 85)
+                 else draw(st.sampled_from((set(), {"ipBlock", "podSelector"}))))
+        return {k: ({"cidr": draw(st.sampled_from(("10.0.0.0/8", "192.168.1.0/24", "fd00::/64")))}
+                    if k == "ipBlock" else _selector_spec(draw)) for k in kinds}
+    network: dict[str, Any] = {}
+    if maybe(draw, 30):
+        network["policies"] = draw(st.booleans())
+    for key in ("clients", "metricsFrom"):
+        if maybe(draw, 50):
+            network[key] = [peer() for _ in range(draw(st.integers(1, 2)))]
+    return network
 
 
 @st.composite
@@ -364,4 +401,6 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
         spec["autoscaling"] = _autoscaling(draw)
     if maybe(draw, 15):
         spec["router"] = {**spec.get("router", {}), **_router_settings(draw)}
+    if maybe(draw, 15):
+        spec["network"] = _network(draw)
     return {"apiVersion": f"{v1.GROUP}/{v1.VERSION}", "kind": v1.KIND, "metadata": {"name": name}, "spec": spec}

@@ -96,6 +96,13 @@ INVALID["router resources: the memory request exceeds the memory limit"] = _edit
     lambda d: d["spec"].update(router={"resources": {"requests": {"memory": "3Gi"}}}))  # the default limit is 2Gi
 INVALID["router resources: the CPU request exceeds the CPU limit"] = _edit(
     lambda d: d["spec"].update(router={"resources": {"limits": {"cpu": "500m"}}}))  # the default request is 1
+INVALID["a network peer is an ipBlock, or a podSelector and/or namespaceSelector, not both, not neither"] = _edit(
+    lambda d: d["spec"].update(network={"clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}))
+INVALID["a selector requirement has values exactly when its operator is In or NotIn"] = _edit(
+    lambda d: d["spec"].update(network={"clients": [{"podSelector": {"matchExpressions": [
+        {"key": "app", "operator": "In"}]}}]}))
+INVALID["matchLabels keys must be label keys: an optional DNS prefix and '/', then a name"] = _edit(
+    lambda d: d["spec"].update(network={"metricsFrom": [{"namespaceSelector": {"matchLabels": {"a b": "x"}}}]}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
 INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(

@@ -208,9 +208,9 @@ def test_weights_are_staged_before_anything_serves_then_steady_state_writes_noth
     assert [w["phase"] for w in status["weights"]] == ["Pending"]
     cluster.finish_staging()
     second = reconcile(cluster, "ns", "k3", now=lambda: "2026-11-30T00:01:00Z")
-    # 2 leader Services, 1 ComputeDomain, 2 LWS, the router's Service and Deployment, and the
-    # disruption budgets of both roles and of the router
-    assert len(second.applied) == 10 and second.status_written
+    # 2 leader Services, 1 ComputeDomain, 2 LWS, the router's Service and Deployment, the
+    # disruption budgets of both roles and of the router, and the engines' and routers' NetworkPolicies
+    assert len(second.applied) == 12 and second.status_written
     (weights,) = cluster.deployment["status"]["weights"]
     assert weights["phase"] == "Staged" and weights["commit"] == "c0ffee" * 6 + "c0ff"
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
@@ -495,8 +495,8 @@ def test_no_router_replicas_is_no_router_and_the_endpoint_falls_back() -> None:
     h = _compat(cluster)
     cluster.deployment["spec"]["router"] = {"replicas": 0}
     outcome = reconcile(cluster, "ns", "k3")
-    assert sorted(outcome.deleted) == [f"Deployment/k3-router-{h[:10]}", "PodDisruptionBudget/k3-router",
-                                       "Service/k3-router"]
+    assert sorted(outcome.deleted) == [f"Deployment/k3-router-{h[:10]}", "NetworkPolicy/k3-routers",
+                                       "PodDisruptionBudget/k3-router", "Service/k3-router"]
     status = cluster.deployment["status"]
     assert status["endpoint"] == "http://k3-gb300-decode-leader.ns.svc:8000" and status["routers"] == []
     assert "do not disaggregate" in status["routing"]

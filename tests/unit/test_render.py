@@ -41,8 +41,9 @@ def test_pd_example_renders_one_workload_and_service_per_role() -> None:
     assert [o["kind"] for o in objs] == [
         "PersistentVolumeClaim", "ServiceAccount", "ServiceAccount", "Role", "Role", "RoleBinding", "RoleBinding",
         "ConfigMap", "ConfigMap", "Job", "Job",  # model and draft: progress and Job
-        "Service", "Service", "Service", "ComputeDomain", "LeaderWorkerSet", "LeaderWorkerSet", "Deployment",
-        "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget"]
+        "Service", "Service", "Service", "NetworkPolicy", "NetworkPolicy", "ComputeDomain",
+        "LeaderWorkerSet", "LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "PodDisruptionBudget",
+        "PodDisruptionBudget"]
     # The stager's identity and the router's, each its own.
     for kind in ("ServiceAccount", "Role", "RoleBinding"):
         assert sorted(_by_kind(objs, kind)) == ["k3-pd-router", "k3-pd-weights"]

@@ -6,6 +6,8 @@ Field names are the published ones (docs/architecture.md, "The API"); the CRD in
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -760,8 +762,9 @@ class Router(SpecModel):
     missing Secret keeps the router pods from starting; an empty key refuses every request."""
 
 
-LabelKey = Annotated[str, Field(min_length=1, max_length=317,
-                                 pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A label key: an optional DNS-subdomain prefix and a name (meta/v1 validation)."""
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
 
 
 class SelectorRequirement(SpecModel):
@@ -784,10 +787,17 @@ class SelectorRequirement(SpecModel):
 class LabelSelector(SpecModel):
     """A label selector (meta/v1); empty selects everything in its scope."""
 
-    match_labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] = {}
+    match_labels: Annotated[dict[str, LabelValue], Field(max_length=32)] = {}
     """Labels that must all be present with these values."""
     match_expressions: Annotated[list[SelectorRequirement], Field(max_length=16)] = []
     """Requirements that must all hold."""
+
+    rules = (
+        Rule(cel=f"!has(self.matchLabels) || self.matchLabels.all(k, size(k) <= 317 && k.matches('{LABEL_KEY}'))",
+             message="matchLabels keys must be label keys: an optional DNS prefix and '/', then a name",
+             check=lambda s: all(len(k) <= 317 and re.match(LABEL_KEY, k) for k in s.match_labels),
+             field_path=".matchLabels"),
+    )
 
 
 Cidr = Annotated[str, Field(max_length=64, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]
