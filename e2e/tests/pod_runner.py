@@ -204,6 +204,11 @@ class Proc:
     def url(self) -> str:
         return f"http://{self.ip}:{self.port}"
 
+    @property
+    def admin_url(self) -> str:
+        """A router's own listener, behind its front: the pod's loopback in a pod, its IP here."""
+        return f"http://{self.ip}:{ROUTER_LOOPBACK_PORT}"
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

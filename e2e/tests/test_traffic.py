@@ -385,3 +385,71 @@ def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisio
     assert not problems, problems[:3]
     assert not load.failed(), load.story()
     assert min(capacity) >= 100, capacity
+
+
+RECOVERY_BOUND_SECONDS = 15.0
+"""How long after an engine dies requests may still fail here: until its pod turns unready (the
+kubelet's readiness probe, 3 misses; the pod runner probes every second) or the router's own
+health check drops it (1 s interval, 3 failures, in e2e), whichever comes first, with room for a
+loaded machine."""
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str, role: str) -> None:
+    """Chaos: one of two engines of `role` SIGKILLed under an open-loop load (4 requests/s). Every
+    outcome is counted. Failures stay inside a bounded window after the kill (vllm-router 0.1.17
+    does not retry a P/D leg on another engine: docs/front-door.md), every request after it is
+    served, and the router pods are the same ones throughout."""
+    name = f"k3-chaos-{role}"
+    body = _example(PD_EXAMPLE, namespace, name)
+    pool = next(p for p in body["spec"]["pools"] if role in p)
+    pool[role]["replicas"] = 2
+    _serve(pod_runner, namespace, body)
+    engines = _engines(pod_runner, namespace, role, 2)
+    ready_router(pod_runner, namespace, f"{name}-router")
+    uids = router_uids(namespace)
+    load = OpenLoop(pod_runner, namespace)
+    started = time.monotonic()
+    thread = threading.Thread(target=load.run, args=(40,), daemon=True)
+    thread.start()
+    time.sleep(8)
+    victim = engines[0]
+    killed_at = time.monotonic() - started
+    pod_runner.kill(victim)
+    wait_for("the killed engine's pod unready", lambda: (condition(
+        get_json("pod", victim.pod, "-n", namespace), "Ready") or {}).get("status") == "False", timeout=30)
+    unready_at = time.monotonic() - started
+    thread.join(60)
+    failed = load.failed()
+    last = max((t for t, _ in failed), default=killed_at)
+    REPORT.append(f"chaos: {role} SIGKILLed under 4 req/s: {load.summary()}; failures within "
+                  f"{last - killed_at:.1f} s of the kill (its pod unready after {unready_at - killed_at:.1f} s); "
+                  f"router pods unchanged: {router_uids(namespace) == uids}")
+    assert all(killed_at - 0.5 <= t <= killed_at + RECOVERY_BOUND_SECONDS for t, _ in failed), load.story()
+    after = [a for t, a in load.outcomes if t > killed_at + RECOVERY_BOUND_SECONDS]
+    assert after and all(a.status == 200 and a.done for a in after)
+    assert router_uids(namespace) == uids
+
+
+def test_the_api_server_restarted_under_load_fails_no_request(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """Chaos: kube-apiserver stopped and started again under an open-loop load. The data path
+    (front, router, engines) does not go through the API server: the routers' discovery watch
+    breaks and reconnects, and no request may fail meanwhile."""
+    from .test_faults import restart_apiserver
+
+    name = "k3-chaos-api"
+    _serve(pod_runner, namespace, _example(PD_EXAMPLE, namespace, name))
+    ready_router(pod_runner, namespace, f"{name}-router")
+    uids = router_uids(namespace)
+    load = OpenLoop(pod_runner, namespace)
+    thread = threading.Thread(target=load.run, args=(30,), daemon=True)
+    thread.start()
+    time.sleep(5)
+    away = restart_apiserver(crash=False)
+    thread.join(60)
+    REPORT.append(f"chaos: kube-apiserver restarted ({away:.1f} s away) under 4 req/s: {load.summary()}; "
+                  f"router pods unchanged: {router_uids(namespace) == uids}")
+    assert not load.failed(), load.story()
+    assert router_uids(namespace) == uids

@@ -148,9 +148,11 @@ def router_uids(namespace: str) -> set[str]:
 
 
 def router_workers(router: Proc) -> set[str] | None:
-    """The engine IPs a router has found (its GET /workers), None when it does not answer."""
+    """The engine IPs a router has found (its GET /workers), None when it does not answer. Asked
+    of the router itself, behind its front (which never passes the admin API): in a pod that is
+    its loopback, which a played pod's IP stands for (pod_runner)."""
     try:
-        body = SESSION.get(f"{router.url}/workers", timeout=2).text
+        body = SESSION.get(f"{router.admin_url}/workers", timeout=2).text
     except requests.RequestException:
         return None
     return set(re.findall(r"http://\[?([0-9a-fA-F.:]+?)\]?:\d+", body))

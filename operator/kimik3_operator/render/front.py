@@ -98,6 +98,7 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
         "frontend front",
         f"    bind 0.0.0.0:{FRONT_PORT}",
         f"    acl probe path {' '.join(PROBES)}",
+        "    http-request set-log-level silent if probe",  # an unready router's probes are no news
         *(f"    {acl}" for acl in acls),
         f"    http-request return {_error(404, 'not_found', 'no such route')} unless probe METH_GET || {allowed}",
     ]
