@@ -48,6 +48,7 @@ class StandIn:
     """A router stand-in on 127.0.0.1: answers every request, records its path and headers."""
 
     seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
     delay: float = 0.0
     server: http.server.ThreadingHTTPServer | None = None
 
@@ -57,12 +58,37 @@ class StandIn:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def _answer(self) -> None:
+            def _body(self) -> bytes:
+                """The request body, chunked or not: a smuggled request must show as body, not vanish."""
+                if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+                    out = b""
+                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return out
                 length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
+                return self.rfile.read(length) if length else b""
+
+            def _answer(self) -> None:
+                body = self._body()
                 outer.seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
-                if self.path.startswith("/v1/") and body:
-                    time.sleep(json.loads(body).get("sleep", outer.delay))
+                outer.bodies.append(body)
+                asked = json.loads(body) if self.path.startswith("/v1/") and body.startswith(b"{") else {}
+                if asked.get("stream"):
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    for i in range(asked["stream"]):
+                        event = f"data: {i}\n\n".encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                time.sleep(asked.get("sleep", outer.delay))
                 out = json.dumps({"path": self.path}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -186,7 +212,48 @@ def test_a_smuggled_request_behind_an_allowed_one_is_not_passed(front: Callable[
     f.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
           b"Content-Length: " + str(len(body)).encode() + b"\r\nTransfer-Encoding: chunked\r\n"
           b"Connection: close\r\n\r\n" + body)
-    assert "/workers" not in f.router.paths()
+    assert f.router.paths() <= {"/v1/completions"}, f.router.seen
+
+
+def test_pipelined_requests_are_each_checked(front: Callable[..., Front]) -> None:
+    f = front()
+    answer = f.raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /workers HTTP/1.1\r\nHost: x\r\n\r\n"
+                   b"DELETE /workers/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 404") == 2 and answer.startswith(b"HTTP/1.1 200")
+    assert f.router.paths() == {"/v1/models"}
+
+
+def test_no_upgrade_reaches_the_router(front: Callable[..., Front]) -> None:
+    """A 101 from the router would turn the connection into a tunnel past every rule: the router
+    never sees an Upgrade header."""
+    f = front()
+    for path in ("/health", "/v1/models"):
+        assert call(f.url + path, headers={"Upgrade": "websocket"})[0] == 200
+    assert len(f.router.seen) == 2 and all("upgrade" not in headers for _, _, headers in f.router.seen)
+    # with a request pipelined behind it, HAProxy refuses the lot
+    answer = f.raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+                   b"GET /workers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and f.router.paths() == {"/health", "/v1/models"}
+
+
+def test_a_slow_body_takes_no_router_slot(front: Callable[..., Front]) -> None:
+    """A client that sends its headers and then its body a byte at a time holds a connection of the
+    front, not one of the router's admitted slots (`option http-buffer-request`)."""
+    f = front(FrontPlan(max_concurrent=1, queue_size=0))
+    host, port = urlsplit(f.url).netloc.split(":")
+    slow = [socket.create_connection((host, int(port)), timeout=15) for _ in range(3)]
+    try:
+        for conn in slow:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        for _ in range(3):
+            time.sleep(0.5)
+            for conn in slow:
+                conn.sendall(b" ")
+        assert call(f.url + "/v1/completions", "POST", {"sleep": 0})[0] == 200
+        assert f.router.paths() == {"/v1/completions"} and len(f.router.seen) == 1
+    finally:
+        for conn in slow:
+            conn.close()
 
 
 def test_oversized_headers_and_slow_clients_are_cut_before_the_router(front: Callable[..., Front]) -> None:
@@ -286,3 +353,22 @@ def test_haproxy_accepts_every_rendered_configuration(tmp_path: Path, name: str,
     result = subprocess.run([haproxy(), "-c", "-dW", "-f", str(path)], capture_output=True, text=True, timeout=30,
                             env={"KIMIK3_API_KEY": "k", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_stream_passes_token_by_token(front: Callable[..., Front]) -> None:
+    """Each event leaves the front as the router sends it (`option http-no-delay`), not in bursts."""
+    import http.client
+
+    f = front()
+    host, port = urlsplit(f.url).netloc.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=20)
+    conn.request("POST", "/v1/completions", body=json.dumps({"stream": 20}),
+                 headers={"content-type": "application/json"})
+    answer = conn.getresponse()
+    arrivals = []
+    while line := answer.readline():  # de-chunked, as it arrives
+        if line.startswith(b"data:"):
+            arrivals.append(time.monotonic())
+    conn.close()
+    gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    assert len(arrivals) == 20 and gaps[len(gaps) // 2] > 0.03, gaps  # the stand-in's 50 ms, not ~0

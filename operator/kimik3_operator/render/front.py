@@ -16,8 +16,13 @@ What else the front does, each because the router cannot (docs/front-door.md):
   `--max-concurrent-requests` is a token bucket refilled per second, src/middleware.rs, so it
   limits a rate, not what is in flight), a bounded queue (429 with Retry-After when full) and a
   queue timeout (503 with Retry-After);
-- slow or oversized clients: the request headers must arrive within HEADERS_SECONDS and fit
-  HAProxy's buffer (else 408 or 400), so a slow client holds a connection, not the router;
+- slow or oversized clients: the request headers, and the body up to BUFFER_BYTES, must arrive
+  within HEADERS_SECONDS (`option http-buffer-request`; else 408), headers must fit the buffer (else
+  400), and CONNECTIONS bounds what the front holds (its memory limit covers that many full buffers):
+  a slow client holds a connection of the front, not a slot of the router (a body larger than the
+  buffer is passed on as it comes);
+- no protocol switch: an `Upgrade` header is removed, so the router can never turn a connection
+  into a tunnel past these rules;
 - metrics (HAProxy's Prometheus exporter: requests, 4xx/5xx, queue, refusals) and its own
   liveness answer, on METRICS_PORT, a port without inference.
 
@@ -52,6 +57,13 @@ ANSWER_SECONDS = 1800
 default, py_src/vllm_router/router_args.py), so the front never cuts a generation the router allows."""
 RETRY_AFTER_SECONDS = 1
 THREADS = 2
+BUFFER_BYTES = 65536
+"""HAProxy's buffer (tune.bufsize, default 16 KiB): a whole request of a few thousand words of
+prompt is buffered before it takes a router slot."""
+CONNECTIONS = 4096
+"""Client connections each front holds at once; at most one buffer each: ~270 MB at worst, inside
+MEMORY_LIMIT."""
+MEMORY_LIMIT = "512Mi"
 
 ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/v1/chat/completions"),
@@ -79,6 +91,8 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
     lines = [
         "global",
         f"    nbthread {THREADS}",
+        f"    maxconn {CONNECTIONS}",
+        f"    tune.bufsize {BUFFER_BYTES}",
         f"    hard-stop-after {drain_seconds}s",
         "    log stdout format raw local0 info",
         "",
@@ -87,6 +101,11 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
         "    log global",
         "    option httplog",
         "    option dontlog-normal",  # errors and refusals only; never a header (no key in the logs)
+        "    option dontlognull",  # nor a connection that sent nothing
+        "    option http-buffer-request",
+        # Tokens go out as they come: without it HAProxy holds small chunks back for more (MSG_MORE)
+        # and a stream arrives in bursts.
+        "    option http-no-delay",
         "    timeout connect 2s",
         f"    timeout http-request {HEADERS_SECONDS}s",
         f"    timeout client {CLIENT_IDLE_SECONDS}s",
@@ -101,6 +120,7 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
         "    http-request set-log-level silent if probe",  # an unready router's probes are no news
         *(f"    {acl}" for acl in acls),
         f"    http-request return {_error(404, 'not_found', 'no such route')} unless probe METH_GET || {allowed}",
+        "    http-request del-header upgrade",
     ]
     if plan.api_key is not None:
         lines += [
@@ -168,7 +188,7 @@ def front_container(router: RouterPlan, pre_stop_seconds: int) -> dict[str, Any]
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5,
                            "timeoutSeconds": 2, "failureThreshold": 2},
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"},
-                      "limits": {"memory": "256Mi", "ephemeral-storage": "64Mi"}},
+                      "limits": {"memory": MEMORY_LIMIT, "ephemeral-storage": "64Mi"}},
         "lifecycle": {"preStop": {"exec": {"command": [
             "/bin/sh", "-c", f"sleep {pre_stop_seconds}; kill -USR1 1; while kill -0 1; do sleep 1; done"]}}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
