@@ -7,7 +7,6 @@ Field names are the published ones (docs/architecture.md, "The API"); the CRD in
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
