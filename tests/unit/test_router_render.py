@@ -195,7 +195,8 @@ def test_the_api_key_comes_from_its_secret_and_admission_from_the_spec() -> None
     assert "secure_memcmp(txn.expected)" in config and "maxconn 7" in config and "queue(router) ge 3" in config
     (plain,) = _routers(_plan(PD)).values()
     config = next(e["value"] for e in _front(plain)["env"] if e["name"] == "KIMIK3_FRONT_CONFIG")
-    assert "KIMIK3_API_KEY" not in config and "maxconn" not in config and "ge 128" not in config
+    assert "KIMIK3_API_KEY" not in config and "ge 128" not in config
+    assert "server router 127.0.0.1:8001\n" in config  # no limit on the router's slots
 
 
 def test_the_router_is_hardened() -> None:
