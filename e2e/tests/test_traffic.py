@@ -453,3 +453,29 @@ def test_the_api_server_restarted_under_load_fails_no_request(
                   f"router pods unchanged: {router_uids(namespace) == uids}")
     assert not load.failed(), load.story()
     assert router_uids(namespace) == uids
+
+
+def test_network_policies_select_their_pods_and_go_when_turned_off(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """The API server takes the rendered NetworkPolicies, their selectors pick exactly the engines
+    and the routers (as the API server matches labels), and spec.network.policies: false prunes
+    them. (The local bridge enforces no policy: what they admit is the unit tests' part.)"""
+    name = "k3-netpol"
+    body = _example(PD_EXAMPLE, namespace, name)
+    _serve(pod_runner, namespace, body)
+
+    def selected(policy: str) -> set[str]:
+        selector = get_json("networkpolicy", policy, "-n", namespace)["spec"]["podSelector"]
+        terms = [f"{k}={v}" for k, v in selector.get("matchLabels", {}).items()]
+        terms += [e["key"] for e in selector.get("matchExpressions", []) if e["operator"] == "Exists"]
+        return {p["metadata"]["name"] for p in get_json("pods", "-n", namespace, "-l", ",".join(terms))["items"]}
+
+    pods = {p["metadata"]["name"]: p["metadata"]["labels"] for p in get_json("pods", "-n", namespace)["items"]
+            if p["metadata"]["labels"].get("serving.kimik3.dev/deployment") == name}
+    assert selected(f"{name}-engines") == {n for n, labels in pods.items() if "serving.kimik3.dev/role" in labels}
+    assert selected(f"{name}-routers") == {n for n, labels in pods.items()
+                                          if labels.get("app.kubernetes.io/component") == "router"}
+    body["spec"]["network"] = {"policies": False}
+    apply(body)
+    wait_for("the NetworkPolicies pruned", lambda: not get_json("networkpolicies", "-n", namespace)["items"],
+             timeout=60)
