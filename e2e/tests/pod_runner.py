@@ -60,6 +60,7 @@ import yaml
 
 from kimik3_operator.contract.names import SERIES_LABELS
 from kimik3_operator.render.front import API_KEY_ENV, CONFIG_ENV, FRONT_PORT, ROUTER_LOOPBACK_PORT
+from kimik3_operator.render.front import CONTAINER as FRONT
 from kimik3_operator.render.front import METRICS_PORT as FRONT_METRICS_PORT
 from tests.support import kubelet
 
@@ -70,8 +71,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
 SERVING_ROLES = ("prefill", "decode", "aggregated")
 ROUTER = "router"
-FRONT = "front"
-"""A router pod's containers: the router, and the front clients reach (render/front.py)."""
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"

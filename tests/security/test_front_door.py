@@ -24,6 +24,7 @@ import pytest
 from e2e.tests.front_play import haproxy, relocate, start_front
 from kimik3_operator.planner import FrontPlan
 from kimik3_operator.render.front import CONFIG_ENV, HEALTH_PATH, PROBES, ROUTES, front_config
+from tests.simulator.sims import free_port
 
 ADMIN = [("GET", "/workers"), ("POST", "/workers"), ("DELETE", "/workers/http%3A%2F%2F10.0.0.1%3A8000"),
          ("GET", "/workers/x"), ("POST", "/add_worker?url=http://x"), ("POST", "/remove_worker?url=http://x"),
@@ -111,12 +112,6 @@ class StandIn:
         return {urlsplit(path).path if "://" in path else path.split("?")[0] for _, path, _ in self.seen}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Front:
     url: str
@@ -157,8 +152,8 @@ def front(tmp_path: Path) -> Iterator[Callable[..., Front]]:
     def make(plan: FrontPlan | None = None, api_key: str | None = None, router_up: bool = True) -> Front:
         plan = plan or FrontPlan()
         router = StandIn()
-        router_port = router.start() if router_up else _port()
-        port, metrics = _port(), _port()
+        router_port = router.start() if router_up else free_port()
+        port, metrics = free_port(), free_port()
         config = relocate(front_config(plan, drain_seconds=5), f"127.0.0.1:{port}",
                           f"127.0.0.1:{router_port}", f"127.0.0.1:{metrics}")
         log = tmp_path / f"front-{port}.log"

@@ -38,6 +38,8 @@ from typing import Any
 from ..planner import FrontPlan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
 
+CONTAINER = "front"
+"""The front's container name (the router's is render/router.py's COMPONENT)."""
 FRONT_PORT = 8000
 """Where clients connect (the Service's `http`)."""
 ROUTER_LOOPBACK_PORT = 8001
@@ -176,7 +178,7 @@ def front_container(router: RouterPlan, pre_stop_seconds: int) -> dict[str, Any]
         env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "front-metrics"}, "periodSeconds": 5, "timeoutSeconds": 2}
     return {
-        "name": "front",
+        "name": CONTAINER,
         "image": ROUTER_IMAGE,
         "command": ["/bin/sh", "-c",
                     f'printf "%s\\n" "${CONFIG_ENV}" >/tmp/front.cfg && exec haproxy -db -f /tmp/front.cfg'],

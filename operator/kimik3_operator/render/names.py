@@ -92,9 +92,9 @@ def labels(owner: Owner, pool: str | None = None, role: str | None = None) -> di
     return out
 
 
-def selector(owner: Owner) -> str:
-    """Label selector that finds every child of one deployment."""
-    return f"{LABEL_DEPLOYMENT}={deployment_label(owner)},{MANAGED_BY_LABEL}={MANAGED_BY}"
+def owned_labels(owner: Owner) -> dict[str, str]:
+    """The labels that select every child (and pod) of one deployment, and nothing else."""
+    return {MANAGED_BY_LABEL: MANAGED_BY, LABEL_DEPLOYMENT: deployment_label(owner)}
 
 
 def object_meta(owner: Owner, name: str, pool: str | None, role: str | None) -> dict[str, Any]:

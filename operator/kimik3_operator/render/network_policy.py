@@ -21,15 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..contract.kinds import NETWORK_POLICY
-from ..contract.names import MANAGED_BY, MANAGED_BY_LABEL
 from ..planner import Plan
 from .engine import HTTP_PORT
-from .names import LABEL_DEPLOYMENT, LABEL_ROLE, Owner, bounded, deployment_label, object_meta
+from .names import LABEL_ROLE, Owner, bounded, object_meta, owned_labels
 from .router import COMPONENT as ROUTER_COMPONENT
-
-
-def _own(owner: Owner) -> dict[str, str]:
-    return {MANAGED_BY_LABEL: MANAGED_BY, LABEL_DEPLOYMENT: deployment_label(owner)}
 
 
 def _policy(owner: Owner, suffix: str, pods: dict[str, Any], ingress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -43,13 +38,13 @@ def network_policies(owner: Owner, plan: Plan) -> list[dict[str, Any]]:
     if plan.network is None:
         return []
     metrics_from = [dict(p) for p in plan.network.metrics_from]
-    engines = {"matchLabels": _own(owner), "matchExpressions": [{"key": LABEL_ROLE, "operator": "Exists"}]}
-    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": _own(owner)}}]}]
+    engines = {"matchLabels": owned_labels(owner), "matchExpressions": [{"key": LABEL_ROLE, "operator": "Exists"}]}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": owned_labels(owner)}}]}]
     if metrics_from:
         ingress.append({"ports": [{"port": HTTP_PORT, "protocol": "TCP"}], "from": metrics_from})
     out = [_policy(owner, "engines", engines, ingress)]
     if plan.routers:
-        routers = {"matchLabels": {**_own(owner), "app.kubernetes.io/component": ROUTER_COMPONENT}}
+        routers = {"matchLabels": {**owned_labels(owner), "app.kubernetes.io/component": ROUTER_COMPONENT}}
         clients = [dict(p) for p in plan.network.clients] or [{"podSelector": {}}]
         out.append(_policy(owner, "routers", routers, [
             {"ports": [{"port": "http", "protocol": "TCP"}], "from": clients},

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
-from ..contract.names import MANAGED_BY, MANAGED_BY_LABEL
 from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
 from .disruption import budget
@@ -51,6 +50,7 @@ from .names import (
     bounded,
     deployment_label,
     object_meta,
+    owned_labels,
     router_name,
 )
 from .placement import placement
@@ -162,7 +162,7 @@ def engine_selector(owner: Owner, role: str, compat_hash: str | None) -> list[st
     """What the router matches a pod's labels against (every pair, equality, client-side): the
     leaders (worker index 0; the headless workers serve no HTTP) of one role of this deployment,
     and for P/D of one revision."""
-    pairs = {MANAGED_BY_LABEL: MANAGED_BY, LABEL_DEPLOYMENT: deployment_label(owner), LABEL_ROLE: role,
+    pairs = {**owned_labels(owner), LABEL_ROLE: role,
              LWS_WORKER_INDEX_LABEL: "0", **({LABEL_COMPAT: compat_hash} if compat_hash else {})}
     return [f"{k}={v}" for k, v in pairs.items()]
 
