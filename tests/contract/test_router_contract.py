@@ -18,7 +18,7 @@ from typing import Any, get_args
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
-from kimik3_operator.api.v1alpha1 import RouterPolicy
+from kimik3_operator.api.spec import RouterPolicy
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner
 from kimik3_operator.render.front import ROUTER_LOOPBACK_PORT

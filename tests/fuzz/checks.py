@@ -9,7 +9,7 @@ from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.owned_flags import flag_name, owned_flag
-from kimik3_operator.api.v1alpha1 import OWNED_ENV, RDMA_ENV_PREFIXES
+from kimik3_operator.api.spec import OWNED_ENV, RDMA_ENV_PREFIXES
 from kimik3_operator.api.vllm_env import KNOWN_VLLM_ENV
 from kimik3_operator.contract.stager import S3_SECRET_KEYS
 from kimik3_operator.planner import Plan, PoolPlan, RolePlan

@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kimik3_operator.api import v1alpha1 as v1
+from kimik3_operator.api import spec as api
 from kimik3_operator.api.crd import openapi_schema
 from kimik3_operator.api.owned_flags import OWNED_FLAGS
 
@@ -244,7 +244,7 @@ def _engine_of(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _role_dicts(body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p[r] for p in body["spec"]["pools"] for r in v1.ROLE_NAMES if isinstance(p.get(r), dict)]
+    return [p[r] for p in body["spec"]["pools"] for r in api.ROLE_NAMES if isinstance(p.get(r), dict)]
 
 
 HUB_IDS_REFUSED = ("hf://moonshotai/Kimi--K3", "hf://moonshotai/Kimi..K3", "hf://moonshotai/Kimi-K3.git",
@@ -320,7 +320,7 @@ def _cel(draw: Draw, body: dict[str, Any]) -> tuple[str, bool] | None:
         env.insert(draw(st.integers(0, len(env))), {"name": name, "value": "1"})
         _engine_of(body)["env"] = env
     elif rule == "pool-needs-role":
-        for r in v1.ROLE_NAMES:
+        for r in api.ROLE_NAMES:
             pool.pop(r, None)
     elif rule == "agg-or-pd":
         pool.setdefault("aggregated", {})

@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 from hypothesis import strategies as st
 
+from kimik3_operator.api import spec as api
 from kimik3_operator.api import v1alpha1 as v1
 from kimik3_operator.kimi_k3 import MAX_MODEL_LEN
 from kimik3_operator.planner.catalog import CATALOG
@@ -115,9 +116,9 @@ def _role_autoscaling(draw: Draw) -> dict[str, Any]:
     if maybe(draw, 60):
         out["minReplicas"] = low
     if maybe(draw, 60):
-        out["mode"] = draw(st.sampled_from(_enum(v1.AutoscalingMode)))
+        out["mode"] = draw(st.sampled_from(_enum(api.AutoscalingMode)))
     if maybe(draw, 40):
-        out["metric"] = draw(st.sampled_from(_enum(v1.ScalingMetric)))
+        out["metric"] = draw(st.sampled_from(_enum(api.ScalingMetric)))
     if maybe(draw, 30):
         out["target"] = draw(st.sampled_from((0.5, 4, 32, 20000.0)))
     return out
@@ -126,7 +127,7 @@ def _role_autoscaling(draw: Draw) -> dict[str, Any]:
 def _autoscaling(draw: Draw) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if maybe(draw, 50):
-        out["mode"] = draw(st.sampled_from(_enum(v1.AutoscalingMode)))
+        out["mode"] = draw(st.sampled_from(_enum(api.AutoscalingMode)))
     if maybe(draw, 30):
         out["prometheusUrl"] = draw(st.sampled_from(("http://prometheus.monitoring:9090", "https://p.example/api")))
     for key, values in (("intervalSeconds", (1, 15, 600)), ("windowSeconds", (5, 60)), ("breachSeconds", (0, 30)),
@@ -167,15 +168,15 @@ def _pool(draw: Draw, name: str, roles: tuple[str, ...]) -> dict[str, Any]:
             gpu["perNode"] = draw(st.sampled_from((4, 8, 8, 2, 16)))
         pool["gpu"] = gpu
     if maybe(draw, 20):
-        pool["interconnect"] = draw(st.sampled_from(_enum(v1.Interconnect)))
+        pool["interconnect"] = draw(st.sampled_from(_enum(api.Interconnect)))
     if maybe(draw, 15):
         pool["rdma"] = _rdma(draw)
     if maybe(draw, 8):
         backends: dict[str, Any] = {}
         if maybe(draw, 60):
-            backends["all2all"] = draw(st.sampled_from(_enum(v1.All2AllBackend)))
+            backends["all2all"] = draw(st.sampled_from(_enum(api.All2AllBackend)))
         if maybe(draw, 60):
-            backends["moe"] = draw(st.sampled_from(_enum(v1.MoeBackend)))
+            backends["moe"] = draw(st.sampled_from(_enum(api.MoeBackend)))
         pool["backends"] = backends
     if maybe(draw, 15):
         pool["tolerations"] = [_toleration(draw) for _ in range(draw(st.integers(1, 2)))]
@@ -243,10 +244,10 @@ def _engine(draw: Draw) -> dict[str, Any]:
         e["maxModelLen"] = draw(st.one_of(st.sampled_from((4096, 8192, 32768, 131072, 262144, MAX_MODEL_LEN)),
                                           st.integers(1, MAX_MODEL_LEN)))
     if maybe(draw, 30):
-        dtypes = get_args(v1.Engine.model_fields["kv_cache_dtype"].annotation)[0]  # Literal[...] | None
+        dtypes = get_args(api.Engine.model_fields["kv_cache_dtype"].annotation)[0]  # Literal[...] | None
         e["kvCacheDtype"] = draw(st.sampled_from(_enum(dtypes)))
     if maybe(draw, 25):
-        e["kdaStateDtype"] = draw(st.sampled_from(_enum(v1.Engine.model_fields["kda_state_dtype"].annotation)))
+        e["kdaStateDtype"] = draw(st.sampled_from(_enum(api.Engine.model_fields["kda_state_dtype"].annotation)))
     for key in ("rustFrontend", "toolCalling", "reasoning"):
         if maybe(draw, 15):
             e[key] = draw(st.booleans())

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from kimik3_operator.api import SpecModel
+from kimik3_operator.api import SpecModel, spec
 from kimik3_operator.api import v1alpha1 as v1
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ INVALID: dict[str, Callable[[], dict[str, Any]]] = {
 def all_rules() -> list[tuple[type, str]]:
     """Every (model, rule message) declared anywhere in the API."""
     out = []
-    for obj in vars(v1).values():
+    for obj in vars(spec).values():
         if isinstance(obj, type) and issubclass(obj, SpecModel) and obj is not SpecModel:
             out += [(obj, r.message) for r in obj.__dict__.get("rules", ())]
     return out
@@ -88,7 +88,7 @@ def load_examples() -> list[tuple[str, dict[str, Any]]]:
 INVALID["a rollout needs room to move: maxSurge or maxUnavailable must be at least 1 (maxSurge 0 with "
         "maxUnavailable 1 updates in place on a cluster sized for one copy)"] = _edit(
     lambda d: d["spec"].update(rollout={"maxSurge": 0, "maxUnavailable": 0}))
-INVALID["env sets a variable the operator owns: " + ", ".join(v1.OWNED_ENV)] = _edit(
+INVALID["env sets a variable the operator owns: " + ", ".join(spec.OWNED_ENV)] = _edit(
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
 INVALID["env sets a VLLM_* variable vLLM 0.33.0 does not know (it would refuse to start)"] = _edit(
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_ROUTER_SERVICE_HOST", "value": "10.0.0.1"}]}))
@@ -143,6 +143,6 @@ def _slo_mode_without_target(role: str) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
-for _role, _targets in v1.SLO_TARGETS.items():
+for _role, _targets in spec.SLO_TARGETS.items():
     INVALID[f"autoscaling mode SLO on a {_role} role needs spec.slo." + " or spec.slo.".join(_targets)
             + " (the latency it scales toward); or choose mode KEDA or HPA"] = _edit(_slo_mode_without_target(_role))

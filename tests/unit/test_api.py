@@ -96,7 +96,7 @@ def test_crd_bounds_every_string_and_list_for_cel_cost() -> None:
 
 def test_crd_documents_every_field_for_kubectl_explain() -> None:
     """Spec, status and the envelope: `kubectl explain kimik3deployment.status.pools.roles` and the
-    like print a description for every field (attribute docstrings, api/v1alpha1.py)."""
+    like print a description for every field (attribute docstrings, api/spec.py and api/status.py)."""
     # List items and map values are documented by their list or map field.
     # metadata is the exception the API server makes: only name/generateName rules, no description
     # ("metadata is implicitly specified"); kubectl explain shows ObjectMeta's own for it.

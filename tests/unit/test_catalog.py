@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from kimik3_operator.api.v1alpha1 import GpuProduct
+from kimik3_operator.api.spec import GpuProduct
 from kimik3_operator.planner.catalog import CATALOG
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
-from kimik3_operator.api.v1alpha1 import OWNED_ENV
+from kimik3_operator.api.spec import OWNED_ENV
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner, compile_cache, render_children
 from tests.fuzz.checks import pod_specs

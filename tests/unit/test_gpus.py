@@ -11,7 +11,8 @@ import yaml
 
 from kimik3_operator.api.crd import custom_resource_definition
 from kimik3_operator.api.reasons import HARDWARE_UNSUPPORTED
-from kimik3_operator.api.v1alpha1 import GpuProduct, KimiK3Deployment
+from kimik3_operator.api.spec import GpuProduct
+from kimik3_operator.api.v1alpha1 import KimiK3Deployment
 from kimik3_operator.gpus import GPUS, LABELS, PRODUCTS, closest_labels, product_from_label, products_with
 from kimik3_operator.planner import PlanningError, plan_deployment, pool_facts
 from kimik3_operator.planner.catalog import CATALOG

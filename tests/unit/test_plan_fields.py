@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kimik3_operator.api import PoolStatus, RoleStatus
-from kimik3_operator.api.v1alpha1 import RouterStatus
+from kimik3_operator.api.status import RouterStatus
 from kimik3_operator.reconcile.status import compute_status
 from kimik3_operator.render.plan_fields import POOL_FIELDS, ROLE_FIELDS, ROUTER_FIELDS, plan_key
 from kimik3_operator.render.report import plan_report

@@ -332,7 +332,7 @@ def test_rollout_surges_by_default_and_can_update_in_place() -> None:
 def test_every_variable_the_renderer_sets_is_owned(example: str) -> None:
     """engine.env may not repeat these (Kubernetes would take the user's silently); the fabric
     defaults (render/rdma.py) are the exception: the user's value replaces them."""
-    from kimik3_operator.api.v1alpha1 import OWNED_ENV
+    from kimik3_operator.api.spec import OWNED_ENV
     from kimik3_operator.render.rdma import FABRIC_VARIABLES
 
     for lws in _by_kind(_render(_example(example)), "LeaderWorkerSet").values():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kimik3_operator.api.v1alpha1 import OWNED_ENV, Engine, unknown_vllm_env
+from kimik3_operator.api.spec import OWNED_ENV, Engine, unknown_vllm_env
 from kimik3_operator.api.vllm_env import KNOWN_VLLM_ENV
 
 

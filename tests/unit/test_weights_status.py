@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from kimik3_operator.api import KimiK3Deployment
-from kimik3_operator.api.v1alpha1 import WeightsStatus
+from kimik3_operator.api.status import WeightsStatus
 from kimik3_operator.contract.stager import PROGRESS_KEY
 from kimik3_operator.planner.weights import weights_plan
 from kimik3_operator.reconcile.weights_status import weights_state

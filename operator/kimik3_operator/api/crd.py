@@ -13,6 +13,8 @@ import yaml
 from ..contract.names import GROUP
 from . import v1alpha1 as v1
 from .schema import structural
+from .spec import KimiK3DeploymentSpec
+from .status import KimiK3DeploymentStatus
 
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -34,8 +36,8 @@ KIND_DOC = "Kind is a string value representing the REST resource this object re
 
 def openapi_schema() -> dict[str, Any]:
     """The version's openAPIV3Schema."""
-    spec = structural(v1.KimiK3DeploymentSpec.model_json_schema(by_alias=True, mode="validation"))
-    status = structural(v1.KimiK3DeploymentStatus.model_json_schema(by_alias=True, mode="validation"))
+    spec = structural(KimiK3DeploymentSpec.model_json_schema(by_alias=True, mode="validation"))
+    status = structural(KimiK3DeploymentStatus.model_json_schema(by_alias=True, mode="validation"))
     return {
         "type": "object",
         "description": "KimiK3Deployment serves Kimi K3 on vLLM across GPU node pools: the operator "

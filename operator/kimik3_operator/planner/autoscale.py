@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from ..api import KimiK3DeploymentSpec, RoleName
 from ..api.reasons import AUTOSCALING_TARGET_UNKNOWN, AUTOSCALING_UNCONFIGURED
-from ..api.v1alpha1 import Autoscaling, Role, ScalingMetric
+from ..api.spec import Autoscaling, Role, ScalingMetric
 from .perf import DECODE_UTILISATION, PREFILL_UTILISATION
 from .plan import PlanningError, PoolPlan
 from .scaling import RoleScaling, ScalingSettings

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..api import KimiK3DeploymentSpec
-from ..api.v1alpha1 import Engine, Speculative
+from ..api.spec import Engine, Speculative
 from .catalog import GpuSpec
 from .plan import EngineSettings
 from .weights import DRAFT_PATH, MODEL_PATH

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import KimiK3DeploymentSpec
-from ..api.v1alpha1 import NetworkPeer
+from ..api.spec import NetworkPeer
 
 
 @dataclass(frozen=True)

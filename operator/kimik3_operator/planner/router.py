@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import KimiK3DeploymentSpec, RoleName
-from ..api.v1alpha1 import RouterMode
+from ..api.spec import RouterMode
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.v1alpha1 import ScalingMetric
+from ..api.spec import ScalingMetric
 
 
 @dataclass(frozen=True)

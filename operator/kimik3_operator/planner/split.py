@@ -16,7 +16,7 @@ from collections.abc import Set
 
 from ..api import KimiK3DeploymentSpec
 from ..api.reasons import INVALID_SPEC, SLO_UNATTAINABLE
-from ..api.v1alpha1 import Workload
+from ..api.spec import Workload
 from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
 from .perf import (

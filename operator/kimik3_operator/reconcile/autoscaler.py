@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..api.reasons import INSUFFICIENT_CAPACITY, SCALED_DOWN, SCALED_UP
-from ..api.v1alpha1 import KimiK3DeploymentStatus, RoleAutoscalingStatus
+from ..api.status import KimiK3DeploymentStatus, RoleAutoscalingStatus
 from ..contract import timestamps
 from ..contract.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
 from ..contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER

@@ -24,7 +24,7 @@ from ..api.reasons import (
     WEIGHTS_FAILED,
     WEIGHTS_STAGING,
 )
-from ..api.v1alpha1 import EngineStatus, RoleAutoscalingStatus, RouterStatus
+from ..api.status import EngineStatus, RoleAutoscalingStatus, RouterStatus
 from ..metrics import DEPLOYMENT_SERIES
 from ..planner import Plan, PlanningError
 from ..render import RoleEndpoints

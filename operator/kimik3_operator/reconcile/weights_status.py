@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.v1alpha1 import WeightsStatus
+from ..api.status import WeightsStatus
 from ..contract.stager import (
     CONTENT_COMMIT,
     COUNTERS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-from ..api.v1alpha1 import PoolStatus, RoleStatus, RouterStatus
+from ..api.status import PoolStatus, RoleStatus, RouterStatus
 from ..planner import PoolPlan, RolePlan, RouterPlan
 
 POOL_FIELDS = {

@@ -8,7 +8,7 @@ so does the e2e pod runner's file-based discovery. Metric names: vLLM 0.33.0 vll
 
 from __future__ import annotations
 
-from ..api.v1alpha1 import ScalingMetric
+from ..api.spec import ScalingMetric
 from ..contract.names import SERIES_LABELS
 from .names import LABEL_DEPLOYMENT, LABEL_POOL, LABEL_ROLE, Owner, deployment_label
 
