@@ -12,6 +12,8 @@ no ready router to send to (the Service would have no endpoint) are all failures
 from __future__ import annotations
 
 import copy
+import json
+import signal
 import statistics
 import threading
 import time
@@ -29,6 +31,7 @@ from .children import planned
 from .conftest import REPORT
 from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, Proc
+from .replicas import Replicas
 from .traffic import (
     SESSION,
     Answer,
@@ -430,29 +433,88 @@ def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays
     after = [a for t, a in load.outcomes if t > killed_at + RECOVERY_BOUND_SECONDS]
     assert after and all(a.status == 200 and a.done for a in after)
     assert router_uids(namespace) == uids
+    if role == "decode":
+        _its_machine_lost(pod_runner, namespace, victim, uids)
 
 
-def test_the_api_server_restarted_under_load_fails_no_request(
-        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
-    """Chaos: kube-apiserver stopped and started again under an open-loop load. The data path
-    (front, router, engines) does not go through the API server: the routers' discovery watch
-    breaks and reconnects, and no request may fail meanwhile."""
+def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set[str]) -> None:
+    """Chaos, continued: the dead decode's machine is gone for good, and its Node is deleted (as a
+    cloud's node controller deletes the Node of a VM that no longer exists). The pod garbage
+    collector removes the pods bound to it (after its quarantine), LWS recreates the group, the
+    scheduler places it on other trays, and the router adds its engine once Ready. Under the same
+    load no request may fail: the dead engine is already out of rotation, and a new one joins only
+    once it answers. The Node comes back afterwards, so later tests find the cluster whole."""
+    pod = get_json("pod", victim.pod, "-n", namespace)
+    node_name = pod["spec"]["nodeName"]
+    node = get_json("node", node_name)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
+        node["metadata"].pop(key, None)
+
+    def back() -> list[Proc] | None:
+        engines = [p for p in runner.running(namespace, "decode") if p.uid != victim.uid and _healthy(p)]
+        router = next(iter(runner.running(namespace, "router")), None)
+        listed = router_workers(router) if router is not None else None
+        return engines if len(engines) == 2 and listed is not None and {e.ip for e in engines} <= listed else None
+
+    load = OpenLoop(runner, namespace)
+    thread = threading.Thread(target=load.run, args=(150,), daemon=True)
+    thread.start()
+    time.sleep(2)
+    deleted_at = time.monotonic()
+    kubectl("delete", "node", node_name)
+    try:
+        wait_for("the lost pod collected", lambda: victim.uid not in {p["metadata"]["uid"] for p in get_json(
+            "pods", "-n", namespace, "--field-selector", f"metadata.name={victim.pod}")["items"]}, timeout=120)
+        collected = time.monotonic() - deleted_at
+        engines = wait_for("the decode group back on other trays and routed", back, timeout=120)
+        recovered = time.monotonic() - deleted_at
+        time.sleep(5)
+    finally:
+        load.stop.set()
+        thread.join(60)
+        kubectl("create", "-f", "-", input=json.dumps(node))
+        wait_for(f"node {node_name} back and Ready", lambda: (condition(
+            get_json("node", node_name), "Ready") or {}).get("status") == "True", timeout=60)
+    nodes = {get_json("pod", e.pod, "-n", namespace)["spec"]["nodeName"] for e in engines}
+    REPORT.append(f"chaos: the dead decode's node deleted under 4 req/s: {load.summary()}; its pod collected "
+                  f"after {collected:.1f} s, the group back and routed after {recovered:.1f} s; "
+                  f"router pods unchanged: {router_uids(namespace) == uids}")
+    assert node_name not in nodes, nodes
+    assert not load.failed(), load.story()
+    assert router_uids(namespace) == uids
+
+
+def test_the_control_plane_lost_under_load_fails_no_request(
+        operator: Path, replicas: Replicas, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """Chaos: kube-apiserver stopped and started again, then the operator's leader SIGKILLed, under
+    one open-loop load. The data path (front, router, engines) goes through neither: the routers'
+    discovery watch breaks and reconnects, the standby takes the Lease and finds nothing to change,
+    and no request may fail meanwhile."""
     from .test_faults import restart_apiserver
 
-    name = "k3-chaos-api"
+    name = "k3-chaos-control"
     _serve(pod_runner, namespace, _example(PD_EXAMPLE, namespace, name))
     ready_router(pod_runner, namespace, f"{name}-router")
     uids = router_uids(namespace)
     load = OpenLoop(pod_runner, namespace)
-    thread = threading.Thread(target=load.run, args=(30,), daemon=True)
+    thread = threading.Thread(target=load.run, args=(40,), daemon=True)
     thread.start()
     time.sleep(5)
     away = restart_apiserver(crash=False)
+    between = len(load.outcomes)
+    leader = replicas.leader()
+    leader.kill(signal.SIGKILL)
+    killed = time.monotonic()
+    successor = replicas.leader(timeout=60)
+    handed = time.monotonic() - killed
     thread.join(60)
-    REPORT.append(f"chaos: kube-apiserver restarted ({away:.1f} s away) under 4 req/s: {load.summary()}; "
-                  f"router pods unchanged: {router_uids(namespace) == uids}")
+    REPORT.append(f"chaos: kube-apiserver restarted ({away:.1f} s away), then the operator leader SIGKILLed "
+                  f"(Lease to the standby after {handed:.1f} s), under 4 req/s: {load.summary()} "
+                  f"({between} of them before the SIGKILL); router pods unchanged: {router_uids(namespace) == uids}")
+    assert successor is not leader
     assert not load.failed(), load.story()
     assert router_uids(namespace) == uids
+    assert (condition(get_json("k3", name, "-n", namespace), "Ready") or {}).get("status") == "True"
 
 
 def test_network_policies_select_their_pods_and_go_when_turned_off(
