@@ -164,6 +164,30 @@ def test_plan_reads_the_live_cluster(cluster: dict[str, str], tmp_path: Path) ->
     assert pools["b200"]["roles"][0]["all2allBackend"] == "deepep_v2"
 
 
+def test_plan_names_a_deployment_in_the_cluster(operator: Path, namespace: str, tmp_path: Path) -> None:
+    """`kimik3 plan NAMESPACE/NAME` plans the deployment the API server holds, against the live
+    nodes, as `-f` plans the same body; a name the cluster does not hold is one line, exit 1."""
+    body = pd_deployment(namespace, name="k3-planned")
+    apply(body)
+    kimik3 = str(Path(sys.executable).with_name("kimik3"))
+    try:
+        named = subprocess.run([kimik3, "plan", f"{namespace}/k3-planned", "-o", "json"], capture_output=True,
+                               text=True, timeout=60)
+        cr = tmp_path / "cr.yaml"
+        cr.write_text(yaml.safe_dump(body))
+        filed = subprocess.run([kimik3, "plan", "-f", str(cr), "-o", "json"], capture_output=True, text=True,
+                               timeout=60)
+        assert named.returncode in (0, 3) and filed.returncode in (0, 3), named.stderr + filed.stderr
+        assert json.loads(named.stdout)["pools"] == json.loads(filed.stdout)["pools"]
+        missing = subprocess.run([kimik3, "plan", f"{namespace}/nothing-here"], capture_output=True, text=True,
+                                 timeout=60)
+        assert missing.returncode == 1
+        assert missing.stderr == f"error: no KimiK3Deployment {namespace}/nothing-here in the cluster\n"
+    finally:
+        kubectl("-n", namespace, "delete", "k3", "k3-planned", "--wait=true", "--timeout=120s", check=False)
+        wait_for("k3-planned's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
+
+
 def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
     body = pd_deployment(namespace, name="k3-prune")
     body["spec"]["pools"][0]["decode"]["replicas"] = 2

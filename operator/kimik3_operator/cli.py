@@ -42,21 +42,78 @@ NOT_FITTING = 3
 """`kimik3 plan`'s exit code when the spec plans but the nodes lack room for it now (2: it cannot plan)."""
 
 
-def _load_cluster(path: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Nodes and the pods holding GPUs on them: from the live cluster, or the nodes of a file
-    (whose GPUs then all count as free)."""
-    if path is None:
-        from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
+class InputError(Exception):
+    """What `kimik3 plan` was given cannot be read as asked: one line, exit 1."""
 
-        cluster = Cluster(api_client())
+
+def nodes_from(text: str, source: str) -> list[dict[str, Any]]:
+    """Node objects from what users have at hand: `kubectl get nodes -o yaml` or `-o json` (a
+    List), a multi-document YAML stream of Nodes (as e2e/cluster/nodes/*.yaml are), or one Node.
+    Anything else in it is refused by name, so a wrong file never plans as "no nodes"."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{source}: not YAML or JSON: {' '.join(str(exc).split())}") from exc
+    nodes: list[dict[str, Any]] = []
+    for index, doc in enumerate(docs, 1):
+        if doc is None:
+            continue  # an empty document: a trailing `---`
+        where = f"{source}: document {index}" if len(docs) > 1 else source
+        if not isinstance(doc, dict):
+            raise InputError(f"{where} is not an object")
+        kind = doc.get("kind")
+        listed = isinstance(kind, str) and kind.endswith("List")
+        items = doc.get("items") if listed else [doc]
+        if not isinstance(items, list):
+            raise InputError(f"{where}: a {kind} without a list of items")
+        for position, item in enumerate(items):
+            found = item.get("kind", "Node") if isinstance(item, dict) else type(item).__name__
+            if found != "Node":
+                at = f" item {position}" if listed else ""
+                raise InputError(f"{where}{at} is a {found}, not a Node")
+            nodes.append(item)
+    return nodes
+
+
+def _load_cluster(path: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Nodes and the pods holding GPUs on them: from the live cluster, or the nodes of a file or
+    `-` for stdin (whose GPUs then all count as free)."""
+    if path is None:
+        cluster = _live_cluster()
         return cluster.list_nodes(), cluster.list_active_pods()
-    doc = yaml.safe_load(Path(path).read_text()) or {}
-    return (list(doc.get("items") or []) if doc.get("kind", "List").endswith("List") else [doc]), []
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    return nodes_from(text, "stdin" if path == "-" else path), []
+
+
+def _live_cluster() -> Any:
+    from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
+
+    return Cluster(api_client())
+
+
+def _deployment(args: argparse.Namespace) -> Any:
+    """The KimiK3Deployment to plan (unvalidated): `-f FILE`, or `NAMESPACE/NAME` read from the live cluster."""
+    if bool(args.file) == bool(args.target):
+        raise InputError("give either -f FILE or NAMESPACE/NAME of a deployment in the cluster")
+    if args.file:
+        return yaml.safe_load(Path(args.file).read_text())
+    namespace, _, name = args.target.partition("/")
+    if not namespace or not name or "/" in name:
+        raise InputError(f"{args.target!r}: expected NAMESPACE/NAME")
+    from .k8s import MissingApiError
+
+    try:
+        body = _live_cluster().read_deployment(namespace, name)
+    except MissingApiError as exc:
+        raise InputError(f"{exc}: is the operator's CRD installed?") from exc
+    if body is None:
+        raise InputError(f"no KimiK3Deployment {namespace}/{name} in the cluster")
+    return body
 
 
 def _plan(args: argparse.Namespace) -> int:
     try:
-        body = yaml.safe_load(Path(args.file).read_text())
+        body = _deployment(args)
         cr = KimiK3Deployment.model_validate(body)
         spec = cr.spec
         nodes, pods = _load_cluster(args.nodes)
@@ -68,6 +125,9 @@ def _plan(args: argparse.Namespace) -> int:
     except PlanningError as exc:
         print(f"{exc.reason}: {exc.message}", file=sys.stderr)
         return 2
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -193,9 +253,11 @@ def parser() -> argparse.ArgumentParser:
                      help="also write the chart's templated copy here ('' to skip)")
     crd.set_defaults(func=_crd)
     plan = sub.add_parser("plan", help="show what a KimiK3Deployment would become, without applying it")
-    plan.add_argument("-f", "--file", required=True, help="the KimiK3Deployment YAML")
-    plan.add_argument("--nodes", help="a `kind: List` of Node objects (kubectl get nodes -o yaml); "
-                                       "default: the live cluster")
+    plan.add_argument("target", nargs="?", metavar="NAMESPACE/NAME",
+                      help="a KimiK3Deployment in the live cluster (instead of -f)")
+    plan.add_argument("-f", "--file", help="the KimiK3Deployment YAML")
+    plan.add_argument("--nodes", help="Node objects: `kubectl get nodes -o yaml` or `-o json`, a multi-document "
+                                       "YAML stream of Nodes, or one Node; - reads stdin (default: the live cluster)")
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
     plan.set_defaults(func=_plan)
     run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster")

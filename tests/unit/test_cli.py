@@ -201,3 +201,76 @@ def test_run_help_documents_every_setting_with_its_environment_variable_and_defa
                                ("--log-format", "KIMIK3_LOG_FORMAT", "text"),
                                ("--tools-image", "KIMIK3_TOOLS_IMAGE", "the image of this version")):
         assert flag in text and f"default: ${env}, else {default}" in text, flag
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RACK = ROOT / "e2e" / "cluster" / "nodes" / "gb300-nvl72-rack0.yaml"
+NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n0", "labels": {}}}
+
+
+@pytest.mark.parametrize(("text", "count"), [
+    (RACK.read_text(), 18),  # the project's own fake nodes: a multi-document stream
+    (yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [NODE, NODE]}), 2),  # kubectl get -o yaml
+    (json.dumps({"apiVersion": "v1", "kind": "NodeList", "items": [NODE]}, indent=4), 1),  # kubectl get -o json
+    (yaml.safe_dump(NODE) + "---\n", 1),  # one Node, a trailing separator
+    (yaml.safe_dump(NODE) + "---\n" + yaml.safe_dump({"kind": "List", "items": [NODE]}), 2),  # a List in a stream
+    ("apiVersion: v1\nkind: List\nitems: []\n", 0),
+])
+def test_nodes_are_read_as_users_have_them(text: str, count: int) -> None:
+    from kimik3_operator.cli import nodes_from
+
+    nodes = nodes_from(text, "nodes.yaml")
+    assert len(nodes) == count and all(n.get("kind", "Node") == "Node" for n in nodes)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (yaml.safe_dump(NODE) + "---\n" + yaml.safe_dump({"kind": "Service"}),
+     "nodes.yaml: document 2 is a Service, not a Node"),
+    (yaml.safe_dump({"kind": "List", "items": [NODE, {"kind": "Pod"}]}), "nodes.yaml item 1 is a Pod, not a Node"),
+    (yaml.safe_dump({"kind": "List", "items": "x"}), "nodes.yaml: a List without a list of items"),
+    ("- a\n- b\n", "nodes.yaml is not an object"),
+    ("kind: [\n", "nodes.yaml: not YAML or JSON"),
+])
+def test_anything_but_nodes_is_refused_by_name(text: str, message: str, tmp_path: Path, nodes_file: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from kimik3_operator.cli import InputError, nodes_from
+
+    with pytest.raises(InputError) as info:
+        nodes_from(text, "nodes.yaml")
+    assert str(info.value).startswith(message), info.value
+    path = tmp_path / "nodes.yaml"
+    path.write_text(text)
+    example = next(p for p in EXAMPLES if p.name == "gb300-aggregated-tp8.yaml")
+    assert main(["plan", "-f", str(example), "--nodes", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {str(path)[:-len('nodes.yaml')]}"), err
+
+
+def test_plan_reads_a_node_stream_and_stdin(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`--nodes` takes the project's own multi-document node files, and `-` for `kubectl get nodes -o
+    json | kimik3 plan ... --nodes -`."""
+    import io
+
+    example = next(p for p in EXAMPLES if p.name == "gb300-aggregated-tp8.yaml")
+    assert main(["plan", "-f", str(example), "--nodes", str(RACK), "-o", "json"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert from_file["pools"][0]["gpuProduct"] == "GB300" and from_file["capacity"]["pools"][0]["nodes"] == 18
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(yaml.safe_load_all(RACK.read_text()))})
+    monkeypatch.setattr("sys.stdin", io.StringIO(listed))
+    assert main(["plan", "-f", str(example), "--nodes", "-", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == from_file
+
+
+EITHER = "error: give either -f FILE or NAMESPACE/NAME of a deployment in the cluster"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["plan"], EITHER),
+    (["plan", "ns/name", "-f", "x.yaml"], EITHER),
+    (["plan", "just-a-name"], "error: 'just-a-name': expected NAMESPACE/NAME"),
+    (["plan", "a/b/c"], "error: 'a/b/c': expected NAMESPACE/NAME"),
+])
+def test_plan_names_one_deployment(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 1
+    assert capsys.readouterr().err == message + "\n"

@@ -166,6 +166,18 @@ class Cluster:
         """One key of a user's ConfigMap (engine.chatTemplate), read when engines are about to roll."""
         return read_config_map_key(self._dyn.client, namespace, name, key)
 
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One KimiK3Deployment as the API server holds it, for `kimik3 plan NAMESPACE/NAME`; None
+        when there is no such object."""
+        try:
+            res = self._resource(f"{GROUP}/{VERSION}", KIND)
+        except ResourceNotFoundError as exc:
+            raise MissingApiError(f"{GROUP}/{VERSION}", KIND) from exc
+        try:
+            return dict(res.get(name=name, namespace=namespace).to_dict())
+        except NotFoundError:
+            return None
+
     def list_nodes(self) -> list[dict[str, Any]]:
         """One list, for `kimik3 plan` against the live cluster (a reconcile pass reads the informers)."""
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
