@@ -34,7 +34,8 @@
 #                      playing a pod binds its pod IP and every other one reaches it there, on
 #                      loopback (e2e/tests/pod_runner.py). Default 127.64.0.0/16, or with
 #                      KIMIK3_PORT_BASE 127.<64 + BASE/100 % 64>.0.0/16: the demo's, the tests' and
-#                      the bench's clusters never share an address
+#                      the bench's clusters never share an address (two bases with one index
+#                      BASE/100 % 64 would: `up` refuses while another cluster runs on it)
 #   KIMIK3_NODE_GRACE_SECONDS  KCM's --node-monitor-grace-period (its default when unset): a fleet of
 #                      1,000 fake nodes on 2 cores renews some node Leases late, and nodes that
 #                      flap to Unknown mark their pods NotReady (bench/control_plane.sh sets 600)

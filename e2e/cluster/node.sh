@@ -195,8 +195,33 @@ iptables_first() { # iptables_first TABLE CHAIN RULE...: RULE at the top of CHAI
 # The bridge exists before the kubelet starts, because the kubelet serves on the node address;
 # the CNI bridge plugin adopts it (same name, gateway address already set). Idempotent, and never
 # open for a moment: the guard chain is replaced atomically, the jumps go first in their chains.
+# One running local cluster per index (KIMIK3_PORT_BASE / 100 % 64): its bridge, subnets, Service
+# range, chains and cgroup root all derive from it, so a second cluster on the same index would
+# quietly share them. The claim is a file in /run naming the cluster's state folder; it holds while
+# that cluster's API server runs (a cluster that was killed leaves a claim nobody holds).
+index_claim() { echo "/run/kimik3-e2e/index-$(node_index)"; }
+
+claim_node_index() {
+  local claim owner pid
+  claim="$(index_claim)"
+  mkdir -p "${claim%/*}"
+  if [[ -s $claim ]] && owner="$(<"$claim")" && [[ $owner != "$STATE" ]] &&
+     pid="$(cat "$owner/run/kube-apiserver.pid" 2>/dev/null)" && [[ $pid =~ ^[0-9]+$ ]] &&
+     [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *kube-apiserver* ]]; then
+    die "cluster index $(node_index) (KIMIK3_PORT_BASE / 100 % 64) is the running local cluster's in $owner; choose another KIMIK3_PORT_BASE"
+  fi
+  echo "$STATE" >"$claim"
+}
+
+release_node_index() {
+  local claim
+  claim="$(index_claim)"
+  [[ ! -f $claim || "$(<"$claim")" != "$STATE" ]] || rm -f "$claim"
+}
+
 ensure_node_network() {
   local br subnet nat guard svc existing
+  claim_node_index
   br="$(node_bridge)" subnet="$(node_subnet)" nat="$(node_nat_chain)" guard="$(node_guard_chain)"
   svc="$(service_cidr)"
   # Someone else's route for our ranges (a VPN, another cluster) is never taken over.
@@ -257,6 +282,7 @@ remove_node_network() {
     done
   fi
   ip link del "$br" 2>/dev/null || true
+  release_node_index
 }
 
 # The pause image, into the registry once (podman, with e2e/images/build.sh's storage).
