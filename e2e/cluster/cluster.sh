@@ -84,6 +84,7 @@ BIN_PROMETHEUS_ADAPTER="$CACHE/bin/prometheus-adapter-v$PROMETHEUS_ADAPTER_VERSI
 KWOK_SRC="$CACHE/go/mod/sigs.k8s.io/kwok@v$KWOK_VERSION"
 LWS_SRC="$CACHE/go/mod/sigs.k8s.io/lws@v$LWS_VERSION"
 KEDA_SRC="$CACHE/go/mod/github.com/kedacore/keda/v2@v$KEDA_VERSION"
+GATEWAY_API_CRDS="$CACHE/bin/gateway-api-v$GATEWAY_API_VERSION"
 
 PKI="$STATE/pki"
 CONF="$STATE/config"
@@ -1122,6 +1123,7 @@ cmd_up() {
   # HPAs) whose CRD came later would outlive their owner by up to 30 s.
   ensure_crds lws "$LWS_SRC/config/crd/bases"
   ensure_crds keda "$KEDA_SRC/config/crd/bases"
+  ensure_crds gateway-api "$GATEWAY_API_CRDS"
   ensure_compute_domain_fixtures
   # These three only need the API server; start them together and wait for them later.
   ensure_running kube-controller-manager

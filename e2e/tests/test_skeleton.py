@@ -188,6 +188,35 @@ def test_plan_names_a_deployment_in_the_cluster(operator: Path, namespace: str, 
         wait_for("k3-planned's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
 
 
+def test_a_gateway_gets_a_route_the_api_server_accepts_and_loses_it_when_unset(operator: Path,
+                                                                             namespace: str) -> None:
+    """spec.router.gateway: the HTTPRoute the operator renders is accepted by the API server with
+    Gateway API v1.7.0's own CRDs (their schema and CEL rules; e2e/cluster/build.sh), leads to the
+    router's Service, and is pruned when the gateway is unset."""
+    body = pd_deployment(namespace, name="k3-gw")
+    body["spec"]["router"] = {"gateway": {"name": "public", "namespace": "gateways", "sectionName": "https",
+                                          "hostnames": ["k3.example.com", "*.k3.example.com"]}}
+    apply(body)
+    try:
+        route = wait_for("the HTTPRoute", lambda: next(iter(get_json(
+            "httproutes.gateway.networking.k8s.io", "-n", namespace)["items"]), None), timeout=60)
+        assert route["metadata"]["name"] == "k3-gw-router"
+        assert route["metadata"]["ownerReferences"][0]["name"] == "k3-gw"
+        assert route["spec"]["parentRefs"][0] == {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                                  "name": "public", "namespace": "gateways", "sectionName": "https"}
+        assert route["spec"]["hostnames"] == ["k3.example.com", "*.k3.example.com"]
+        (rule,) = route["spec"]["rules"]
+        assert rule["backendRefs"][0]["name"] == "k3-gw-router" and rule["backendRefs"][0]["port"] == 8000
+        get_json("service", "k3-gw-router", "-n", namespace)
+        body["spec"]["router"] = {}
+        apply(body)
+        wait_for("the HTTPRoute pruned", lambda: not get_json(
+            "httproutes.gateway.networking.k8s.io", "-n", namespace)["items"], timeout=60)
+    finally:
+        kubectl("-n", namespace, "delete", "k3", "k3-gw", "--wait=true", "--timeout=120s", check=False)
+        wait_for("k3-gw's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
+
+
 def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:
     body = pd_deployment(namespace, name="k3-prune")
     body["spec"]["pools"][0]["decode"]["replicas"] = 2

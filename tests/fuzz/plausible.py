@@ -330,7 +330,26 @@ def _router_settings(draw: Draw) -> dict[str, Any]:
             if maybe(draw, 60)}
     if maybe(draw, 15):
         router["apiKey"] = {"name": "clients", **({"key": "key"} if maybe(draw, 50) else {})}
+    if maybe(draw, 15):
+        router["gateway"] = _gateway(draw)
     return router
+
+
+GATEWAY_HOSTS = ("k3.example.com", "*.example.com", "api", "*.k3", "K3.example.com", "k3.example.com:443", "*",
+                 "10.0.0.1", "-k3.example.com")
+"""Host names a user may write, and a few Gateway API refuses (a capital, a port, a bare `*`)."""
+
+
+def _gateway(draw: Draw) -> dict[str, Any]:
+    """The Gateway to attach to; now and then a name, namespace or listener Gateway API refuses."""
+    gateway: dict[str, Any] = {"name": draw(st.sampled_from(("public", "edge.gw", "Public", "-gw")))}
+    if maybe(draw, 40):
+        gateway["namespace"] = draw(st.sampled_from(("gateways", "infra-gw", "Gateways", "a.b")))
+    if maybe(draw, 30):
+        gateway["sectionName"] = draw(st.sampled_from(("https", "web.tls", "HTTPS")))
+    if maybe(draw, 40):
+        gateway["hostnames"] = draw(st.lists(st.sampled_from(GATEWAY_HOSTS), max_size=3))
+    return gateway
 
 
 def _selector_spec(draw: Draw) -> dict[str, Any]:

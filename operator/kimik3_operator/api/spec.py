@@ -51,7 +51,9 @@ MoeBackend = Literal[
     "rdna3", "triton", "triton_unfused",
 ]
 
-DnsLabel = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DnsLabel = Annotated[str, Field(min_length=1, max_length=40, pattern=DNS_LABEL)]
 ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
@@ -722,6 +724,28 @@ class RouterAdmission(SpecModel):
     """How long a request may wait for a slot."""
 
 
+GatewayHostname = Annotated[str, Field(min_length=1, max_length=253,
+                                       pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+"""Gateway API's Hostname: a DNS name, optionally a `*.` wildcard; no IP, no port."""
+
+
+class RouterGateway(SpecModel):
+    """Exposure through Gateway API: an HTTPRoute (gateway.networking.k8s.io/v1, named as the
+    router's Service) that attaches the deployment's endpoint to a Gateway the cluster runs. The
+    Gateway's listener must admit routes from this namespace (its allowedRoutes). With
+    spec.network.policies on, list the Gateway's own pods in spec.network.clients, or the router
+    pods refuse its connections."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """The Gateway."""
+    namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] | None = None
+    """Its namespace (default: the deployment's)."""
+    section_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
+    """One listener of the Gateway, by name (default: every listener that admits the route)."""
+    hostnames: Annotated[list[GatewayHostname], Field(max_length=16)] = []
+    """Host names the route answers (default: every host name of the listener)."""
+
+
 class Router(SpecModel):
     """The router in front of the engines (vllm-router): one endpoint for clients. A deployment with
     prefill/decode roles gets a prefill/decode router (`<name>-router`) that sends each request to a
@@ -752,6 +776,8 @@ class Router(SpecModel):
     """A key of a Secret holding the API key clients must send (`Authorization: Bearer <key>`) for
     every route but the health checks; compared in constant time by the front and not passed on. A
     missing Secret keeps the router pods from starting; an empty key refuses every request."""
+    gateway: RouterGateway | None = None
+    """Attach the endpoint to a Gateway (Gateway API's HTTPRoute); none: the router's Service only."""
 
 
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"

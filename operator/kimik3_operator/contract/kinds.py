@@ -92,17 +92,22 @@ SCALED_OBJECT = ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", S
 DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", SERVING, watched=True)
 """The router. Watched: its readiness is part of the deployment's, and a router deleted or edited
 by hand must be repaired at once, since every request goes through it."""
+HTTP_ROUTE = ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", SERVING,
+                       missing_hint="spec.router.gateway needs Gateway API installed "
+                                    "(gateway.networking.k8s.io/v1 HTTPRoute)")
+"""The endpoint attached to the user's Gateway (spec.router.gateway, render/gateway.py)."""
 POD_DISRUPTION_BUDGET = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", SERVING)
 """One per serving role and per router (render/disruption.py): a drain takes one group at a time."""
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
     PERSISTENT_VOLUME_CLAIM, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, CONFIG_MAP, JOB, SERVICE, NETWORK_POLICY,
     COMPUTE_DOMAIN,
-    LEADER_WORKER_SET, HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT, POD_DISRUPTION_BUDGET,
+    LEADER_WORKER_SET, HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, DEPLOYMENT, HTTP_ROUTE, POD_DISRUPTION_BUDGET,
 )
 """In apply order: an identity and the ConfigMap it may write before the Job that runs as it, what
 a workload needs (its Service, its ComputeDomain) before the workload, a workload before the
-scaler that targets it, the engines before the router in front, and the budgets guarding both last."""
+scaler that targets it, the engines before the router in front, the router before the route to it,
+and the budgets guarding both last."""
 
 BY_KIND: dict[str, ChildKind] = {k.kind: k for k in CHILD_KINDS}
 APPLY_ORDER: dict[str, int] = {k.kind: i for i, k in enumerate(CHILD_KINDS)}

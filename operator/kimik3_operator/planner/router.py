@@ -29,6 +29,16 @@ class FrontPlan:
 
 
 @dataclass(frozen=True)
+class GatewayPlan:
+    """Where the deployment's endpoint is attached in Gateway API (render/gateway.py)."""
+
+    name: str
+    namespace: str | None
+    section_name: str | None
+    hostnames: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RouterPlan:
     mode: RouterMode
     routes: tuple[tuple[str, RoleName], ...]
@@ -45,6 +55,8 @@ class RouterPlan:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     """Where its pods may run (spec.router), in the core/v1 wire form."""
     front: FrontPlan = FrontPlan()
+    gateway: GatewayPlan | None = None
+    """The Gateway its Service is attached to: the first router's (the deployment's endpoint) only."""
 
     @property
     def roles(self) -> tuple[RoleName, ...]:
@@ -82,11 +94,15 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
     front = FrontPlan(max_concurrent=admission.max_concurrent_requests, queue_size=admission.queue_size,
                       queue_timeout_seconds=admission.queue_timeout_seconds,
                       api_key=(key.name, key.key) if key else None)
+    gateway = (GatewayPlan(name=router.gateway.name, namespace=router.gateway.namespace,
+                           section_name=router.gateway.section_name, hostnames=tuple(router.gateway.hostnames))
+               if router.gateway else None)
     return tuple(
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
                    drain_seconds=spec.engine.shutdown_timeout_seconds,
                    node_selector=tuple(sorted(router.node_selector.items())),
-                   tolerations=tuple(t.wire() for t in router.tolerations), front=front)
-        for mode, chosen, policies in modes if chosen)
+                   tolerations=tuple(t.wire() for t in router.tolerations), front=front,
+                   gateway=gateway if index == 0 else None)
+        for index, (mode, chosen, policies) in enumerate((m, c, p) for m, c, p in modes if c))

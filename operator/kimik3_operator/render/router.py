@@ -41,6 +41,7 @@ from .disruption import budget
 from .engine import HTTP_PORT
 from .front import FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
 from .front import METRICS_PORT as FRONT_METRICS_PORT
+from .gateway import http_route
 from .names import (
     LABEL_COMPAT,
     LABEL_DEPLOYMENT,
@@ -305,11 +306,14 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
 
 def router_children(owner: Owner, plan: Plan, weights: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """A Service and a disruption budget per router of the plan (over its pods of every revision),
-    and a Deployment per router and revision."""
+    the route from the user's Gateway to the first one's Service, and a Deployment per router and
+    revision."""
     out: list[dict[str, Any]] = []
     for targets in router_targets(owner, plan, weights):
         if not any(o["kind"] == SERVICE.kind and o["metadata"]["name"] == targets.name for o in out):
             out += [router_service(owner, targets.name),
                     budget(_meta(owner, targets.name), pod_selector(owner, targets.name))]
+            if targets.plan.gateway is not None:
+                out.append(http_route(owner, targets.name, ROUTER_PORT, targets.plan.gateway))
         out.append(router_deployment(owner, targets))
     return out
