@@ -330,8 +330,6 @@ def _router_settings(draw: Draw) -> dict[str, Any]:
             if maybe(draw, 60)}
     if maybe(draw, 15):
         router["apiKey"] = {"name": "clients", **({"key": "key"} if maybe(draw, 50) else {})}
-    if maybe(draw, 15):
-        router["gateway"] = _gateway(draw)
     return router
 
 
@@ -423,4 +421,6 @@ def plausible_bodies(draw: Draw) -> dict[str, Any]:
         spec["router"] = {**spec.get("router", {}), **_router_settings(draw)}
     if maybe(draw, 15):
         spec["network"] = _network(draw)
+    if maybe(draw, 10):  # last: the draws before it stay those of the examples before it existed
+        spec["router"] = {**spec.get("router", {}), "gateway": _gateway(draw)}
     return {"apiVersion": f"{v1.GROUP}/{v1.VERSION}", "kind": v1.KIND, "metadata": {"name": name}, "spec": spec}
