@@ -3,6 +3,7 @@ generated CRD is structural and equals the committed one."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,18 @@ def test_pool_names_are_unique() -> None:
     body["spec"]["pools"].append(dict(body["spec"]["pools"][0]))
     with pytest.raises(ValidationError, match="duplicate name: gb300"):
         KimiK3Deployment.model_validate(body)
+
+
+def test_a_duplicate_name_is_reported_whatever_else_is_wrong_with_the_items() -> None:
+    """The API server checks list-map keys before (and whatever) the items' own rules say; pydantic
+    must refuse the same body for the same reason (found by the fuzzer: two pools named alike, each
+    breaking a CEL rule, were a CEL refusal in pydantic and a duplicate key at the API server)."""
+    body = base_deployment()
+    body["spec"]["pools"][0].update(interconnect="xGMI", gpu={"product": "B300"})
+    body["spec"]["pools"].append(copy.deepcopy(body["spec"]["pools"][0]))
+    with pytest.raises(ValidationError) as info:
+        KimiK3Deployment.model_validate(body)
+    assert [e["msg"] for e in info.value.errors()] == ["Value error, duplicate name: gb300"]
 
 
 def test_defaults_resolve_to_visible_values() -> None:

@@ -41,7 +41,12 @@ class list_map:
     key: str
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(self._unique, handler(source))
+        # Twice: on the wire form before the items are validated, as the API server checks list-map
+        # keys whatever else is wrong with the items (else an item's own error would hide the
+        # duplicate, and pydantic and the API server would refuse the same body for different
+        # reasons); and on the models, for lists built in Python.
+        return core_schema.no_info_before_validator_function(
+            self._unique_wire, core_schema.no_info_after_validator_function(self._unique, handler(source)))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
         json_schema = handler(schema)
@@ -50,11 +55,19 @@ class list_map:
         return json_schema
 
     def _unique(self, items: list[Any]) -> list[Any]:
-        keys = [getattr(item, self.key) for item in items]
+        self._refuse_duplicates([getattr(item, self.key) for item in items])
+        return items
+
+    def _unique_wire(self, value: Any) -> Any:
+        if isinstance(value, list):
+            self._refuse_duplicates([item[self.key] for item in value
+                                     if isinstance(item, dict) and isinstance(item.get(self.key), str)])
+        return value
+
+    def _refuse_duplicates(self, keys: list[Any]) -> None:
         duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
             raise ValueError(f"duplicate {self.key}: {', '.join(map(str, duplicates))}")
-        return items
 
 
 def _add_rules(cls: type[BaseModel], schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
