@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from kubernetes import config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from kimik3_operator.k8s.informer import raw_get
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "e2e" / "cluster" / "cluster.sh"
@@ -28,6 +33,25 @@ def kubectl(*args: str, input: str | None = None, check: bool = True,
 
 def get_json(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+LIST_ERRORS = (OSError, ValueError, ApiException, HTTPError)
+"""What a failed `api_list` raises: a loop that lists every half second skips that round."""
+_CLIENT: dict[str, Any] = {}
+_CLIENT_LOCK = threading.Lock()
+
+
+def api_list(path: str, **query: str) -> list[dict[str, Any]]:
+    """The items of one list call (e.g. `/api/v1/pods`, labelSelector=...), made in-process with
+    the kubernetes client against $KUBECONFIG. For the loops that list every half second (the pod
+    runner, the stager): a kubectl process per list costs ~0.17 CPU-s, so three such loops of the
+    demo and the tests' cluster took most of a 2-core machine."""
+    kubeconfig = os.environ["KUBECONFIG"]
+    with _CLIENT_LOCK:
+        if kubeconfig not in _CLIENT:
+            _CLIENT[kubeconfig] = config.new_client_from_config(config_file=kubeconfig)
+        api = _CLIENT[kubeconfig]
+    return json.loads(raw_get(api, path, list(query.items()), read_timeout=30).data)["items"]  # type: ignore[no-any-return]
 
 
 def apply(obj: dict[str, Any], *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:

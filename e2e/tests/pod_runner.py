@@ -65,7 +65,7 @@ from kimik3_operator.render.front import METRICS_PORT as FRONT_METRICS_PORT
 from tests.support import kubelet
 
 from .front_play import relocate, start_front
-from .kube import host_daemon, is_ready, kubectl
+from .kube import LIST_ERRORS, api_list, host_daemon, is_ready, kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -300,9 +300,8 @@ class PodRunner:
         while not self._stop.wait(0.5):
             try:
                 pods = _managed_pods()
-                nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
-                         for n in json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]}
-            except (subprocess.SubprocessError, ValueError):
+                nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in api_list("/api/v1/nodes")}
+            except LIST_ERRORS:
                 continue
             try:
                 self._sync(pods, nodes)
@@ -595,7 +594,7 @@ def _set_ready(proc: Proc, ready: bool) -> bool:
 
 def _managed_pods() -> list[dict[str, Any]]:
     """Every pod the operator manages, in every namespace (raises on a failed or garbled listing)."""
-    return json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json", timeout=30).stdout)["items"]  # type: ignore[no-any-return]
+    return api_list("/api/v1/pods", labelSelector=SELECTOR)
 
 
 def _played(pod: dict[str, Any]) -> bool:

@@ -31,7 +31,7 @@ from tests.stager.fake_hub import FakeHub
 from tests.stager.fake_s3 import FakeS3
 from tests.support.kubelet import argv, container_env
 
-from .kube import host_daemon, kubectl
+from .kube import LIST_ERRORS, api_list, host_daemon, kubectl
 
 SELECTOR = "app.kubernetes.io/component=weights,app.kubernetes.io/managed-by=kimik3-operator"
 EXIT_CODE = "kwok.kimik3.dev/exit-code"
@@ -105,8 +105,8 @@ class Stager:
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                pods = json.loads(kubectl("get", "pods", "-A", "-l", SELECTOR, "-o", "json").stdout)["items"]
-            except (subprocess.SubprocessError, ValueError):
+                pods = api_list("/api/v1/pods", labelSelector=SELECTOR)
+            except LIST_ERRORS:
                 continue
             for pod in pods:
                 meta = pod["metadata"]
