@@ -70,6 +70,14 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120, int
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+def delete_deployments(namespace: str, name: str = "--all", timeout: float = 120) -> None:
+    """Delete a test's KimiK3Deployment (or all of the namespace's) and wait until its pods are
+    gone, so later tests find the fake GPUs free. Best effort on the delete: the wait is the check."""
+    kubectl("-n", namespace, "delete", "k3", name, "--wait=true", "--timeout=120s", check=False)
+    wait_for(f"the pods of {namespace} to go", lambda: not get_json("pods", "-n", namespace)["items"],
+             timeout=timeout)
+
+
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)
 

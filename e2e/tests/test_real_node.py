@@ -25,7 +25,7 @@ import yaml
 from kimik3_operator.planner import images
 
 from .conftest import REPORT
-from .kube import ROOT, apply, get_json, is_ready, kubectl, wait_for
+from .kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
 from .pod_runner import PodRunner
 from .traffic import SESSION, post, prompt, stats
 
@@ -282,8 +282,7 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
         REPORT.append(f"real node: router pod {router['metadata']['name']} served {len(answers)}/{len(answers)} "
                       f"requests (3 to its pod IP, 3 to its Service), prefill then decode")
     finally:
-        kubectl("-n", namespace, "delete", "k3", "--all", "--wait=true", "--timeout=120s", check=False)
-        wait_for("the test's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=180)
+        delete_deployments(namespace, timeout=180)
 
 
 def test_service_addresses_lead_to_their_endpoints_or_nowhere_at_once(chart: str) -> None:

@@ -22,7 +22,7 @@ from kimik3_operator.api.reasons import (
 )
 from tests.support.cases import base_deployment
 
-from .kube import apply, condition, get_json, is_ready, kubectl, wait_for
+from .kube import apply, condition, delete_deployments, get_json, is_ready, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -184,8 +184,7 @@ def test_plan_names_a_deployment_in_the_cluster(operator: Path, namespace: str, 
         assert missing.returncode == 1
         assert missing.stderr == f"error: no KimiK3Deployment {namespace}/nothing-here in the cluster\n"
     finally:
-        kubectl("-n", namespace, "delete", "k3", "k3-planned", "--wait=true", "--timeout=120s", check=False)
-        wait_for("k3-planned's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
+        delete_deployments(namespace, "k3-planned")
 
 
 def test_a_gateway_gets_a_route_the_api_server_accepts_and_loses_it_when_unset(operator: Path,
@@ -213,8 +212,7 @@ def test_a_gateway_gets_a_route_the_api_server_accepts_and_loses_it_when_unset(o
         wait_for("the HTTPRoute pruned", lambda: not get_json(
             "httproutes.gateway.networking.k8s.io", "-n", namespace)["items"], timeout=60)
     finally:
-        kubectl("-n", namespace, "delete", "k3", "k3-gw", "--wait=true", "--timeout=120s", check=False)
-        wait_for("k3-gw's pods to go", lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
+        delete_deployments(namespace, "k3-gw")
 
 
 def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:

@@ -29,7 +29,7 @@ from kimik3_operator.api.reasons import ALL_REPLICAS_READY
 
 from .children import planned
 from .conftest import REPORT
-from .kube import ROOT, apply, condition, get_json, kubectl, wait_for
+from .kube import ROOT, apply, condition, delete_deployments, get_json, kubectl, wait_for
 from .pod_runner import PodRunner, Proc
 from .replicas import Replicas
 from .traffic import (
@@ -62,9 +62,7 @@ TOOLS = [{"type": "function", "function": {
 def _free_the_gpus(namespace: str) -> Iterator[None]:
     """Delete what the test served and wait for its pods: later tests find the fake GPUs free."""
     yield
-    kubectl("-n", namespace, "delete", "k3", "--all", "--wait=true", "--timeout=120s", check=False)
-    wait_for("the traffic test's pods to go",
-             lambda: not get_json("pods", "-n", namespace)["items"], timeout=120)
+    delete_deployments(namespace)
 
 
 def _example(path: Path, namespace: str, name: str) -> dict[str, Any]:
