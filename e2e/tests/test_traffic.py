@@ -415,7 +415,7 @@ def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays
     thread = threading.Thread(target=load.run, args=(40,), daemon=True)
     thread.start()
     time.sleep(8)
-    victim = engines[0]
+    victim = min(engines, key=lambda e: len(_routers_on(namespace, _node_of(namespace, e.pod))))
     killed_at = time.monotonic() - started
     pod_runner.kill(victim)
     wait_for("the killed engine's pod unready", lambda: (condition(
@@ -442,8 +442,8 @@ def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set
     scheduler places it on other trays, and the router adds its engine once Ready. Under the same
     load no request may fail: the dead engine is already out of rotation, and a new one joins only
     once it answers. The Node comes back afterwards, so later tests find the cluster whole."""
-    pod = get_json("pod", victim.pod, "-n", namespace)
-    node_name = pod["spec"]["nodeName"]
+    node_name = _node_of(namespace, victim.pod)
+    lost_routers = _routers_on(namespace, node_name)
     node = get_json("node", node_name)
     for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
         node["metadata"].pop(key, None)
@@ -476,10 +476,24 @@ def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set
     nodes = {get_json("pod", e.pod, "-n", namespace)["spec"]["nodeName"] for e in engines}
     REPORT.append(f"chaos: the dead decode's node deleted under 4 req/s: {load.summary()}; its pod collected "
                   f"after {collected:.1f} s, the group back and routed after {recovered:.1f} s; "
-                  f"router pods unchanged: {router_uids(namespace) == uids}")
+                  f"router pods on other nodes unchanged: {uids - lost_routers <= router_uids(namespace)} "
+                  f"({len(lost_routers)} of {len(uids)} shared the lost node)")
     assert node_name not in nodes, nodes
     assert not load.failed(), load.story()
-    assert router_uids(namespace) == uids
+    assert uids - lost_routers <= router_uids(namespace)
+
+
+def _node_of(namespace: str, pod: str) -> str:
+    return str(get_json("pod", pod, "-n", namespace)["spec"]["nodeName"])
+
+
+def _routers_on(namespace: str, node_name: str) -> set[str]:
+    """The uids of the router pods bound to `node_name`: a lost node takes them with it (router
+    pods may share a GPU node: spec.router.nodeSelector is empty in the example), so the chaos test
+    picks the decode whose node holds the fewest and expects only the others to stay."""
+    return {p["metadata"]["uid"] for p in get_json(
+        "pods", "-n", namespace, "-l", "app.kubernetes.io/component=router",
+        "--field-selector", f"spec.nodeName={node_name}")["items"]}
 
 
 def test_the_control_plane_lost_under_load_fails_no_request(
