@@ -25,7 +25,12 @@ import pytest
 import requests
 import yaml
 
-from kimik3_operator.api.reasons import ALL_REPLICAS_READY
+from kimik3_operator.api.reasons import (
+    ALL_REPLICAS_READY,
+    DECODE_RECOMPUTES_PROMPTS,
+    NO_KV_TRANSFERS,
+    PROMPTS_TRANSFERRED,
+)
 
 from .children import planned
 from .conftest import REPORT
@@ -166,6 +171,30 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     assert tool.status == 200 and tool.done and not tool.error, tool
     assert tool.tool_calls and tool.tool_calls[0]["function"]["name"] == "get_weather", tool
     assert "city" in tool.tool_calls[0]["function"]["arguments"]
+    _disaggregating_says_so(namespace, "k3-pd", decode)
+
+
+def _disaggregating_says_so(namespace: str, name: str, decode: list[Proc]) -> None:
+    """The Disaggregating condition, measured from the engines' own metrics through Prometheus:
+    True after the P/D traffic above, then False once a decode engine is made to prefill prompts
+    itself (requests sent to it directly, past the router), with a warning event when it turns."""
+    def verdict(status: str, *reasons: str) -> dict[str, Any] | None:
+        c = condition(get_json("k3", name, "-n", namespace), "Disaggregating") or {}
+        return c if c.get("status") == status and c.get("reason") in reasons else None
+
+    transferred = wait_for("Disaggregating True", lambda: verdict("True", PROMPTS_TRANSFERRED), timeout=120)
+    # Bounded: 6 requests of 8192 words, 1 token each, at most 60 s each, to one decode engine.
+    direct = [post(decode[0].url, "/v1/completions", {"model": MODEL, "max_tokens": 1,
+                                                      "prompt": prompt(8192, f"direct{i}-")}) for i in range(6)]
+    assert all(a.status == 200 for a in direct), direct
+    recomputes = wait_for("Disaggregating False", lambda: verdict(
+        "False", DECODE_RECOMPUTES_PROMPTS, NO_KV_TRANSFERS), timeout=120)
+    warned = wait_for("the warning event", lambda: [e for e in get_json(
+        "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")["items"]
+        if e["reason"] == recomputes["reason"] and e["type"] == "Warning"] or None, timeout=30)
+    REPORT.append(f"Disaggregating under P/D traffic: True ({transferred['reason']}: {transferred['message']}); "
+                  f"after 6 prompts sent straight to a decode engine: False ({recomputes['reason']}: "
+                  f"{recomputes['message'][:160]}...), {len(warned)} warning event")
 
 
 def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds(

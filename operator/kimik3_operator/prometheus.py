@@ -13,6 +13,9 @@ import math
 import requests
 
 TIMEOUT_SECONDS = 5.0
+NO_URL = ("no Prometheus URL: set spec.autoscaling.prometheusUrl or the operator's --prometheus-url "
+          "(chart value autoscaling.prometheusUrl)")
+"""What the SLO scaler and the Disaggregating condition say when they have nothing to ask."""
 
 
 class PrometheusError(Exception):

@@ -5,6 +5,7 @@ deployments alert from the operator's per-deployment series."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -77,6 +78,23 @@ TESTS: list[dict[str, Any]] = [
             {"eval_time": "10m", "alertname": "KimiK3OperatorNoLeader", "exp_alerts": []},
         ],
     },
+    {   # one deployment's decode recomputes its prompts, one is idle, one disaggregates
+        "interval": "1m",
+        "input_series": [
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="bad",type="Disaggregating",'
+                       'status="False",reason="DecodeRecomputesPrompts"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="idle",type="Disaggregating",'
+                       'status="False",reason="NoTraffic"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="ok",type="Disaggregating",'
+                       'status="True",reason="PromptsTransferred"}', "values": "1x20"},
+            {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
+        ],
+        "alert_rule_test": [
+            _alert("KimiK3NotDisaggregating", "15m",
+                   {"namespace": "ml", "name": "bad", "reason": "DecodeRecomputesPrompts"}, "warning"),
+            {"eval_time": "5m", "alertname": "KimiK3NotDisaggregating", "exp_alerts": []},  # not for 10m yet
+        ],
+    },
 ]
 
 
@@ -93,3 +111,19 @@ def test_alerts_fire_on_what_they_say(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     result = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_dashboard_query_is_promql_prometheus_accepts(tmp_path: Path) -> None:
+    """Each panel's query (the variable at its "all" value) as a recording rule under promtool's
+    own parser: a typo in a panel shows here, not as an empty graph."""
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool is not built (e2e/cluster/build.sh)")
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "charts" / "kimik3-operator" / "dashboards"
+                            / "kimik3.json").read_text())
+    exprs = [t["expr"].replace("$deployment", ".*") for p in dashboard["panels"] for t in p["targets"]]
+    rules = [{"record": f"dashboard:panel{i}", "expr": e} for i, e in enumerate(exprs)]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert any("prompt_tokens_by_source" in e for e in exprs) and len(exprs) >= 10

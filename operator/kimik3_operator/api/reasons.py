@@ -42,3 +42,17 @@ AS_EXPECTED = "AsExpected"
 # ---- events of the operator's SLO scaler ---------------------------------------------------------
 SCALED_UP = "ScaledUp"
 SCALED_DOWN = "ScaledDown"
+
+# ---- the Disaggregating condition: does decode receive its prompts' KV, or recompute them? ------
+PROMPTS_TRANSFERRED = "PromptsTransferred"
+"""True: the decode engines receive most prompt tokens over NIXL from prefill."""
+DECODE_RECOMPUTES_PROMPTS = "DecodeRecomputesPrompts"
+"""False: KV arrives from prefill, but the decode engines compute most prompt tokens themselves."""
+NO_KV_TRANSFERS = "NoKvTransfers"
+"""False: the decode engines prefill, and no prompt token arrived from prefill."""
+NO_TRAFFIC = "NoTraffic"
+"""False: no prompt reached the decode engines in the window; nothing to judge by."""
+NO_METRICS = "NoMetrics"
+"""Unknown: Prometheus has none of the decode engines' series (not scraped?), or no Prometheus is set."""
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+"""Unknown: Prometheus did not answer."""

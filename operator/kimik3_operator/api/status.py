@@ -229,7 +229,8 @@ class KimiK3DeploymentStatus(StatusModel):
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
     """Summary: Pending | Progressing | Ready | Degraded | Failed."""
     conditions: Annotated[list[Condition], Field(max_length=16), list_map("type")] = []
-    """Ready, Progressing and Degraded, with stable reasons."""
+    """Ready, Progressing and Degraded, with stable reasons; P/D deployments also Disaggregating
+    (whether decode receives its prompts' KV from prefill, measured from the engines' metrics)."""
     pools: Annotated[list[PoolStatus], Field(max_length=16), list_map("name")] = []
     """Per pool: resolved facts and per-role replica counts."""
     endpoint: str | None = None

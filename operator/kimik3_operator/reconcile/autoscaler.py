@@ -32,7 +32,7 @@ from ..planner.facts import PoolFacts
 from ..planner.scaling import RoleScaling
 from ..planner.slo_scaler import Decision, Memory, Observation, decide, within_ratio
 from ..planner.traps import check_traps
-from ..prometheus import Prometheus, PrometheusError
+from ..prometheus import NO_URL, Prometheus, PrometheusError
 from ..render.names import Owner, workload_name
 from ..render.promql import latency_query, load_query, selector
 
@@ -237,8 +237,7 @@ class SloScaler:
     def _observe(self, url: str | None, owner: Owner, pool: str, role: str, scaling: RoleScaling,
                  window: int) -> Observation:
         if url is None:
-            raise PrometheusError("no Prometheus URL: set spec.autoscaling.prometheusUrl or the operator's "
-                                  "--prometheus-url (chart value autoscaling.prometheusUrl)")
+            raise PrometheusError(NO_URL)
         client = self._clients.setdefault(url, Prometheus(url))
         matchers = selector(owner, pool, role)
         return Observation(

@@ -36,6 +36,7 @@ from ..metrics import (
     PhaseBook,
 )
 from .autoscaler import SloScaler
+from .disaggregation import DisaggregationProbe
 from .pass_memo import PassMemo
 from .queue import WorkQueue
 from .reconciler import Outcome, reconcile
@@ -69,6 +70,7 @@ class State:
         self.cluster = Cluster(api_client(), guard, self.cache)
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
+        self.probe = DisaggregationProbe(config.prometheus_url)
         self.memo = PassMemo()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
@@ -81,6 +83,7 @@ class State:
         self.phases.keep_only(keys)
         DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
+        self.probe.forget_all_but(keys)
         if self.pace is not None:
             self.pace.forget_all_but(keys)
 
@@ -94,7 +97,8 @@ class State:
             api_time()  # from here on, this pass's
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
-                                    scaler=self.scaler, body=body, memo=self.memo, pace=self.pace)
+                                    scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
+                                    probe=self.probe)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

@@ -30,6 +30,7 @@ from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
+from .disaggregation import DisaggregationProbe
 from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
 from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
@@ -75,10 +76,12 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
               tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
               body: dict[str, Any] | None = None, memo: PassMemo | None = None,
-              pace: StatusPace | None = None) -> Outcome:
+              pace: StatusPace | None = None, probe: DisaggregationProbe | None = None) -> Outcome:
     """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
     `memo` what earlier passes worked out (node facts, GPU usage, plans), `pace` when this
-    deployment's status was last written (without it every change is written at once)."""
+    deployment's status was last written (without it every change is written at once), `probe`
+    what measures whether a P/D deployment that serves disaggregates (no Disaggregating condition
+    without it)."""
     outcome = Outcome()
     mine = deployment_label(Owner(name=name, namespace=namespace, uid=""))  # what its children carry
     seen = cluster.observe(namespace, name, mine, body)
@@ -180,7 +183,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
         workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
         pairs=pairs,
-        routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling))
+        routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
+        disaggregating=probe.verdict(owner, plan) if probe is not None and workloads else None))
     return outcome
 
 

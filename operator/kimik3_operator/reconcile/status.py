@@ -15,8 +15,10 @@ from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
 from ..api.reasons import (
     ALL_REPLICAS_READY,
     AS_EXPECTED,
+    DECODE_RECOMPUTES_PROMPTS,
     INSUFFICIENT_CAPACITY,
     INVALID_SPEC,
+    NO_KV_TRANSFERS,
     PODS_NOT_READY,
     ROUTER_NOT_READY,
     STABLE,
@@ -27,6 +29,7 @@ from ..api.reasons import (
 from ..api.status import EngineStatus, RoleAutoscalingStatus, RouterStatus
 from ..metrics import DEPLOYMENT_SERIES
 from ..planner import Plan, PlanningError
+from ..planner.disaggregation import Verdict
 from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
 from ..render.plan_fields import pool_fields, role_fields, router_fields
@@ -39,6 +42,9 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 """True when the deployment cannot reach what the spec asks without someone acting (a spec the
 planner refuses, nodes without room, a staging Job that gave up); what already runs keeps running."""
+DISAGGREGATING = "Disaggregating"
+"""P/D deployments only: whether the decode engines receive their prompts' KV from prefill or
+recompute it (planner/disaggregation.py); measured, not derived from the children."""
 
 
 def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
@@ -303,12 +309,14 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                    endpoints: Sequence[RoleEndpoints] = (), pairs: Mapping[str, int] | None = None,
                    routers: Mapping[str, Mapping[str, Any]] | None = None,
                    autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
+                   disaggregating: Verdict | None = None,
                    ) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
     checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
     the routers (live Deployments by name) find the `endpoints` (routable leaders of every revision,
-    `pairs` per revision) and are ready, or it is not Ready."""
+    `pairs` per revision) and are ready, or it is not Ready. `disaggregating` is the measured
+    verdict of a P/D deployment; without one the condition goes."""
     conditions = list(previous.conditions) if previous else []
 
     def put(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -337,6 +345,12 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, describe) in situation.conditions().items():
         put(type_, ok, reason, describe(seen))
+    if disaggregating is None:
+        conditions = [c for c in conditions if c.type != DISAGGREGATING]
+    else:
+        conditions = set_condition(conditions, Condition(
+            type=DISAGGREGATING, status=disaggregating.status, reason=disaggregating.reason,
+            message=disaggregating.message, last_transition_time=now, observed_generation=generation))
     return _exported(owner, KimiK3DeploymentStatus(
         observed_generation=generation,
         phase=situation.phase,
@@ -361,14 +375,28 @@ def _exported(owner: Owner, status: KimiK3DeploymentStatus) -> KimiK3DeploymentS
 
 
 def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3DeploymentStatus) -> list[tuple[str, str, str]]:
-    """The Kubernetes event worth posting for a status write, as (type, reason, message): one at
-    most, for the condition that tells most of those whose status or reason changed (a deployment
-    turning Degraded, else Ready, else no longer Degraded, else Progressing). The conditions of one
-    situation move together (SITUATIONS): an event each said the same news three ways, and a
-    bring-up cost six events where four tell its story. A pass that changes only counts or
-    messages posts none."""
+    """The Kubernetes events worth posting for a status write, as (type, reason, message): one at
+    most for the situation, for the condition that tells most of those whose status or reason
+    changed (a deployment turning Degraded, else Ready, else no longer Degraded, else Progressing),
+    and one when Disaggregating turns. The conditions of one situation move together (SITUATIONS):
+    an event each said the same news three ways, and a bring-up cost six events where four tell its
+    story. A pass that changes only counts or messages posts none."""
     before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
     changed = {c.type: c for c in status.conditions if before.get(c.type) != (c.status, c.reason)}
+    return _situation_event(status, before, changed) + _disaggregation_event(changed.get(DISAGGREGATING))
+
+
+def _disaggregation_event(turned: Condition | None) -> list[tuple[str, str, str]]:
+    """Disaggregating moves on its own (measured, not one of the SITUATIONS): its turns are news of
+    their own, a warning when decode recomputes prompts."""
+    if turned is None:
+        return []
+    bad = turned.status == "False" and turned.reason in (DECODE_RECOMPUTES_PROMPTS, NO_KV_TRANSFERS)
+    return [("Warning" if bad else "Normal", turned.reason, f"{turned.type}={turned.status}: {turned.message}")]
+
+
+def _situation_event(status: KimiK3DeploymentStatus, before: Mapping[str, tuple[str, str]],
+                     changed: Mapping[str, Condition]) -> list[tuple[str, str, str]]:
     degraded = changed.get(DEGRADED)
     was_degraded = before.get(DEGRADED, ("False",))[0] == "True"
     for c in (degraded if degraded is not None and degraded.status == "True" else None,

@@ -56,3 +56,9 @@ def latency_query(name: str, matchers: str, window_seconds: int) -> str:
     """The role's p90 of a latency histogram over the window, across its engines."""
     return (f"histogram_quantile({QUANTILE}, sum by (le) "
             f"(rate({LATENCY_HISTOGRAMS[name]}_bucket{{{matchers}}}[{window_seconds}s])))")
+
+
+def prompt_tokens_query(source: str, matchers: str, window_seconds: int) -> str:
+    """A role's prompt tokens from one source (vllm:prompt_tokens_by_source's `source` label:
+    local_compute | local_cache_hit | external_kv_transfer) over the window, across its engines."""
+    return f'sum(increase(vllm:prompt_tokens_by_source_total{{{matchers},source="{source}"}}[{window_seconds}s]))'
