@@ -43,7 +43,8 @@
 # In $KIMIK3_STATE: kubeconfig (the admin, O=system:masters; `up` prints its path),
 # kubeconfigs/operator.kubeconfig (also system:masters, user "kimik3-e2e:operator", so that audit
 # counts tell the operator's writes from the test driver's), audit.log (JSON lines, one Metadata
-# event per request), logs/<component>.log. The fake GPU nodes are nodes/*.yaml (nodes/generate.py).
+# event per request), logs/<component>.log. The fake nodes (GPU pools, tainted, and CPU nodes) are
+# nodes/*.yaml (nodes/generate.py).
 # ComputeDomains work as with NVIDIA's DRA driver: compute-domain/ holds its CRD, the channel
 # DeviceClass and one channel ResourceSlice per NVL72 tray; compute_domain_controller.py creates each
 # domain's ResourceClaimTemplate; KCM and kube-scheduler allocate the pods' claims (one per tray).
@@ -1051,7 +1052,7 @@ ensure_nodes() {
       die "creating the fake nodes failed"
     fi
   fi
-  log "created $((want - have)) fake GPU nodes"
+  log "created $((want - have)) fake nodes"
   CHANGED+=(nodes)
 }
 

@@ -53,6 +53,8 @@ spec:
       spec:
         nodeSelector:
           nvidia.com/gpu.product: NVIDIA-B200
+        tolerations:  # the fake GPU nodes carry the usual GPU taint (nodes/generate.py)
+        - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
         containers:
         - name: engine
           image: registry.invalid/never-pulled:0
@@ -82,6 +84,8 @@ spec:
       spec:
         nodeSelector:
           nvidia.com/gpu.product: NVIDIA-GB300
+        tolerations:  # the fake GPU nodes carry the usual GPU taint (nodes/generate.py)
+        - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
         affinity:
           podAffinity:
             requiredDuringSchedulingIgnoredDuringExecution:

@@ -17,6 +17,7 @@ from kimik3_operator.api.reasons import (
     ALL_REPLICAS_READY,
     INSUFFICIENT_CAPACITY,
     INSUFFICIENT_MEMORY,
+    NO_MATCHING_NODES,
     PODS_NOT_READY,
     WEIGHTS_STAGING,
 )
@@ -213,6 +214,64 @@ def test_a_gateway_gets_a_route_the_api_server_accepts_and_loses_it_when_unset(o
             "httproutes.gateway.networking.k8s.io", "-n", namespace)["items"], timeout=60)
     finally:
         delete_deployments(namespace, "k3-gw")
+
+
+def test_scheduling_per_role_router_and_staging_reaches_the_scheduler(operator: Path, namespace: str) -> None:
+    """Role, router and staging `scheduling`: the API server resolves each priority class into its
+    pods (the Priority admission plugin), the scheduler places the decode groups only on the rack
+    the required node affinity names, beside the clique affinity the planner adds, and routers and
+    staging pods off the tainted GPU nodes; then an affinity no GPU node satisfies is refused with
+    NoMatchingNodes while what runs keeps running."""
+    serving, staging = f"e2e-serving-{namespace}", f"e2e-staging-{namespace}"
+    gb300 = get_json("nodes", "-l", ",".join(f"{k}={v}" for k, v in GB300.items()))["items"]
+    racks: dict[str, set[str]] = defaultdict(set)
+    for node in gb300:
+        racks[node["metadata"]["labels"]["nvidia.com/gpu.clique"]].add(node["metadata"]["name"])
+    rack = sorted(racks)[-1]
+    batch = {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"}
+    body = pd_deployment(namespace, name="k3-sched")
+    body["spec"]["pools"][0]["decode"]["scheduling"] = {
+        "priorityClassName": serving, "tolerations": [batch],
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.clique", "operator": "In", "values": [rack]}]}]}}}
+    body["spec"]["router"] = {"scheduling": {"priorityClassName": serving}}
+    body["spec"]["model"]["staging"] = {"scheduling": {"priorityClassName": staging}}
+    try:
+        for name, value in ((serving, 100000), (staging, 10)):
+            kubectl("create", "priorityclass", name, f"--value={value}")
+        apply(body)
+        wait_for("k3-sched Ready", lambda: (condition(get_json("k3", "k3-sched", "-n", namespace), "Ready")
+                                             or {}).get("status") == "True", timeout=180)
+        pods = get_json("pods", "-n", namespace)["items"]
+        by_role: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for pod in pods:
+            labels = pod["metadata"].get("labels") or {}
+            by_role[labels.get("serving.kimik3.dev/role") or labels.get("app.kubernetes.io/component", "")].append(pod)
+        decode = by_role["decode"]
+        assert len(decode) == 6 and {p["spec"]["nodeName"] for p in decode} <= racks[rack], decode
+        assert all(p["spec"]["priority"] == 100000 and batch in p["spec"]["tolerations"] for p in decode)
+        assert all(p["spec"].get("priority", 0) == 0 for p in by_role["prefill"])  # the other role: untouched
+        assert by_role["router"] and all(p["spec"]["priority"] == 100000 for p in by_role["router"])
+        assert by_role["weights"] and all(p["spec"]["priority"] == 10 for p in by_role["weights"])
+        # The GPU nodes carry the GPU taint (e2e/cluster/nodes/generate.py): the engines tolerate it
+        # (the operator adds that toleration), routers and staging pods do not and run on CPU nodes.
+        cpu = {n["metadata"]["name"] for n in get_json("nodes", "-l", "type=kwok")["items"]
+               if "nvidia.com/gpu" not in n["status"]["capacity"]}
+        assert cpu and {p["spec"]["nodeName"] for p in by_role["router"] + by_role["weights"]} <= cpu
+        gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        assert all(gpu_toleration in p["spec"]["tolerations"] for p in decode + by_role["prefill"])
+
+        body["spec"]["pools"][0]["decode"]["scheduling"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = ["no-such-clique"]
+        apply(body)
+        degraded = wait_for("Degraded NoMatchingNodes", lambda: next(
+            (c for c in [condition(get_json("k3", "k3-sched", "-n", namespace), "Degraded") or {}]
+             if c.get("reason") == NO_MATCHING_NODES), None), timeout=60)
+        assert "pool gb300 role decode: scheduling.nodeAffinity" in degraded["message"], degraded
+        assert len(_pods(namespace, "k3-sched")) == 8  # what runs keeps running
+    finally:
+        delete_deployments(namespace, "k3-sched")
+        kubectl("delete", "priorityclass", serving, staging, "--ignore-not-found")
 
 
 def test_removed_pool_is_pruned(operator: Path, namespace: str) -> None:

@@ -101,6 +101,16 @@ INVALID["a network peer is an ipBlock, or a podSelector and/or namespaceSelector
 INVALID["a selector requirement has values exactly when its operator is In or NotIn"] = _edit(
     lambda d: d["spec"].update(network={"clients": [{"podSelector": {"matchExpressions": [
         {"key": "app", "operator": "In"}]}}]}))
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+INVALID["a node selector requirement has values exactly when its operator is In or NotIn, or one integer value "
+        "for Gt and Lt"] = _edit(
+    lambda d: _pool(d)["aggregated"].update(scheduling={"nodeAffinity": {REQUIRED: {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]}]}}}))
+INVALID["Gt and Lt take exactly one integer value"] = _edit(
+    lambda d: d["spec"].update(router={"scheduling": {"nodeAffinity": {PREFERRED: [
+        {"weight": 10, "preference": {"matchExpressions": [
+            {"key": "cores", "operator": "Gt", "values": ["many"]}]}}]}}}))
 INVALID["matchLabels keys must be label keys: an optional DNS prefix and '/', then a name"] = _edit(
     lambda d: d["spec"].update(network={"metricsFrom": [{"namespaceSelector": {"matchLabels": {"a b": "x"}}}]}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(

@@ -57,7 +57,7 @@ def test_a_memo_changes_no_outcome(planned: list[int]) -> None:
     """The same passes with and without a memo write the same objects and the same status."""
     runs = []
     for memo in (None, PassMemo()):
-        cluster = _staged(MemoryCluster(_pd(), NODES))
+        cluster = _staged(MemoryCluster(_pd(), NODES), now=lambda: "2026-11-30T00:00:00Z")  # no second may tick
         outcomes = [reconcile(cluster, "ns", "k3", memo=memo, now=lambda: "2026-11-30T00:00:00Z") for _ in range(2)]
         cluster.active.append({"metadata": {"name": "other", "namespace": "x", "labels": {}},
                                "spec": {"nodeName": NODES[0]["metadata"]["name"], "containers": [

@@ -188,8 +188,8 @@ def _pd() -> dict[str, Any]:
 NODES = gb300_rack() + b200_nodes()
 
 
-def _staged(cluster: MemoryCluster) -> MemoryCluster:
-    reconcile(cluster, "ns", "k3")
+def _staged(cluster: MemoryCluster, **kw: Any) -> MemoryCluster:
+    reconcile(cluster, "ns", "k3", **kw)
     cluster.finish_staging()
     return cluster
 

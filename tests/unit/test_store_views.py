@@ -22,7 +22,9 @@ def _as_served(node: dict[str, Any], version: int, beat: str = "2026-12-01T00:00
     node["metadata"].update(uid=f"uid-{node['metadata']['name']}", resourceVersion=str(version),
                             managedFields=[{"manager": "kubelet", "operation": "Update"}],
                             annotations={"node.alpha.kubernetes.io/ttl": "0"})
-    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+                              {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+                               "timeAdded": beat}]
     node["status"].update(
         conditions=[{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}],
         addresses=[{"type": "InternalIP", "address": "10.0.0.1"}],
@@ -96,7 +98,9 @@ def test_a_heartbeat_leaves_the_node_store_and_the_facts_memo_as_they_were() -> 
     informer.events = [("MODIFIED", cordoned)]
     informer._watch("/api/v1/nodes")
     nodes, after = informer.items_at()
-    assert after > revision and nodes[0]["spec"] == {"unschedulable": True}
+    # the GPU taint is kept (serving pods tolerate it), the node controller's come-and-go ones are not
+    assert after > revision and nodes[0]["spec"] == {
+        "unschedulable": True, "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}
     assert first.nodes and not memo.pool(selector, nodes, after).nodes  # a cordoned node is planned on no more
 
 

@@ -15,7 +15,10 @@ Why each field is there:
 - status.capacity/allocatable: Node create keeps status, and kwok's node-initialize stage keeps the
   capacity it finds, so the scheduler sees nvidia.com/gpu and rdma/ib as extended resources.
   Node *updates* drop status: change capacity later with `kubectl patch --subresource=status`.
-- No taints: workloads need no toleration to land here.
+- GPU nodes carry the taint GPU node pools commonly carry (nvidia.com/gpu=present:NoSchedule, as
+  EKS and GKE GPU node groups set it): only pods that tolerate it land there. The operator's serving
+  pods tolerate it (planner/scheduling.py); routers and staging Jobs do not, and land on the CPU
+  nodes (cpu.yaml: no GPU, no taint), as on a platform team's cluster.
 
 Each NVL72 tray (a node with a clique) also gets the ResourceSlice that the kubelet plugin of NVIDIA's
 DRA driver publishes for ComputeDomains: driver compute-domain.nvidia.com, pool = node name, the one
@@ -95,6 +98,21 @@ POOLS = [
     ),
 ]
 
+CPU_POOL = dict(
+    file="cpu.yaml",
+    comment="Four CPU nodes (no GPU, no taint): where routers, staging Jobs and other workloads run.",
+    prefix="cpu-",
+    count=4,
+    digits=1,
+    gpus=0,
+    arch="amd64",
+    cpu="64",
+    memory="256Gi",
+    instance_type="cpu-general",
+    clique=None,
+)
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
 # Shared-device RDMA resource as k8s-rdma-shared-dev-plugin / the NVIDIA Network Operator publish it:
 # a count of pods that may share the HCAs, not a NIC count.
 RDMA_RESOURCE = "rdma/ib"
@@ -115,24 +133,21 @@ def node(pool: dict, index: int) -> str:
         "node.kubernetes.io/instance-type": pool["instance_type"],
         "topology.kubernetes.io/region": "e2e",
         "topology.kubernetes.io/zone": "e2e-a",
-        "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": pool["product"],
-        "nvidia.com/gpu.count": str(pool["gpus"]),
-        "nvidia.com/gpu.memory": str(pool["memory_mib"]),
-        "nvidia.com/gpu.family": pool["family"],
-        "nvidia.com/gpu.compute.major": str(pool["cc"][0]),
-        "nvidia.com/gpu.compute.minor": str(pool["cc"][1]),
     }
+    resources = {"cpu": pool["cpu"], "memory": pool["memory"], "ephemeral-storage": "3Ti", "pods": "110"}
+    if pool["gpus"]:
+        labels.update({
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": pool["product"],
+            "nvidia.com/gpu.count": str(pool["gpus"]),
+            "nvidia.com/gpu.memory": str(pool["memory_mib"]),
+            "nvidia.com/gpu.family": pool["family"],
+            "nvidia.com/gpu.compute.major": str(pool["cc"][0]),
+            "nvidia.com/gpu.compute.minor": str(pool["cc"][1]),
+        })
+        resources.update({"nvidia.com/gpu": str(pool["gpus"]), RDMA_RESOURCE: RDMA_SHARES})
     if pool["clique"]:
         labels["nvidia.com/gpu.clique"] = pool["clique"]
-    resources = {
-        "cpu": pool["cpu"],
-        "memory": pool["memory"],
-        "ephemeral-storage": "3Ti",
-        "pods": "110",
-        "nvidia.com/gpu": str(pool["gpus"]),
-        RDMA_RESOURCE: RDMA_SHARES,
-    }
     out = [
         "apiVersion: v1",
         "kind: Node",
@@ -144,6 +159,9 @@ def node(pool: dict, index: int) -> str:
         "  labels:",
     ]
     out += [f'    {k}: "{v}"' for k, v in labels.items()]
+    if pool["gpus"]:
+        out += ["spec:", "  taints:", *[f"  - {{key: {GPU_TAINT['key']}, value: {GPU_TAINT['value']}, "
+                                        f"effect: {GPU_TAINT['effect']}}}"]]
     out += ["status:", "  capacity:"]
     out += [f'    {k}: "{v}"' for k, v in resources.items()]
     out += ["  allocatable:"]
@@ -185,7 +203,7 @@ def channel_slice(name: str) -> str:
 
 def main() -> None:
     slices = []
-    for pool in POOLS:
+    for pool in [*POOLS, CPU_POOL]:
         docs = [node(pool, i) for i in range(pool["count"])]
         header = (
             f"# {pool['comment']}\n"

@@ -104,6 +104,103 @@ class ConfigMapKeyRef(SpecModel):
     """Key inside the ConfigMap."""
 
 
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A label key: an optional DNS-subdomain prefix and a name (meta/v1 validation)."""
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
+
+
+class Toleration(SpecModel):
+    """A pod toleration (the core/v1 fields)."""
+
+    key: ShortString | None = None
+    """Taint key; empty with operator Exists tolerates everything."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """Exists | Equal (default Equal)."""
+    value: LabelValue | None = None
+    """Taint value for operator Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; all effects when empty."""
+    toleration_seconds: Annotated[int, Field(ge=-(1 << 53), le=1 << 53)] | None = None
+    """How long a NoExecute taint is tolerated."""  # bounds a float64 holds exactly, as the API server compares them
+
+
+class NodeSelectorRequirement(SpecModel):
+    """One matchExpressions entry of a node selector term (core/v1)."""
+
+    key: LabelKey
+    """Node label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    """In | NotIn (values needed) | Exists | DoesNotExist (no values) | Gt | Lt (one integer value)."""
+    values: Annotated[list[LabelValue], Field(max_length=64)] = []
+    """Label values: for In and NotIn, or the one integer of Gt and Lt."""
+
+    rules = (
+        Rule(cel="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+             message="a node selector requirement has values exactly when its operator is In or NotIn, "
+                     "or one integer value for Gt and Lt",
+             check=lambda r: r.operator in ("Gt", "Lt") or (r.operator in ("In", "NotIn")) == bool(r.values)),
+        Rule(cel="!(self.operator in ['Gt', 'Lt']) || (has(self.values) && size(self.values) == 1 "
+                 "&& self.values[0].matches('^-?[0-9]+$'))",
+             message="Gt and Lt take exactly one integer value",
+             check=lambda r: r.operator not in ("Gt", "Lt") or (
+                 len(r.values) == 1 and re.fullmatch(r"-?[0-9]+", r.values[0]) is not None)),
+    )
+
+
+class NodeSelectorTerm(SpecModel):
+    """Requirements that must all hold on a node (core/v1 NodeSelectorTerm, matchExpressions only)."""
+
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(min_length=1, max_length=16)]
+    """The requirements, ANDed."""
+
+
+class RequiredNodeSelector(SpecModel):
+    """Terms of which a node must match at least one (core/v1 NodeSelector)."""
+
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=8)]
+    """The terms, ORed."""
+
+
+class PreferredSchedulingTerm(SpecModel):
+    """A node preference and its weight (core/v1)."""
+
+    weight: Annotated[int, Field(ge=1, le=100)]
+    """Added to a node's score when it matches."""
+    preference: NodeSelectorTerm
+    """What a preferred node matches."""
+
+
+class NodeAffinity(SpecModel):
+    """Node affinity as core/v1 spells it, ANDed with the pool's nodeSelector."""
+
+    required_during_scheduling_ignored_during_execution: RequiredNodeSelector | None = None
+    """Nodes the pods may only run on. Planning refuses a role whose pool has no node matching it."""
+    preferred_during_scheduling_ignored_during_execution: Annotated[
+        list[PreferredSchedulingTerm], Field(max_length=8)] = []
+    """Nodes the scheduler prefers."""
+
+
+class Scheduling(SpecModel):
+    """How the cluster's scheduler places these pods, on top of what the planner requires (the
+    pool's nodeSelector, the GPU taints' tolerations, the NVLink clique and ComputeDomain affinity)."""
+
+    priority_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
+    """A PriorityClass of the cluster; its pods may preempt lower ones and are preempted by higher."""
+    scheduler_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
+    """A scheduler other than the default (a gang scheduler such as Volcano or KAI for multi-node groups)."""
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] = []
+    """Tolerations beside the pool's (or the router's) own and the GPU taints'."""
+    node_affinity: NodeAffinity | None = None
+    """Node affinity, ANDed with the nodeSelector."""
+
+
+class Staging(SpecModel):
+    """The staging Jobs that download the checkpoint into the cache volume (or verify a pvc:// one)."""
+
+    scheduling: Scheduling | None = None
+    """Priority class, scheduler, tolerations and node affinity of their pods (they need no GPU)."""
+
+
 class ModelCache(SpecModel):
     """The shared volume the weights are staged into once (~1.6 TB for Kimi K3)."""
 
@@ -138,6 +235,8 @@ class ModelSource(SpecModel):
     AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION) become the Job's environment."""
     cache: ModelCache | None = None
     """Shared weights volume; omitted means the default claim settings."""
+    staging: Staging | None = None
+    """How the staging Jobs' pods are scheduled."""
     endpoint: EndpointUrl | None = None
     """Hub or S3 endpoint to download from (a mirror, a private S3 service); rendered as HF_ENDPOINT
     or AWS_ENDPOINT_URL_S3 for the staging Jobs only. Default: the public Hub / AWS. Must be https://
@@ -447,6 +546,8 @@ class Role(SpecModel):
     """Scale this role from metrics (see spec.autoscaling for the deployment-wide settings)."""
     engine: RoleEngine | None = None
     """This role's scheduler, CUDA-graph and expert-balancing settings; planned when omitted."""
+    scheduling: Scheduling | None = None
+    """Priority class, scheduler, tolerations and node affinity of this role's pods."""
 
 
 class Gpu(SpecModel):
@@ -464,21 +565,6 @@ class Backends(SpecModel):
     """--all2all-backend."""  # the alias keeps the published spelling; to_camel would say all2All
     moe: MoeBackend | None = None
     """--moe-backend."""
-
-
-class Toleration(SpecModel):
-    """A pod toleration (the core/v1 fields)."""
-
-    key: ShortString | None = None
-    """Taint key; empty with operator Exists tolerates everything."""
-    operator: Literal["Exists", "Equal"] | None = None
-    """Exists | Equal (default Equal)."""
-    value: LabelValue | None = None
-    """Taint value for operator Equal."""
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    """Taint effect to match; all effects when empty."""
-    toleration_seconds: Annotated[int, Field(ge=-(1 << 53), le=1 << 53)] | None = None
-    """How long a NoExecute taint is tolerated."""  # bounds a float64 holds exactly, as the API server compares them
 
 
 RDMA_ENV_PREFIXES = ("NCCL_", "UCX_", "NVSHMEM_", "NIXL_", "GLOO_")
@@ -778,11 +864,9 @@ class Router(SpecModel):
     missing Secret keeps the router pods from starting; an empty key refuses every request."""
     gateway: RouterGateway | None = None
     """Attach the endpoint to a Gateway (Gateway API's HTTPRoute); none: the router's Service only."""
-
-
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-"""A label key: an optional DNS-subdomain prefix and a name (meta/v1 validation)."""
-LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY)]
+    scheduling: Scheduling | None = None
+    """Priority class, scheduler, tolerations and node affinity of the router pods (beside
+    nodeSelector and tolerations above)."""
 
 
 class SelectorRequirement(SpecModel):

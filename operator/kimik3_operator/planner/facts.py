@@ -42,6 +42,8 @@ class NodeFacts:
     """CPU, memory and ephemeral storage the node offers pods; None when it reports none."""
     product_label: str | None = None
     """The GPU product label as the node carries it (`product` is None when it names no known GPU)."""
+    gpu_taints: tuple[Mapping[str, str], ...] = ()
+    """Its taints keyed by a GPU resource (`nvidia.com/gpu`, `amd.com/gpu`), in wire form."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,20 @@ def node_view(node: Mapping[str, Any]) -> dict[str, Any]:
     fleet, and would otherwise each look like a change to plan over again."""
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
-    spec = {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {}
+    spec: dict[str, Any] = {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {}
+    if taints := _gpu_taints(node):
+        spec["taints"] = list(taints)
     return {"apiVersion": node.get("apiVersion", "v1"), "kind": node.get("kind", "Node"),
             "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta},
             "spec": spec,
             "status": {k: status[k] for k in ("allocatable", "capacity") if k in status}}
+
+
+def _gpu_taints(node: Mapping[str, Any]) -> tuple[Mapping[str, str], ...]:
+    """The node's GPU taints only: the node controller's own (not-ready, unreachable) come and go
+    with heartbeats and say nothing a plan needs."""
+    return tuple({k: str(t[k]) for k in ("key", "value", "effect") if t.get(k)}
+                 for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") in GPU_RESOURCES)
 
 
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
@@ -149,6 +160,7 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         memory_mib=_memory_mib(labels),
         allocatable=node_allocatable(allocatable),
         product_label=product_label,
+        gpu_taints=_gpu_taints(node),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .network import NetworkPlan
+from .placement import Placement
 from .pod_resources import PodResources
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
@@ -178,6 +179,8 @@ class RolePlan:
     autoscaling: RoleScaling | None = None
     """Set when a scaler owns the replica count; `replicas` is then only where it starts."""
     shape: EngineShape | None = None
+    placement: Placement = field(default_factory=Placement)
+    """Where its pods may run: the pool's selector and tolerations, the GPU taints', the role's scheduling."""
     """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
     pod_resources: PodResources | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""

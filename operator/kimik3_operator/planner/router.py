@@ -8,12 +8,11 @@ any decode of the same revision), and aggregated roles get a load-balancing rout
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
 from ..api.spec import RouterMode
+from .placement import Placement, placement
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,8 @@ class RouterPlan:
     drain_seconds: int
     """How long a terminating router may finish the streams it carries: the engines' own drain
     budget (spec.engine.shutdownTimeoutSeconds), the same promise to a client either way."""
-    node_selector: tuple[tuple[str, str], ...] = ()
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    """Where its pods may run (spec.router), in the core/v1 wire form."""
+    placement: Placement = field(default_factory=Placement)
+    """Where its pods may run (spec.router's nodeSelector, tolerations and scheduling)."""
     front: FrontPlan = FrontPlan()
     gateway: GatewayPlan | None = None
     """The Gateway its Service is attached to: the first router's (the deployment's endpoint) only."""
@@ -102,7 +100,7 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
                    drain_seconds=spec.engine.shutdown_timeout_seconds,
-                   node_selector=tuple(sorted(router.node_selector.items())),
-                   tolerations=tuple(t.wire() for t in router.tolerations), front=front,
+                   placement=placement(router.node_selector, [t.wire() for t in router.tolerations],
+                                       router.scheduling), front=front,
                    gateway=gateway if index == 0 else None)
         for index, (mode, chosen, policies) in enumerate((m, c, p) for m, c, p in modes if c))

@@ -31,6 +31,7 @@ from .network import network_plan
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
+from .scheduling import role_placement
 from .shaping import ShapeOverrides, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
 from .timeouts import startup_timeouts
@@ -207,6 +208,11 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
     roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
     roles = with_pod_settings(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
+    specs = dict(pool.roles())
+    tolerations = tuple(t.wire() for t in pool.tolerations)
+    roles = tuple(dataclasses.replace(r, placement=role_placement(
+        f"pool {pool.name} role {r.role}", pool.node_selector, tolerations, specs[r.role].scheduling, facts.nodes))
+        for r in roles)
     rdma = rdma_plan(pool, facts, fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,
@@ -215,7 +221,7 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
         gpus_per_node=fabric.gpus_per_node,
         gpu_resource=facts.gpu_resource or ("amd.com/gpu" if gpu.vendor == "amd" else "nvidia.com/gpu"),
         node_selector=dict(pool.node_selector),
-        tolerations=tuple(t.wire() for t in pool.tolerations),
+        tolerations=tolerations,
         image=pool.image or spec.engine.image or serving_image(gpu),
         roles=roles,
         rdma=rdma,

@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..api import KimiK3DeploymentSpec
 from ..contract.stager import CONTENT_COMMIT, HUB_COMMIT
 from ..contract.uri import parse_model_uri
+from .placement import Placement, placement
 
 MODEL_PATH = "/models/kimi-k3"
 DRAFT_PATH = "/models/kimi-k3-draft"
@@ -63,6 +64,8 @@ class WeightsPlan:
     endpoint: str | None
     cache_retained: bool = True
     """spec.model.cache.retentionPolicy Retain: the cache claim outlives the deployment."""
+    staging: Placement = field(default_factory=Placement)
+    """Where the staging Jobs' pods may run (spec.model.staging.scheduling)."""
 
     @property
     def needs_cache(self) -> bool:
@@ -103,6 +106,7 @@ def weights_plan(spec: KimiK3DeploymentSpec) -> WeightsPlan:
         auth_secret=(auth.name, auth.key) if auth else None,
         endpoint=spec.model.endpoint,
         cache_retained=cache.retention_policy == "Retain" if cache else True,
+        staging=placement({}, (), spec.model.staging.scheduling if spec.model.staging else None),
     )
 
 

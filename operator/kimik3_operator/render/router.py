@@ -54,7 +54,7 @@ from .names import (
     owned_labels,
     router_name,
 )
-from .placement import placement
+from .placement import place
 from .workloads import LWS_WORKER_INDEX_LABEL
 
 ROUTER_PORT = FRONT_PORT
@@ -280,7 +280,7 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
-                "spec": {
+                "spec": place({
                     "serviceAccountName": service_account(owner),
                     "automountServiceAccountToken": True,  # its discovery watches the pods
                     "enableServiceLinks": False,
@@ -297,8 +297,7 @@ def router_deployment(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                     "containers": [front_container(targets.plan, PRE_STOP_SECONDS),
                                    router_container(owner, targets)],
                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-                    **placement(dict(targets.plan.node_selector), targets.plan.tolerations),
-                },
+                }, targets.plan.placement),
             },
         },
     }

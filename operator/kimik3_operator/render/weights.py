@@ -25,6 +25,7 @@ from ..planner import WeightsPlan, WeightsSource
 from ..planner.weights import CACHE_MOUNT
 from .kubelet import literal
 from .names import Owner, bounded, object_meta
+from .placement import place
 
 CACHE_VOLUME = "model-cache"
 LABEL_SOURCE = f"{GROUP}/weights-source"
@@ -179,7 +180,7 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
             "backoffLimit": MAX_ATTEMPTS,
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
-                "spec": {
+                "spec": place({
                     "restartPolicy": "Never",
                     "serviceAccountName": service_account_name(owner),
                     "enableServiceLinks": False,
@@ -189,7 +190,7 @@ def staging_job(owner: Owner, weights: WeightsPlan, source: WeightsSource, image
                     "volumes": [{"name": volume_name(owner, source),
                                  "persistentVolumeClaim": {"claimName": claim_of(owner, source)}},
                                 {"name": "tmp", "emptyDir": {}}],
-                },
+                }, weights.staging),
             },
         },
     }

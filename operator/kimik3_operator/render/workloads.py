@@ -17,7 +17,7 @@ from . import chat_template, compile_cache
 from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
 from .engine import HTTP_PORT, engine_args, engine_env, nixl_ports
 from .names import LABEL_COMPAT, Owner, labels, object_meta, workload_name
-from .placement import placement
+from .placement import place
 from .rdma import fabric_env
 from .weights import serving_mounts, serving_volumes, wait_containers
 
@@ -105,7 +105,7 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
                     *serving_volumes(owner, plan.weights), compile_cache.volume(owner, plan.weights),
                     *chat_template.volumes(plan.engine, worker=worker)],
     }
-    spec.update(placement(pool.node_selector, pool.tolerations))
+    place(spec, role.placement)
     if role.compute_domain:
         spec["resourceClaims"] = pod_claims(owner, pool, role)
     terms = [kv_domain_affinity(owner)] if role.shared_compute_domain else []
@@ -116,7 +116,8 @@ def pod_template(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, lws_n
             "topologyKey": role.group_topology_key,
         })
     if terms:
-        spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
+        spec["affinity"] = {**(spec.get("affinity") or {}),
+                            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
     return {"metadata": {"labels": pod_labels}, "spec": spec}
 
 
