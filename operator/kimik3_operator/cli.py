@@ -202,7 +202,7 @@ def _certificate_keeper(args: argparse.Namespace) -> Any:
 
     from .k8s import api_client
     from .k8s.lease import default_lease_namespace
-    from .k8s.webhook_cert import CertificateKeeper
+    from .k8s.webhook_cert_keeper import CertificateKeeper
 
     directory = Path(tempfile.mkdtemp(prefix="kimik3-webhook-"))  # 0700, in the pod's /tmp emptyDir
     return CertificateKeeper(api_client(), default_lease_namespace(), args.webhook_cert_secret,

@@ -19,8 +19,8 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kimik3_operator.k8s.webhook_cert import CertificateKeeper
-from kimik3_operator.webhook_certs import CertificateError, Material, inspect
+from kimik3_operator.k8s.webhook_cert_keeper import CertificateKeeper
+from kimik3_operator.webhook_pki import CertificateError, Material, inspect
 
 NAMESPACE, SECRET, CONFIG = "kimik3-system", "op-webhook-cert", "op"
 HOSTS = frozenset({"op-webhook", "op-webhook.kimik3-system.svc"})

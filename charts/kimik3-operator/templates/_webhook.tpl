@@ -6,7 +6,7 @@ The webhook's certificate, one of three ways:
 - given (webhook.url with webhook.caBundle): an operator outside the cluster with a certificate of
   its own; the chart writes the caBundle.
 - the operator's (otherwise): the operator makes a CA and serving certificate into the Secret
-  <fullname>-webhook-cert, renews them, and sets the caBundle itself (k8s/webhook_cert.py). The
+  <fullname>-webhook-cert, renews them, and sets the caBundle itself (k8s/webhook_cert_keeper.py). The
   chart renders no key material, so `helm template` gives the same output every time.
 */ -}}
 

@@ -3,7 +3,7 @@ chart renders no key material (so `helm template` is the same every time and Git
 drift), and every replica, at start and then every `check_seconds`:
 
 1. reads the Secret; if it is missing, not certificates, for other hosts, or near expiry, makes
-   new ones (webhook_certs.renewed) and writes them: create, or a PUT guarded by the
+   new ones (webhook_pki.renewed) and writes them: create, or a PUT guarded by the
    resourceVersion it read, so two replicas racing write once and the loser reads the winner's;
 2. sets that Secret's CA bundle as the caBundle of every webhook of the
    ValidatingWebhookConfiguration, if it differs (a JSON patch, tested against the webhook's name);
@@ -31,7 +31,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ..webhook_certs import DEFAULT_POLICY, CertificateError, Material, Policy, renewed
+from ..webhook_pki import DEFAULT_POLICY, CertificateError, Material, Policy, renewed
 from .cluster import UNREACHABLE
 
 log = logging.getLogger(__name__)

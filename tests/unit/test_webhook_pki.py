@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kimik3_operator.webhook_certs import Action, Facts, Material, Policy, bundle, decide, inspect, renewed
+from kimik3_operator.webhook_pki import Action, Facts, Material, Policy, bundle, decide, inspect, renewed
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 HOSTS = frozenset({"kimik3-webhook", "kimik3-webhook.ns.svc", "127.0.0.1"})
