@@ -22,8 +22,10 @@ from tests.support.cases import base_deployment
 from tests.support.nodes import node
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-E2E_NODES = {"b200-hgx.yaml": "B200", "gb300-nvl72-rack0.yaml": "GB300", "gb300-nvl72-rack1.yaml": "GB300",
-             "h200-hgx.yaml": "H200"}
+E2E_NODES: dict[str, str | None] = {
+    "b200-hgx.yaml": "B200", "gb300-nvl72-rack0.yaml": "GB300", "gb300-nvl72-rack1.yaml": "GB300",
+    "h200-hgx.yaml": "H200", "cpu.yaml": None}
+"""Each e2e node file's GPU product; None: CPU nodes (routers, staging), which no pool plans on."""
 
 
 def test_api_enum_is_the_table_in_its_order() -> None:
@@ -104,10 +106,11 @@ def test_every_e2e_node_label_names_its_product(path: pathlib.Path) -> None:
     assert nodes
     for n in nodes:
         labels = n["metadata"]["labels"]
-        value = next(labels[k] for k in PRODUCT_LABELS if k in labels)
-        assert product_from_label(value) == E2E_NODES[path.name], n["metadata"]["name"]
+        value = next((labels[k] for k in PRODUCT_LABELS if k in labels), None)
+        assert (value and product_from_label(value)) == E2E_NODES[path.name], n["metadata"]["name"]
     facts = pool_facts({}, nodes)
     assert (facts.product, dict(facts.unknown_labels)) == (E2E_NODES[path.name], {})
+    assert bool(facts.nodes) == (E2E_NODES[path.name] is not None)
 
 
 def _selector_labels() -> set[str]:
