@@ -153,6 +153,27 @@ build_lws() {
   first_line "$out/lws-manager" --version >&2
 }
 
+# Kueue (project issue 25 item 2), built in its module directory like KEDA (its own go.mod and go.sum:
+# the dependency graph its release was tested with). Kueue run with its own certificates (not its
+# internal cert-controller, whose certificate names only <service>.<namespace>.svc) reads the metrics
+# server's from a fixed /etc/kueue/metrics/certs (cmd/kueue/main.go); here nothing is written outside
+# the cache, so that one literal becomes $KUEUE_METRICS_CERT_DIR. Only the manager is built.
+build_kueue() {
+  local out="$BIN/kueue-v$KUEUE_VERSION"
+  [[ -x "$out/kueue-manager" ]] && return 0
+  local w main
+  w="$(mktemp -d)"
+  cp -r "$(module_dir "sigs.k8s.io/kueue@v$KUEUE_VERSION")" "$w/src"
+  chmod -R u+w "$w/src"
+  main="$w/src/cmd/kueue/main.go"
+  sed -i 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")|' "$main"
+  grep -q 'metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")' "$main" ||
+    { log "Kueue's cmd/kueue/main.go no longer has the line build_kueue rewrites; check its metrics cert path"; exit 1; }
+  (cd "$w/src" && go build -p 2 -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
+    -o "$w/kueue-manager" ./cmd/kueue)
+  mkdir -p "$out" && mv "$w/kueue-manager" "$out/" && rm -rf "$w"
+}
+
 build_helm() {
   local out="$BIN/helm-v$HELM_VERSION"
   [[ -x "$out/helm" ]] && return 0
@@ -255,7 +276,7 @@ main() {
   exec 9>"$CACHE/.build.lock"
   flock 9
   local c t0=$SECONDS
-  (($#)) || set -- etcd kwok lws helm k8s prometheus prometheus_adapter keda gateway_api
+  (($#)) || set -- etcd kwok lws helm k8s prometheus prometheus_adapter keda gateway_api kueue
   for c in "$@"; do timed "$c" "build_$c"; done
   log "all components ready in $((SECONDS - t0))s under $BIN"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The local real cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake
-# GPU nodes and pod lifecycle), the LeaderWorkerSet manager, a stand-in for the ComputeDomain
+# GPU nodes and pod lifecycle), the LeaderWorkerSet manager, Kueue, a stand-in for the ComputeDomain
 # controller of NVIDIA's DRA driver (compute_domain_controller.py), the autoscaling metrics stack
 # (Prometheus, the KEDA operator and metrics API server, prometheus-adapter), all as host processes
 # on 127.0.0.1, and one real node (node.sh: a registry, containerd, the kubelet, Service rules).
@@ -17,7 +17,7 @@
 # Environment:
 #   KIMIK3_CACHE       binaries and Go caches (default ~/.cache/kimik3-e2e; shared with build.sh)
 #   KIMIK3_STATE       pki, kubeconfigs, etcd data, logs, pidfiles (default $KIMIK3_CACHE/state)
-#   KIMIK3_PORT_BASE   if set, ports are BASE+0..15 in the order of the list below; otherwise the
+#   KIMIK3_PORT_BASE   if set, ports are BASE+0..17 in the order of the list below; otherwise the
 #                      usual defaults. One port can also be set alone:
 #                      KIMIK3_ETCD_PORT (2379) KIMIK3_ETCD_PEER_PORT (2380) KIMIK3_APISERVER_PORT (6443)
 #                      KIMIK3_KCM_PORT (10257) KIMIK3_SCHEDULER_PORT (10259)
@@ -27,6 +27,7 @@
 #                      KIMIK3_KEDA_METRICS_API_METRICS_PORT (8083) KIMIK3_PROMETHEUS_ADAPTER_PORT (6445)
 #                      KIMIK3_REGISTRY_PORT (5000) KIMIK3_KUBELET_PORT (10250, on the node's bridge
 #                      address) KIMIK3_KUBELET_HEALTHZ_PORT (10248)
+#                      KIMIK3_KUEUE_WEBHOOK_PORT (9444) KIMIK3_KUEUE_HEALTH_PORT (8084)
 #                      The ports of a running cluster are remembered in $KIMIK3_STATE/ports.env, so
 #                      later calls need no variables.
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
@@ -77,6 +78,7 @@ BIN_K8S="$CACHE/bin/k8s-v$K8S_VERSION"
 BIN_ETCD="$CACHE/bin/etcd-v$ETCD_VERSION"
 BIN_KWOK="$CACHE/bin/kwok-v$KWOK_VERSION"
 BIN_LWS="$CACHE/bin/lws-v$LWS_VERSION"
+BIN_KUEUE="$CACHE/bin/kueue-v$KUEUE_VERSION"
 BIN_HELM="$CACHE/bin/helm-v$HELM_VERSION"
 BIN_PROMETHEUS="$CACHE/bin/prometheus-v$PROMETHEUS_DEB_VERSION"
 BIN_KEDA="$CACHE/bin/keda-v$KEDA_VERSION"
@@ -84,6 +86,7 @@ BIN_PROMETHEUS_ADAPTER="$CACHE/bin/prometheus-adapter-v$PROMETHEUS_ADAPTER_VERSI
 # build.sh puts the module cache here; its copies of kwok, LWS and KEDA carry the stage and CRD YAMLs.
 KWOK_SRC="$CACHE/go/mod/sigs.k8s.io/kwok@v$KWOK_VERSION"
 LWS_SRC="$CACHE/go/mod/sigs.k8s.io/lws@v$LWS_VERSION"
+KUEUE_SRC="$CACHE/go/mod/sigs.k8s.io/kueue@v$KUEUE_VERSION"
 KEDA_SRC="$CACHE/go/mod/github.com/kedacore/keda/v2@v$KEDA_VERSION"
 GATEWAY_API_CRDS="$CACHE/bin/gateway-api-v$GATEWAY_API_VERSION"
 
@@ -107,8 +110,8 @@ KEDA_NAMESPACE=keda
 ADAPTER_NAMESPACE=monitoring # prometheus-adapter's own manifests (deploy/manifests) use this one
 
 # Start order; `down` stops in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller
-  prometheus keda-operator prometheus-adapter keda-metrics-apiserver registry containerd kubelet service-proxy)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager kueue-manager
+  compute-domain-controller prometheus keda-operator prometheus-adapter keda-metrics-apiserver registry containerd kubelet service-proxy)
 # What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
 # Python runs (pid_of checks argv[0] or argv[1] against it).
 declare -A BINARY=(
@@ -118,6 +121,7 @@ declare -A BINARY=(
   [kube-scheduler]="$BIN_K8S/kube-scheduler"
   [kwok]="$BIN_KWOK/kwok"
   [lws-manager]="$BIN_LWS/lws-manager"
+  [kueue-manager]="$BIN_KUEUE/kueue-manager"
   [compute-domain-controller]="$HERE/compute_domain_controller.py"
   [prometheus]="$BIN_PROMETHEUS/prometheus"
   [keda-operator]="$BIN_KEDA/keda"
@@ -146,7 +150,12 @@ KEDA_ENV="WATCH_NAMESPACE= POD_NAMESPACE=$KEDA_NAMESPACE KEDA_CLUSTER_OBJECT_NAM
 # containerd pulls only from the loopback registry (node.sh's hosts.toml for it and for ghcr.io); any
 # other registry name goes to a proxy address nothing listens on and fails here, never off the machine.
 CONTAINERD_ENV="HTTP_PROXY=http://127.0.0.1:1 HTTPS_PROXY=http://127.0.0.1:1 NO_PROXY=127.0.0.1,localhost"
-declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV [containerd]=$CONTAINERD_ENV)
+# Kueue: where it runs (its Configuration's namespace is used for its own objects only) and where
+# its metrics server's certificate is (build.sh makes that path an environment variable).
+KUEUE_NAMESPACE=kueue-system
+KUEUE_ENV="KUEUE_METRICS_CERT_DIR=$STATE/pki/kueue-webhook"
+declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV [containerd]=$CONTAINERD_ENV
+  [kueue-manager]=$KUEUE_ENV)
 
 FAKE_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 # The aggregator's client certificate (front-proxy CA): the only name the API server and the
@@ -166,7 +175,7 @@ declare -A PORT=()
 # New keys go at the end: a key's offset from KIMIK3_PORT_BASE is its place in this list.
 PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT
   PROMETHEUS_PORT KEDA_GRPC_PORT KEDA_HEALTH_PORT KEDA_METRICS_API_PORT KEDA_METRICS_API_METRICS_PORT
-  PROMETHEUS_ADAPTER_PORT REGISTRY_PORT KUBELET_PORT KUBELET_HEALTHZ_PORT)
+  PROMETHEUS_ADAPTER_PORT REGISTRY_PORT KUBELET_PORT KUBELET_HEALTHZ_PORT KUEUE_WEBHOOK_PORT KUEUE_HEALTH_PORT)
 # Upstream's defaults where they do not clash with another component's (KEDA's health 8081 is
 # LWS's, its metrics API server's 6443 the API server's, its /metrics 8080 a common one).
 declare -A PORT_DEFAULT=(
@@ -175,6 +184,7 @@ declare -A PORT_DEFAULT=(
   [PROMETHEUS_PORT]=9090 [KEDA_GRPC_PORT]=9666 [KEDA_HEALTH_PORT]=8082 [KEDA_METRICS_API_PORT]=6444
   [KEDA_METRICS_API_METRICS_PORT]=8083 [PROMETHEUS_ADAPTER_PORT]=6445
   [REGISTRY_PORT]=5000 [KUBELET_PORT]=10250 [KUBELET_HEALTHZ_PORT]=10248
+  [KUEUE_WEBHOOK_PORT]=9444 [KUEUE_HEALTH_PORT]=8084
 )
 
 # Precedence per port: KIMIK3_<KEY> > KIMIK3_PORT_BASE + offset > ports.env of the running cluster
@@ -246,6 +256,7 @@ component_ports() { # the ports a component listens on, for port-clash checks an
     kube-scheduler) echo "${PORT[SCHEDULER_PORT]}" ;;
     kwok) echo "" ;; # no server: --server-address/--node-port stay unset
     lws-manager) echo "${PORT[LWS_WEBHOOK_PORT]} ${PORT[LWS_HEALTH_PORT]}" ;;
+    kueue-manager) echo "${PORT[KUEUE_WEBHOOK_PORT]} ${PORT[KUEUE_HEALTH_PORT]}" ;;
     compute-domain-controller) echo "" ;; # a client only; its health is a ready file
     prometheus) echo "${PORT[PROMETHEUS_PORT]}" ;;
     keda-operator) echo "${PORT[KEDA_GRPC_PORT]} ${PORT[KEDA_HEALTH_PORT]}" ;;
@@ -306,6 +317,7 @@ ensure_pki() {
   issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
   issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
   issue lws-manager "/O=system:masters/CN=kimik3-e2e:lws-manager"
+  issue kueue-manager "/O=system:masters/CN=kimik3-e2e:kueue-manager"
   issue compute-domain-controller "/O=system:masters/CN=kimik3-e2e:compute-domain-controller"
   # For the operator under test, so its writes are told apart from the test driver's kubectl.
   issue operator "/O=system:masters/CN=kimik3-e2e:operator"
@@ -431,7 +443,7 @@ write_configs() {
   mkdir -p "$CONF" "$STATE/kubeconfigs" "$RUN" "$LOGS" "$STATE/kwok" "$STATE/apiserver"
   write_file "$KUBECONFIG_FILE" 600 < <(kubeconfig admin)
   local c
-  for c in kube-controller-manager kube-scheduler kwok lws-manager compute-domain-controller \
+  for c in kube-controller-manager kube-scheduler kwok lws-manager kueue-manager compute-domain-controller \
     keda-operator keda-metrics-apiserver prometheus-adapter; do
     write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
   done
@@ -472,6 +484,36 @@ metrics:
   bindAddress: "0"
 health:
   healthProbeBindAddress: 127.0.0.1:${PORT[LWS_HEALTH_PORT]}
+EOF
+
+  # Kueue as LWS: no leader election, our certificate (for the webhooks, and for the metrics server,
+  # which reads its own from $KUEUE_METRICS_CERT_DIR: build.sh), webhook and health on loopback,
+  # metrics off. Only the LeaderWorkerSet integration (it enables the pod one it builds on). No
+  # visibility API server: it would bind all interfaces, and nothing here asks it.
+  mkdir -p "$PKI/kueue-webhook"
+  write_file "$PKI/kueue-webhook/tls.crt" 644 kueue-manager <"$PKI/admin.crt"
+  write_file "$PKI/kueue-webhook/tls.key" 600 kueue-manager <"$PKI/admin.key"
+  write_file "$CONF/kueue.yaml" 644 kueue-manager <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: $KUEUE_NAMESPACE
+manageJobsWithoutQueueName: false
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: ${PORT[KUEUE_WEBHOOK_PORT]}
+  certDir: $PKI/kueue-webhook
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:${PORT[KUEUE_HEALTH_PORT]}
+featureGates:
+  VisibilityOnDemand: false
+integrations:
+  frameworks: ["leaderworkerset.x-k8s.io/leaderworkerset"]
 EOF
 
   # Its command line does not change when the script does; this hash does, and restarts it.
@@ -605,6 +647,9 @@ command_of() {
       ;;
     lws-manager)
       CMD=("${BINARY[lws-manager]}" --kubeconfig="$kc" --config="$CONF/lws.yaml" --zap-log-level=info)
+      ;;
+    kueue-manager)
+      CMD=("${BINARY[kueue-manager]}" --kubeconfig="$kc" --config="$CONF/kueue.yaml" --zap-log-level=info)
       ;;
     compute-domain-controller)
       [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
@@ -779,6 +824,14 @@ healthy() { # healthy NAME: the component answers its health endpoint
         -H 'Content-Type: application/json' -d '{}' \
         "https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
       [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
+    kueue-manager)
+      # As LWS: readyz pings, then the webhook server must know the LeaderWorkerSet handler.
+      "${CURL[@]}" -f "http://127.0.0.1:${PORT[KUEUE_HEALTH_PORT]}/readyz" >/dev/null 2>&1 || return 1
+      local code
+      code="$("${CURL[@]}" -o /dev/null -w '%{http_code}' --cacert "$PKI/ca.crt" -X POST \
+        -H 'Content-Type: application/json' -d '{}' \
+        "https://127.0.0.1:${PORT[KUEUE_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
+      [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
     # It creates this file after each successful list of ComputeDomains and removes it on errors.
     compute-domain-controller) pid_of compute-domain-controller >/dev/null && [[ -e $RUN/compute-domain-controller.ready ]] ;;
     prometheus) "${CURL[@]}" -f "http://127.0.0.1:${PORT[PROMETHEUS_PORT]}/-/ready" >/dev/null 2>&1 ;;
@@ -940,6 +993,66 @@ EOF
 }
 
 ensure_lws_webhooks() { apply_hashed lws-webhooks < <(lws_webhooks_yaml); }
+
+# Kueue's webhooks for what its LeaderWorkerSet integration needs (upstream's
+# config/components/webhook: the LeaderWorkerSet pair, which marks a queued set's pod templates,
+# and the pod pair, which gates those pods until their group is admitted), with loopback URLs and our
+# CA; its namespace selector as upstream's. Pods only of LeaderWorkerSets, as the LWS webhooks: a
+# Kueue that is down then blocks no other pod of the cluster. Applied once the manager serves them.
+kueue_webhooks_yaml() {
+  local ca base="https://127.0.0.1:${PORT[KUEUE_WEBHOOK_PORT]}"
+  ca="$(base64 -w0 <"$PKI/ca.crt")"
+  local common="admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Fail
+  timeoutSeconds: 10
+  namespaceSelector:
+    matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, $KUEUE_NAMESPACE]}]"
+  local pods="objectSelector:
+    matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]"
+  local lws="rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]"
+  cat <<EOF
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $KUEUE_NAMESPACE
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: kueue-mutating-webhook-configuration
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+webhooks:
+- name: mleaderworkerset.kb.io
+  $common
+  clientConfig: {url: "$base/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
+  $lws
+- name: mpod.kb.io
+  $common
+  clientConfig: {url: "$base/mutate--v1-pod", caBundle: "$ca"}
+  $pods
+  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: kueue-validating-webhook-configuration
+  annotations: {$HASH_ANNOTATION: "@HASH@"}
+webhooks:
+- name: vleaderworkerset.kb.io
+  $common
+  clientConfig: {url: "$base/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
+  $lws
+- name: vpod.kb.io
+  $common
+  clientConfig: {url: "$base/validate--v1-pod", caBundle: "$ca"}
+  $pods
+  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [pods]}]
+EOF
+}
+
+ensure_kueue_webhooks() { apply_hashed kueue-webhooks < <(kueue_webhooks_yaml); }
 
 # The namespaces of the metrics API servers and the Services their APIServices name. No pod network
 # here: an ExternalName Service `localhost` makes the aggregator call https://localhost:<port of the
@@ -1123,6 +1236,9 @@ cmd_up() {
   # only every 30 s, so objects owned by a LeaderWorkerSet, ComputeDomain or ScaledObject (KEDA's
   # HPAs) whose CRD came later would outlive their owner by up to 30 s.
   ensure_crds lws "$LWS_SRC/config/crd/bases"
+  # Kueue's bases serve v1beta1 and v1beta2 without conversion (its kustomized CRDs convert through
+  # its webhook Service); everything here speaks v1beta2, the stored version.
+  ensure_crds kueue "$KUEUE_SRC/config/components/crd/bases"
   ensure_crds keda "$KEDA_SRC/config/crd/bases"
   ensure_crds gateway-api "$GATEWAY_API_CRDS"
   ensure_compute_domain_fixtures
@@ -1146,6 +1262,9 @@ cmd_up() {
   ensure_nodes
   wait_healthy lws-manager 60
   ensure_lws_webhooks # only now: the manager serves them
+  ensure_running kueue-manager # after the LWS CRDs and webhooks: it manages LeaderWorkerSets
+  wait_healthy kueue-manager 60
+  ensure_kueue_webhooks
 
   apply_hashed metrics-services < <(metrics_services_yaml)
   ensure_running keda-operator # after its CRDs
@@ -1197,7 +1316,7 @@ cmd_down() {
   stop containerd registry || log "could not stop containerd or the registry"
   remove_node_state || log "could not remove the real node's state"
   stop prometheus-adapter keda-metrics-apiserver keda-operator prometheus \
-    compute-domain-controller lws-manager kwok kube-scheduler kube-controller-manager
+    compute-domain-controller kueue-manager lws-manager kwok kube-scheduler kube-controller-manager
   stop kube-apiserver
   stop etcd
   # Last: while the API server ran, its calls to Service addresses had to meet the guards.

@@ -72,12 +72,15 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     from kimik3_operator.planner.disaggregation import Verdict
     from kimik3_operator.reconcile.disaggregation import DisaggregationProbe
     from kimik3_operator.reconcile.handlers import State
+    from kimik3_operator.reconcile.queueing import QueueProbe
 
     state = State.__new__(State)  # no API client: only the bookkeeping is under test
     state._guard, state.phases, state.scaler, state.pace = threading.Lock(), PhaseBook(), SloScaler(None), None
     state.probe = DisaggregationProbe(None, clock=lambda: 0.0)
     state.probe._last = {("ns", "gone"): (0.0, Verdict("False", "NoTraffic", "")),
                          ("ns", "kept"): (0.0, Verdict("False", "NoTraffic", ""))}
+    state.queues = QueueProbe(clock=lambda: 0.0)
+    state.queues._last = {("ns", "gone"): (0.0, (), []), ("ns", "kept"): (0.0, (), [])}
     busy = threading.Lock()
     busy.acquire()
     state._locks = {("ns", "gone"): threading.Lock(), ("ns", "kept"): threading.Lock(), ("ns", "running"): busy}
@@ -85,6 +88,7 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     state.forget_all_but({("ns", "kept")})
     assert set(state._locks) == {("ns", "kept"), ("ns", "running")}  # a pass still running keeps its lock
     assert set(state.probe._last) == {("ns", "kept")}
+    assert set(state.queues._last) == {("ns", "kept")}
 
 
 def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
@@ -127,7 +131,7 @@ def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.Monkey
         state = handlers.State.__new__(handlers.State)  # no API client: only the requeue is under test
         state.config, state.queue, state._loop = OperatorConfig(), WorkQueue(), asyncio.get_running_loop()
         state._guard, state._locks, state.phases = threading.Lock(), {}, PhaseBook()
-        state.cluster = state.scaler = state.pace = state.probe = None
+        state.cluster = state.scaler = state.pace = state.probe = state.queues = None
         state.memo = PassMemo()
         started = asyncio.get_running_loop().time()
         await asyncio.to_thread(state.run, "ns", "k3")

@@ -121,3 +121,24 @@ def test_steady_load_does_not_oscillate() -> None:
 def test_the_prefill_decode_ratio_band(prefill: int, decode: int, band: tuple[float, float] | None,
                                        want: int) -> None:
     assert within_ratio(prefill, decode, band)[0] == want
+
+
+def test_replicas_waiting_in_a_kueue_queue_are_no_capacity() -> None:
+    # 3 replicas, 1 waits in the queue: 25 in flight needs 3 at 10 each, the 2 admitted are short.
+    held = decide(DECODE, SETTINGS, now=NOW, current=3, ready=2, observed=Observation(load=25, latency={"itl": 0.02}),
+                  memory=FRESH, fits=99, queued=1)
+    assert (held.replicas, held.direction) == (3, "hold")
+    assert "1 of 3 replica(s) wait in the Kueue queue" in held.reason
+    assert held.capacity_limited and "Kueue has admitted 2 of 3" in held.capacity_limited
+    # More load than the 3 carry: asking for a 4th would only queue it while one already waits.
+    more = decide(DECODE, SETTINGS, now=NOW, current=3, ready=2, observed=Observation(load=41, latency={"itl": 0.02}),
+                  memory=FRESH, fits=99, queued=1)
+    assert more.replicas == 3 and more.capacity_limited and "wants 5 replicas" in more.capacity_limited
+    # Without the queue the same 3 would count: the load fits them, no capacity is missing.
+    counted = decide(DECODE, SETTINGS, now=NOW, current=3, ready=3,
+                     observed=Observation(load=25, latency={"itl": 0.02}), memory=FRESH, fits=99)
+    assert counted.direction == "hold" and counted.capacity_limited is None
+    # A load the admitted replicas carry is no reason to hold for the queue.
+    light = decide(DECODE, SETTINGS, now=NOW, current=3, ready=2, observed=Observation(load=12, latency={"itl": 0.02}),
+                   memory=Memory(calm_since=NOW - 300), fits=99, queued=1)
+    assert light.capacity_limited is None and (light.replicas, light.direction) == (2, "down")

@@ -56,3 +56,15 @@ NO_METRICS = "NoMetrics"
 """Unknown: Prometheus has none of the decode engines' series (not scraped?), or no Prometheus is set."""
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 """Unknown: Prometheus did not answer."""
+
+# ---- the Admitted condition: has Kueue admitted the queued roles' groups? -------------------------
+# False takes Kueue's own reason from the waiting Workload's QuotaReserved condition (Pending,
+# Inadmissible, ...); these are the operator's for what Kueue cannot say.
+ADMITTED = "Admitted"
+"""True: Kueue admitted every group of every queued role (Kueue's reason for its own Admitted)."""
+KUEUE_MISSING = "KueueMissing"
+"""False: a role names a queue, but the cluster serves no Kueue Workloads; its groups run unqueued."""
+NO_WORKLOAD = "NoWorkload"
+"""False: a group has no Workload yet (Kueue has not seen the LeaderWorkerSet, or does not manage it)."""
+KUEUE_UNAVAILABLE = "KueueUnavailable"
+"""Unknown: reading the Workloads failed."""

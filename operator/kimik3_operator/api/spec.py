@@ -548,6 +548,12 @@ class Role(SpecModel):
     """This role's scheduler, CUDA-graph and expert-balancing settings; planned when omitted."""
     scheduling: Scheduling | None = None
     """Priority class, scheduler, tolerations and node affinity of this role's pods."""
+    queue_name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] | None = None
+    """A Kueue LocalQueue of this namespace that admits the role's replicas, each a whole
+    LeaderWorkerSet group: a group waits, its pods gated and holding no GPU, until the queue's
+    ClusterQueue has quota for all of it (Kueue v0.17+ with its leaderworkerset integration; the
+    Admitted condition tells how many wait and why). Kueue refuses to move a LeaderWorkerSet to
+    another queue, and to change a waiting group's resources or placement (docs/queues.md)."""
 
 
 class Gpu(SpecModel):

@@ -68,6 +68,9 @@ class RoleStatus(StatusModel):
     while groups beyond the plan still run."""
     updated_replicas: int = 0
     """Replicas on the current revision, as the LeaderWorkerSet counts them."""
+    queued_replicas: int = 0
+    """Replicas (whole groups) a Kueue queue has not admitted yet (spec queueName): their pods are
+    gated, hold no GPU and serve nothing; the Admitted condition says why they wait."""
     gpus_per_replica: int | None = None
     """GPUs one replica uses (tensor x pipeline x data parallel)."""
     nodes_per_replica: int | None = None

@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..contract import timestamps
+from ..contract.kueue import JOB_UID_LABEL, WORKLOAD_API_VERSION, WORKLOAD_KIND
 from ..contract.names import (
     ANNOTATION_HASH,
     AUTOSCALER_FIELD_MANAGER,
@@ -185,6 +186,22 @@ class Cluster:
     def list_active_pods(self) -> list[dict[str, Any]]:
         """Every namespace's pods that hold (or wait for) resources, for `kimik3 plan`'s capacity."""
         return [p.to_dict() for p in self._resource("v1", "Pod").get(field_selector=ACTIVE_PODS).items]
+
+    def list_kueue_workloads(self, namespace: str, job_uids: Sequence[str]) -> list[dict[str, Any]] | None:
+        """Kueue's Workloads of the LeaderWorkerSets `job_uids` (the label Kueue puts on each), for
+        the Admitted condition; None when the cluster serves no Workload kind (no Kueue)."""
+        try:
+            res = self._resource(WORKLOAD_API_VERSION, WORKLOAD_KIND)
+        except ResourceNotFoundError:
+            return None
+        if not job_uids:
+            return []
+        selector = f"{JOB_UID_LABEL} in ({','.join(sorted(job_uids))})"
+        try:
+            return [w.to_dict() for w in res.get(namespace=namespace, label_selector=selector).items]
+        except (ApiException, DynamicApiError) as exc:
+            status = getattr(exc, "status", None) or 0
+            raise RejectedApiError(WORKLOAD_KIND, namespace, status, _api_message(exc)) from exc
 
     # ---- writes -------------------------------------------------------------------------------
 

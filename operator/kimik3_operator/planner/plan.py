@@ -181,6 +181,8 @@ class RolePlan:
     shape: EngineShape | None = None
     placement: Placement = field(default_factory=Placement)
     """Where its pods may run: the pool's selector and tolerations, the GPU taints', the role's scheduling."""
+    queue: str | None = None
+    """The Kueue LocalQueue that admits its groups (spec queueName); None: not queued."""
     """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
     pod_resources: PodResources | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""

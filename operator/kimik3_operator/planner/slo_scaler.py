@@ -60,9 +60,11 @@ class Decision:
 
 
 def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, current: int, ready: int,
-           observed: Observation, memory: Memory, fits: int) -> Decision:
+           observed: Observation, memory: Memory, fits: int, queued: int = 0) -> Decision:
     """The next replica count of one role, and why. `fits` is how many replicas of the role the pool
-    could hold now (its current ones included)."""
+    could hold now (its current ones included); `queued` how many of the current ones Kueue has not
+    admitted (planner/queueing.py): they serve nothing and hold no GPU, so they are no capacity,
+    and asking for more while some wait would only queue more."""
     def hold(reason: str, mem: Memory = memory) -> Decision:
         return Decision(current, f"hold: {reason}", mem)
 
@@ -85,6 +87,14 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
         why = f"{name} p90 {_seconds(seen)} > {_seconds(target)} for {breached_for:.0f} s"
     if current < scaling.min_replicas:
         want, why = scaling.min_replicas, f"below minReplicas {scaling.min_replicas}"
+    admitted = current - queued
+    if queued > 0 and current <= scaling.max_replicas and (
+            want > current or (by_load is not None and by_load > admitted)):
+        needs = max(want, by_load or 0)
+        why = why or f"{scaling.metric} {observed.load:.3g} needs {needs} replicas at {scaling.target:.3g} each"
+        return Decision(current, f"hold: {queued} of {current} replica(s) wait in the Kueue queue", mem,
+                        capacity_limited=f"wants {max(needs, admitted + 1)} replicas ({why}); Kueue has admitted "
+                                         f"{admitted} of {current}, {queued} wait in its queue holding no GPU")
     if current > scaling.max_replicas:
         return Decision(scaling.max_replicas, f"down: above maxReplicas {scaling.max_replicas}",
                         Memory(now, breach_since))

@@ -211,8 +211,8 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
     specs = dict(pool.roles())
     tolerations = tuple(t.wire() for t in pool.tolerations)
     roles = tuple(dataclasses.replace(r, placement=role_placement(
-        f"pool {pool.name} role {r.role}", pool.node_selector, tolerations, specs[r.role].scheduling, facts.nodes))
-        for r in roles)
+        f"pool {pool.name} role {r.role}", pool.node_selector, tolerations, specs[r.role].scheduling, facts.nodes),
+        queue=specs[r.role].queue_name) for r in roles)
     rdma = rdma_plan(pool, facts, fabric.gpus_per_node)
     return PoolPlan(
         name=pool.name,

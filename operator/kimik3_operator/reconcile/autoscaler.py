@@ -158,10 +158,11 @@ class SloScaler:
     def step(self, cluster: Cluster, owner: Owner, plan: Plan, facts: Mapping[str, PoolFacts],
              used: Mapping[str, int], workloads: Mapping[str, Mapping[str, Any]],
              kept: Mapping[Key, RoleAutoscalingStatus], involved: dict[str, Any],
+             waiting: Mapping[str, int] | None = None,
              ) -> tuple[dict[Key, RoleAutoscalingStatus], dict[str, Mapping[str, Any]]]:
         """Decide every SLO-mode role of `plan` (live counts) and apply the changes; return the
         scaler's memory per role for status, and the workloads it rescaled as they are now. A role
-        whose metrics cannot be read holds."""
+        whose metrics cannot be read holds. `waiting`: groups Kueue has not admitted, by workload."""
         assert plan.scaling is not None
         settings = plan.scaling
         now = self._clock()
@@ -189,7 +190,7 @@ class SloScaler:
                 continue
             fits = replicas_that_fit(plan, facts, used, pool.name, role.role, scaling.max_replicas)
             decision = decide(scaling, settings, now=now, current=current, ready=ready, observed=observed,
-                              memory=memory, fits=fits)
+                              memory=memory, fits=fits, queued=(waiting or {}).get(workload["metadata"]["name"], 0))
             decisions[key] = (decision, current, workload)
         self._balance(plan, decisions, now)
         for (pool_name, role_name), (decision, current, workload) in decisions.items():

@@ -39,6 +39,7 @@ from .autoscaler import SloScaler
 from .disaggregation import DisaggregationProbe
 from .pass_memo import PassMemo
 from .queue import WorkQueue
+from .queueing import QueueProbe
 from .reconciler import Outcome, reconcile
 from .settings import OperatorConfig
 from .status_pace import StatusPace
@@ -71,6 +72,7 @@ class State:
         self.phases = PhaseBook()
         self.scaler = SloScaler(config.prometheus_url)
         self.probe = DisaggregationProbe(config.prometheus_url)
+        self.queues = QueueProbe()
         self.memo = PassMemo()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
@@ -84,6 +86,7 @@ class State:
         DEPLOYMENT_SERIES.keep_only(keys)
         self.scaler.forget_all_but(keys)
         self.probe.forget_all_but(keys)
+        self.queues.forget_all_but(keys)
         if self.pace is not None:
             self.pace.forget_all_but(keys)
 
@@ -98,7 +101,7 @@ class State:
             try:
                 outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
                                     scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
-                                    probe=self.probe)
+                                    probe=self.probe, queues=self.queues)
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

@@ -33,6 +33,8 @@ from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_aut
 from .disaggregation import DisaggregationProbe
 from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
+from .queueing import CHECK_SECONDS as QUEUE_CHECK_SECONDS
+from .queueing import QueueProbe, queued_roles
 from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
 from .status import compute_status, transitions
 from .status_pace import StatusPace
@@ -76,12 +78,13 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
               tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
               body: dict[str, Any] | None = None, memo: PassMemo | None = None,
-              pace: StatusPace | None = None, probe: DisaggregationProbe | None = None) -> Outcome:
+              pace: StatusPace | None = None, probe: DisaggregationProbe | None = None,
+              queues: QueueProbe | None = None) -> Outcome:
     """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
     `memo` what earlier passes worked out (node facts, GPU usage, plans), `pace` when this
     deployment's status was last written (without it every change is written at once), `probe`
     what measures whether a P/D deployment that serves disaggregates (no Disaggregating condition
-    without it)."""
+    without it), `queues` what reads Kueue's Workloads of queued roles (read on every pass without it)."""
     outcome = Outcome()
     mine = deployment_label(Owner(name=name, namespace=namespace, uid=""))  # what its children carry
     seen = cluster.observe(namespace, name, mine, body)
@@ -172,9 +175,14 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     kept = {k: o for k, o in {**live, **current}.items() if k in wanted}
     workloads: dict[str, Mapping[str, Any]] = {n: o for (k, n), o in kept.items() if k == LEADER_WORKER_SET.kind}
     plan = with_live_counts(owner, plan, workloads)
+    admission = (queues or QueueProbe()).admission(cluster, owner, queued_roles(owner, plan, workloads))
+    waiting = admission.waiting if admission else {}
+    if any(waiting.values()):
+        outcome.due = min(QUEUE_CHECK_SECONDS, outcome.due or QUEUE_CHECK_SECONDS)
     scaling = previous_autoscaling(previous)
     if scaler is not None and scaler.due((namespace, name), plan):
-        scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference())
+        scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference(),
+                                        waiting)
         workloads = {**workloads, **rescaled}
         plan = with_live_counts(owner, plan, workloads)
         pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
@@ -184,7 +192,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
         workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
         pairs=pairs,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
-        disaggregating=probe.verdict(owner, plan) if probe is not None and workloads else None))
+        disaggregating=probe.verdict(owner, plan) if probe is not None and workloads else None,
+        admission=admission))
     return outcome
 
 

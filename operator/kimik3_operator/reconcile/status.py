@@ -13,11 +13,13 @@ from typing import Any
 
 from ..api import Condition, KimiK3DeploymentStatus, PoolStatus, RoleStatus
 from ..api.reasons import (
+    ADMITTED,
     ALL_REPLICAS_READY,
     AS_EXPECTED,
     DECODE_RECOMPUTES_PROMPTS,
     INSUFFICIENT_CAPACITY,
     INVALID_SPEC,
+    KUEUE_MISSING,
     NO_KV_TRANSFERS,
     PODS_NOT_READY,
     ROUTER_NOT_READY,
@@ -30,6 +32,7 @@ from ..api.status import EngineStatus, RoleAutoscalingStatus, RouterStatus
 from ..metrics import DEPLOYMENT_SERIES
 from ..planner import Plan, PlanningError
 from ..planner.disaggregation import Verdict
+from ..planner.queueing import Admission
 from ..render import RoleEndpoints
 from ..render.names import Owner, workload_name
 from ..render.plan_fields import pool_fields, role_fields, router_fields
@@ -45,6 +48,10 @@ planner refuses, nodes without room, a staging Job that gave up); what already r
 DISAGGREGATING = "Disaggregating"
 """P/D deployments only: whether the decode engines receive their prompts' KV from prefill or
 recompute it (planner/disaggregation.py); measured, not derived from the children."""
+ADMITTED_CONDITION = ADMITTED
+"""Deployments with a queued role only: whether Kueue admitted every group, else Kueue's reason for
+the first that waits (planner/queueing.py). Named after Kueue's own Workload condition, as is its
+True reason."""
 
 
 def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
@@ -65,7 +72,8 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, Any]],
-                  autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None) -> list[PoolStatus]:
+                  autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
+                  waiting: Mapping[str, int] | None = None) -> list[PoolStatus]:
     """The plan's facts (the keys `kimik3 plan -o json` shows, the planned replicas among them)
     with the counts the workloads report, as they report them: a LeaderWorkerSet running groups
     beyond the plan (scaled by hand, a surge) shows more ready than planned."""
@@ -80,6 +88,7 @@ def role_statuses(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str,
                 block_size=role.block_size,
                 ready_replicas=int(live.get("readyReplicas") or 0),
                 updated_replicas=int(live.get("updatedReplicas") or 0),
+                queued_replicas=(waiting or {}).get(name, 0),
                 workload=name,
                 endpoint=service_url(owner, pool.name, role.role),
                 autoscaling=(autoscaling or {}).get((pool.name, role.role)),
@@ -309,14 +318,14 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                    endpoints: Sequence[RoleEndpoints] = (), pairs: Mapping[str, int] | None = None,
                    routers: Mapping[str, Mapping[str, Any]] | None = None,
                    autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
-                   disaggregating: Verdict | None = None,
+                   disaggregating: Verdict | None = None, admission: Admission | None = None,
                    ) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
     checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
     the routers (live Deployments by name) find the `endpoints` (routable leaders of every revision,
     `pairs` per revision) and are ready, or it is not Ready. `disaggregating` is the measured
-    verdict of a P/D deployment; without one the condition goes."""
+    verdict of a P/D deployment, `admission` Kueue's of the queued roles; without one its condition goes."""
     conditions = list(previous.conditions) if previous else []
 
     def put(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -332,7 +341,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         # The last known plan facts stay visible: what runs is still what was last planned.
         return _exported(owner, (previous or KimiK3DeploymentStatus()).model_copy(update={
             "observed_generation": generation, "phase": "Failed", "conditions": conditions}))
-    pools = role_statuses(owner, plan, workloads, autoscaling)
+    pools = role_statuses(owner, plan, workloads, autoscaling, admission.waiting if admission else None)
     roles = [(p.name, r) for p in pools for r in p.roles]
     statuses, routing = router_statuses(owner, plan, endpoints, pairs or {}, routers or {})
     endpoint = statuses[0].endpoint if statuses else entry_endpoint(pools)
@@ -345,12 +354,14 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     situation = next(s for s in SITUATIONS if s.when(seen))
     for type_, (ok, reason, describe) in situation.conditions().items():
         put(type_, ok, reason, describe(seen))
-    if disaggregating is None:
-        conditions = [c for c in conditions if c.type != DISAGGREGATING]
-    else:
-        conditions = set_condition(conditions, Condition(
-            type=DISAGGREGATING, status=disaggregating.status, reason=disaggregating.reason,
-            message=disaggregating.message, last_transition_time=now, observed_generation=generation))
+    measured = ((DISAGGREGATING, disaggregating), (ADMITTED_CONDITION, admission.verdict if admission else None))
+    for type_, verdict in measured:
+        if verdict is None:
+            conditions = [c for c in conditions if c.type != type_]
+        else:
+            conditions = set_condition(conditions, Condition(
+                type=type_, status=verdict.status, reason=verdict.reason,
+                message=verdict.message, last_transition_time=now, observed_generation=generation))
     return _exported(owner, KimiK3DeploymentStatus(
         observed_generation=generation,
         phase=situation.phase,
@@ -383,7 +394,8 @@ def transitions(previous: KimiK3DeploymentStatus | None, status: KimiK3Deploymen
     story. A pass that changes only counts or messages posts none."""
     before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
     changed = {c.type: c for c in status.conditions if before.get(c.type) != (c.status, c.reason)}
-    return _situation_event(status, before, changed) + _disaggregation_event(changed.get(DISAGGREGATING))
+    return (_situation_event(status, before, changed) + _disaggregation_event(changed.get(DISAGGREGATING))
+            + _admission_event(changed.get(ADMITTED_CONDITION)))
 
 
 def _disaggregation_event(turned: Condition | None) -> list[tuple[str, str, str]]:
@@ -392,6 +404,16 @@ def _disaggregation_event(turned: Condition | None) -> list[tuple[str, str, str]
     if turned is None:
         return []
     bad = turned.status == "False" and turned.reason in (DECODE_RECOMPUTES_PROMPTS, NO_KV_TRANSFERS)
+    return [("Warning" if bad else "Normal", turned.reason, f"{turned.type}={turned.status}: {turned.message}")]
+
+
+def _admission_event(turned: Condition | None) -> list[tuple[str, str, str]]:
+    """Admitted moves with Kueue, not with the SITUATIONS: a group that starts or stops waiting is
+    news of its own (Normal: waiting for quota is what a queue is for; so is a group without a
+    Workload for the moment Kueue takes to make one), a warning when no queue can admit the groups."""
+    if turned is None:
+        return []
+    bad = turned.reason == KUEUE_MISSING
     return [("Warning" if bad else "Normal", turned.reason, f"{turned.type}={turned.status}: {turned.message}")]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..contract.kinds import LEADER_WORKER_SET
+from ..contract.kueue import QUEUE_LABEL
 from ..planner import Plan, PoolPlan, RolePlan
 from . import chat_template, compile_cache
 from .compute_domain import CLAIM_NAME, kv_domain_affinity, pod_claims
@@ -68,9 +69,12 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, 
     }
     if role.nodes_per_replica > 1:
         group["leaderTemplate"] = pod_template(owner, plan, pool, role, name, worker=False)
+    meta = object_meta(owner, name, pool.name, role.role)
+    if role.queue:
+        meta["labels"][QUEUE_LABEL] = role.queue
     return {
         **LEADER_WORKER_SET.type_meta(),
-        "metadata": object_meta(owner, name, pool.name, role.role),
+        "metadata": meta,
         "spec": {
             # An autoscaled role's count is its scaler's: left out of our apply so we never fight it
             # (reconcile/scaling_handover.py seeds it under the scaler's field manager).
