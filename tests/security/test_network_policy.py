@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_chart_rbac import CHART, helm_binary
+from tests.support.chart import CHART, helm_binary
 
 
 def network_policy(*values: str) -> dict[str, Any] | None:

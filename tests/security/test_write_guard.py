@@ -17,7 +17,7 @@ from kubernetes import client
 from kimik3_operator.k8s import Cluster, NotLeaderError, WriteGuard
 from kimik3_operator.k8s.lease import LeaseConfig
 from kimik3_operator.reconcile.runner import DRAIN_SECONDS, GRACE_SECONDS
-from tests.unit.test_chart_rbac import CHART, helm_binary
+from tests.support.chart import CHART, helm_binary
 from tests.unit.test_lease import Clock, MemoryLease, elector
 
 from .fake_api import FakeApiServer, fake_api_server

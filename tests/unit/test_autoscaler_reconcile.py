@@ -10,33 +10,14 @@ from typing import Any
 from kimik3_operator.contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from kimik3_operator.reconcile.autoscaler import SloScaler
 from kimik3_operator.reconcile.reconciler import reconcile
-from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
+from tests.support.clocks import Clock, FakePrometheus
+from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 
 DECODE = ("LeaderWorkerSet", "k3-gb300-decode")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakePrometheus:
-    """Answers the scaler's queries by metric name: what Prometheus would return for the role."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, float | None] = {}
-        self.queries: list[str] = []
-
-    def scalar(self, query: str) -> float | None:
-        self.queries.append(query)
-        return next((v for k, v in self.values.items() if k in query), None)
-
-
 def _autoscaled(decode: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    body = _pd()
+    body = pd_body()
     body["spec"]["pools"][0]["decode"]["autoscaling"] = decode or {"minReplicas": 1, "maxReplicas": 4, "target": 10}
     body["spec"]["slo"] = {"itlMilliseconds": 40, "ttftMilliseconds": 2000}
     body["spec"].update(spec)
@@ -57,14 +38,14 @@ def _serving(body: dict[str, Any]) -> tuple[Clock, FakePrometheus, SloScaler, Me
     """`body` staged and applied with an SLO scaler, its decode role reporting 2 ready replicas."""
     clock, prometheus = Clock(), FakePrometheus()
     scaler = _scaler(prometheus, clock)
-    cluster = _staged(MemoryCluster(body, NODES))
+    cluster = staged(MemoryCluster(body, NODES))
     reconcile(cluster, "ns", "k3", scaler=scaler)
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
     return clock, prometheus, scaler, cluster
 
 
 def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() -> None:
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3")
     assert cluster.objects[DECODE]["spec"]["replicas"] == 2 and _owners(cluster.objects[DECODE]) == {FIELD_MANAGER}
     cluster.deployment = {**_autoscaled({"minReplicas": 1, "maxReplicas": 4, "mode": "HPA"}),
@@ -83,7 +64,7 @@ def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() 
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["replicas"] == 3 and decode["autoscaling"]["scaler"] == "HorizontalPodAutoscaler/k3-gb300-decode"
     # Off again: the spec's count is the operator's, and the HPA goes.
-    cluster.deployment = {**_pd(), "status": cluster.deployment["status"]}
+    cluster.deployment = {**pd_body(), "status": cluster.deployment["status"]}
     cluster.deployment["metadata"].update(uid="uid-1", generation=3)
     out = reconcile(cluster, "ns", "k3")
     assert cluster.objects[DECODE]["spec"]["replicas"] == 2 and FIELD_MANAGER in _owners(cluster.objects[DECODE])
@@ -91,7 +72,7 @@ def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() 
 
 
 def test_a_new_autoscaled_role_starts_at_its_planned_count() -> None:
-    cluster = _staged(MemoryCluster(_autoscaled({"minReplicas": 3, "maxReplicas": 4, "mode": "HPA"}), NODES))
+    cluster = staged(MemoryCluster(_autoscaled({"minReplicas": 3, "maxReplicas": 4, "mode": "HPA"}), NODES))
     reconcile(cluster, "ns", "k3")
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3
     reconcile(cluster, "ns", "k3")

@@ -14,8 +14,8 @@ from kimik3_operator.reconcile.reconciler import reconcile
 from kimik3_operator.render import render_weights
 from kimik3_operator.render.names import Owner
 from tests.support.cases import base_deployment
+from tests.support.memory_cluster import MemoryCluster
 from tests.support.nodes import gb300_rack
-from tests.unit.test_reconciler import MemoryCluster
 
 CLAIM = ("PersistentVolumeClaim", "k3-model-cache")
 

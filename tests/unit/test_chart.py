@@ -12,7 +12,7 @@ import pytest
 
 from kimik3_operator.api import GROUP, PLURAL
 from kimik3_operator.cli import parser
-from tests.unit.test_chart_rbac import CHART, helm_binary, rendered, triples
+from tests.support.chart import CHART, helm_binary, rendered, triples
 
 NAMESPACE = "kimik3-system"
 HOOK = "helm.sh/hook"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_chart_rbac import rendered
+from tests.support.chart import rendered
 
 
 def _promtool() -> str | None:

@@ -8,25 +8,19 @@ e2e/tests/test_zz_rbac.py measures the same ClusterRole against the audit log of
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from kimik3_operator.api import GROUP, PLURAL
 from kimik3_operator.contract.kinds import CHILD_KINDS
+from tests.support.chart import CHART, Triple, rendered, triples
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "kimik3-operator"
 CLUSTER_ROLE = CHART / "templates" / "clusterrole.yaml"
 CHILD_RULES = CHART / "files" / "child-rules.yaml"
 
-Triple = tuple[str, str, str]
 
 NOT_CHILDREN: set[Triple] = {
     # kopf discovers and watches its resources
@@ -54,9 +48,6 @@ NAMESPACED_READS: set[Triple] = {
 so a Role per watched namespace grants it too."""
 
 
-def triples(rules: list[dict[str, Any]]) -> set[Triple]:
-    return {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}
 
 
 INCLUDE_CHILD_RULES = ('{{- if not .Values.watchNamespaces }}\n{{ .Files.Get "files/child-rules.yaml" | trim }}\n'
@@ -79,27 +70,12 @@ def child_rules() -> list[dict[str, Any]]:
     return yaml.safe_load(CHILD_RULES.read_text())  # type: ignore[no-any-return]
 
 
-def helm_binary() -> str | None:
-    cache = Path(os.environ.get("KIMIK3_CACHE", Path.home() / ".cache" / "kimik3-e2e")) / "bin"
-    built = sorted(p for p in cache.glob("helm-v*/helm") if p.is_file())
-    return shutil.which("helm") or (str(built[-1]) if built else None)
-
-
 def test_the_chart_grants_exactly_what_the_registry_needs() -> None:
     needed = {(kind.group, kind.plural, verb) for kind in CHILD_KINDS for verb in kind.verbs()}
     assert not needed & NOT_CHILDREN
     assert not needed & NAMESPACED_READS
     assert triples(child_rules()) == needed | NAMESPACED_READS, "the child rules are not what the child kinds need"
     assert triples(template_rules(CLUSTER_ROLE)) == NOT_CHILDREN, "the ClusterRole's own rules"
-
-
-def rendered(*values: str) -> list[dict[str, Any]]:
-    helm = helm_binary()
-    if helm is None:
-        pytest.skip("helm is not built (e2e/cluster/build.sh helm)")
-    out = subprocess.run([helm, "template", "t", str(CHART), "-n", "kimik3-system", *values],
-                         capture_output=True, text=True, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def _operators(doc: dict[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_chart_rbac import CHART, helm_binary, triples
+from tests.support.chart import CHART, helm_binary, triples
 
 NAMESPACE = "kimik3-system"
 SERVICE = "t-kimik3-operator-webhook"

@@ -19,9 +19,9 @@ from kimik3_operator.reconcile.reconciler import reconcile
 from kimik3_operator.render.names import Owner
 from kimik3_operator.render.promql import prompt_tokens_query, selector
 from tests.support.cases import base_deployment
-from tests.unit.test_autoscaler_reconcile import Clock, FakePrometheus
+from tests.support.clocks import Clock, FakePrometheus
+from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 from tests.unit.test_chart_alerts import _promtool
-from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
 
 URL = "http://prometheus:9090"
 LOCAL, EXTERNAL = 'source="local_compute"', 'source="external_kv_transfer"'
@@ -73,7 +73,7 @@ def _disaggregating(cluster: MemoryCluster) -> dict[str, Any] | None:
 def test_a_serving_pd_deployment_shows_the_verdict_and_an_event_when_it_turns() -> None:
     clock, prometheus = Clock(), FakePrometheus()
     probe = _probe(prometheus, clock)
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     prometheus.values = {LOCAL: 20.0, EXTERNAL: 980.0}
     reconcile(cluster, "ns", "k3", probe=probe)
     condition = _disaggregating(cluster)
@@ -108,14 +108,14 @@ def test_an_aggregated_deployment_has_no_condition_and_asks_nothing() -> None:
     clock, prometheus = Clock(), FakePrometheus()
     body = base_deployment(name="k3", namespace="ns")
     body["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
-    cluster = _staged(MemoryCluster(body, NODES))
+    cluster = staged(MemoryCluster(body, NODES))
     reconcile(cluster, "ns", "k3", probe=_probe(prometheus, clock))
     assert _disaggregating(cluster) is None and prometheus.queries == []
 
 
 def test_nothing_to_ask_or_no_answer_is_unknown_not_a_verdict() -> None:
     clock = Clock()
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3", probe=_probe(FakePrometheus(), clock, url=None))
     condition = _disaggregating(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("Unknown", "NoMetrics")
@@ -134,7 +134,7 @@ def test_nothing_to_ask_or_no_answer_is_unknown_not_a_verdict() -> None:
 def test_the_condition_goes_when_the_deployment_stops_disaggregating() -> None:
     clock, prometheus = Clock(), FakePrometheus()
     probe = _probe(prometheus, clock)
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3", probe=probe)
     assert _disaggregating(cluster) is not None
     aggregated = base_deployment(name="k3", namespace="ns")

@@ -12,7 +12,7 @@ import pytest
 from kimik3_operator.reconcile import reconciler
 from kimik3_operator.reconcile.pass_memo import PassMemo
 from kimik3_operator.reconcile.reconciler import reconcile
-from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
+from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def _status(cluster: MemoryCluster) -> dict[str, Any]:
 
 def test_a_plan_is_reused_until_the_spec_or_the_nodes_change(planned: list[int]) -> None:
     memo = PassMemo()
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3", memo=memo)
     reconcile(cluster, "ns", "k3", memo=memo)
     assert len(planned) == 2  # _staged's own pass has no memo; then one plan for two passes
@@ -57,7 +57,7 @@ def test_a_memo_changes_no_outcome(planned: list[int]) -> None:
     """The same passes with and without a memo write the same objects and the same status."""
     runs = []
     for memo in (None, PassMemo()):
-        cluster = _staged(MemoryCluster(_pd(), NODES), now=lambda: "2026-11-30T00:00:00Z")  # no second may tick
+        cluster = staged(MemoryCluster(pd_body(), NODES), now=lambda: "2026-11-30T00:00:00Z")  # no second may tick
         outcomes = [reconcile(cluster, "ns", "k3", memo=memo, now=lambda: "2026-11-30T00:00:00Z") for _ in range(2)]
         cluster.active.append({"metadata": {"name": "other", "namespace": "x", "labels": {}},
                                "spec": {"nodeName": NODES[0]["metadata"]["name"], "containers": [
@@ -71,7 +71,7 @@ def test_a_memo_changes_no_outcome(planned: list[int]) -> None:
 def test_gpus_held_by_other_pods_are_seen_as_soon_as_they_change() -> None:
     """Usage is remembered by the active pods' store revision: a new pod elsewhere shows at once."""
     memo = PassMemo()
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3", memo=memo)
     assert "do not fit" not in str(cluster.deployment["status"]["conditions"])
     for node in NODES:

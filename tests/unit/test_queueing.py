@@ -15,8 +15,8 @@ from kimik3_operator.k8s import RejectedApiError
 from kimik3_operator.planner.queueing import QueuedRole, judge_admission
 from kimik3_operator.reconcile.queueing import CHECK_SECONDS, QueueProbe
 from kimik3_operator.reconcile.reconciler import reconcile
-from tests.unit.test_autoscaler_reconcile import Clock
-from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
+from tests.support.clocks import Clock
+from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 
 DECODE = QueuedRole(where="pool gb300 role decode", workload="k3-gb300-decode", uid="u1", queue="gpus", groups=2)
 
@@ -97,7 +97,7 @@ class KueueCluster(MemoryCluster):
 
 
 def _queued() -> dict[str, Any]:
-    body = _pd()
+    body = pd_body()
     body["spec"]["pools"][0]["decode"]["queueName"] = "gpus"
     return body
 
@@ -114,7 +114,7 @@ def _queued_replicas(cluster: MemoryCluster) -> dict[str, int]:
 def test_a_queued_role_is_labelled_judged_and_read_at_its_pace() -> None:
     clock = Clock()
     probe = QueueProbe(clock=clock)
-    cluster = _staged(KueueCluster(_queued(), NODES), queues=probe)
+    cluster = staged(KueueCluster(_queued(), NODES), queues=probe)
     outcome = reconcile(cluster, "ns", "k3", queues=probe)
     decode = cluster.objects["LeaderWorkerSet", "k3-gb300-decode"]
     assert decode["metadata"]["labels"][QUEUE_LABEL] == "gpus"
@@ -163,7 +163,7 @@ def test_no_kueue_or_no_answer_is_said(workloads: list[dict[str, Any]] | None, f
                                        reason: str) -> None:
     cluster = KueueCluster(_queued(), NODES)
     cluster.workloads, cluster.fail = workloads, fail
-    _staged(cluster)
+    staged(cluster)
     reconcile(cluster, "ns", "k3")
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == (status, reason)
@@ -171,7 +171,7 @@ def test_no_kueue_or_no_answer_is_said(workloads: list[dict[str, Any]] | None, f
 
 
 def test_an_unqueued_deployment_reads_no_workload_and_has_no_condition() -> None:
-    cluster = _staged(KueueCluster(_pd(), NODES))
+    cluster = staged(KueueCluster(pd_body(), NODES))
     reconcile(cluster, "ns", "k3")
     assert cluster.lists == [] and _admitted(cluster) is None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kimik3_operator.reconcile.reconciler import reconcile
 from kimik3_operator.reconcile.status import compute_status
 from kimik3_operator.reconcile.status_pace import PACE_SECONDS, StatusPace
-from tests.unit.test_reconciler import NODES, MemoryCluster, _pd, _staged
+from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 from tests.unit.test_status import ALL_READY, ENDPOINTS, OWNER, ROUTER, H, _lws, _plan, _router
 
 
@@ -49,7 +49,7 @@ def test_counts_alone_wait_for_the_pace_and_a_new_story_does_not() -> None:
 def test_a_held_back_status_is_written_by_the_pass_it_asks_for() -> None:
     clock = Clock()
     pace = StatusPace(clock=clock)
-    cluster = _staged(MemoryCluster(_pd(), NODES))
+    cluster = staged(MemoryCluster(pd_body(), NODES))
     first = reconcile(cluster, "ns", "k3", pace=pace)  # serving children applied: a new story
     assert first.status_written and first.due is None
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
