@@ -192,6 +192,13 @@ main() {
   exec 9>"$IMAGES/.lock"
   flock 9
   ensure_packages
+  # A build killed midway (Ctrl-C, a timeout) leaves buildah's working containers behind, and the
+  # next build's `podman image prune` then fails on the images they hold. Under the lock no build
+  # runs, so every working container left is such a leftover.
+  local leftovers
+  leftovers="$(podman ps -a --external --format '{{.ID}} {{.Command}}' | awk '$2 == "buildah" {print $1}')"
+  # shellcheck disable=SC2086 # one argument per container id
+  [[ -z $leftovers ]] || podman rm -f $leftovers >/dev/null
   ensure_base
   local tags; mapfile -t tags < <(image_tags)
   if [[ ${1:-} == push ]]; then exec 4>&2; else exec 4>&1; fi # push prints only what it pushed

@@ -31,6 +31,7 @@ from kimik3_operator.api.reasons import (
     NO_KV_TRANSFERS,
     PROMPTS_TRANSFERRED,
 )
+from kimik3_operator.simulator.text import IMAGE_TOKENS
 
 from .children import planned
 from .conftest import REPORT
@@ -171,7 +172,27 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     assert tool.status == 200 and tool.done and not tool.error, tool
     assert tool.tool_calls and tool.tool_calls[0]["function"]["name"] == "get_weather", tool
     assert "city" in tool.tool_calls[0]["function"]["arguments"]
+    _images_follow_the_fetch_policy(router.url)
     _disaggregating_says_so(namespace, "k3-pd", decode)
+
+
+def _images_follow_the_fetch_policy(url: str) -> None:
+    """An image chat through the P/D router: inline (a data: URL) it is served and counted in the
+    prompt; by URL it is refused with vLLM's message, since the example names no media host and the
+    operator then lets the engines fetch none (render/engine.py, NO_MEDIA_HOST)."""
+    def chat(image: str) -> Answer:
+        content = [{"type": "text", "text": "what is in this picture"},
+                   {"type": "image_url", "image_url": {"url": image}}]
+        return post(url, "/v1/chat/completions",
+                    {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": content}]})
+
+    inline = chat("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQAB")
+    assert inline.status == 200 and inline.done and not inline.error, inline
+    assert inline.usage.get("prompt_tokens", 0) >= IMAGE_TOKENS, inline.usage
+    fetched = chat("http://169.254.169.254/latest/meta-data/iam/security-credentials/")
+    assert fetched.status == 400 and "allowed domains" in fetched.error, fetched
+    REPORT.append(f"images through the P/D router: inline served ({inline.usage.get('prompt_tokens')} prompt tokens); "
+                  f"by URL refused ({fetched.status}: {fetched.error[:140]})")
 
 
 def _disaggregating_says_so(namespace: str, name: str, decode: list[Proc]) -> None:

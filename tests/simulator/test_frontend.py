@@ -22,6 +22,7 @@ from kimik3_operator.simulator.config import engine_config
 from kimik3_operator.simulator.frontend import SCALE_OUT_DISABLED, Frontend
 from kimik3_operator.simulator.openai_format import BadRequest
 from kimik3_operator.simulator.settings import SettingsError, SimSettings, settings_from_env
+from kimik3_operator.simulator.text import IMAGE_TOKEN, IMAGE_TOKENS, PromptError
 from kimik3_operator.simulator.vocab import Vocabulary, token_id
 
 from .sims import Sim, role_report, simulator, words
@@ -211,3 +212,45 @@ def test_the_rank_header_pins_a_request_to_that_rank(dp2: Sim) -> None:
 
 def _samples(sim: Sim, name: str) -> list[Any]:
     return [s for f in text_string_to_metric_families(sim.get("/metrics").text) for s in f.samples if s.name == name]
+
+
+# ---- images: vLLM's fetch policy from the rendered command line ---------------------------------
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _frontend(*extra: str) -> Frontend:
+    return Frontend(engine_config(parse_serve([*AGG["command"], *extra]), SimSettings(gpu_product=AGG["gpuProduct"])))
+
+
+def test_rendered_engines_fetch_no_image_url_but_take_inline_images() -> None:
+    """The operator's default policy (render/engine.py NO_MEDIA_HOST): data: URLs pass and count
+    IMAGE_TOKENS each, an http(s) URL is refused with vLLM's message before any fetch, and so is
+    a file: URL (no --allowed-local-media-path is ever rendered)."""
+    frontend = _frontend()
+    assert frontend.media.domains == ("media-fetch-off.invalid",)
+    text = [{"type": "text", "text": "what is in this picture"}]
+    plain, _ = frontend.prompt({"messages": [{"role": "user", "content": text}]}, chat=True)
+    inline, _ = frontend.prompt({"messages": [{"role": "user", "content": [
+        *text, _image("data:image/png;base64,iVBORw0KGgo=")]}]}, chat=True)
+    assert len(inline) - len(plain) == IMAGE_TOKENS
+    with pytest.raises(PromptError, match=r"allowed domains: \['media-fetch-off.invalid'\]. Input URL domain: "
+                                          r"169.254.169.254"):
+        frontend.prompt({"messages": [{"role": "user", "content": [
+            _image("http://169.254.169.254/latest/meta-data/")]}]}, chat=True)
+    with pytest.raises(PromptError, match="allowed-local-media-path"):
+        frontend.prompt({"messages": [{"role": "user", "content": [_image("file:///etc/passwd")]}]}, chat=True)
+
+
+def test_allowed_hosts_and_the_image_limit_are_vllms() -> None:
+    frontend = _frontend("--allowed-media-domains", "images.example.com", "cdn.example.com",
+                         "--limit-mm-per-prompt", '{"image": 1}')
+    one = {"role": "user", "content": [_image("https://cdn.example.com/cat.png")]}
+    tokens, _ = frontend.prompt({"messages": [one]}, chat=True)
+    assert tokens.count(IMAGE_TOKEN) == IMAGE_TOKENS  # allowed: stands for an image, never fetched here
+    with pytest.raises(PromptError, match="Input URL domain: example.org"):
+        frontend.prompt({"messages": [{"role": "user", "content": [_image("https://example.org/x.png")]}]}, chat=True)
+    with pytest.raises(PromptError, match=r"At most 1 image\(s\) may be provided in one prompt."):
+        frontend.prompt({"messages": [one, one]}, chat=True)

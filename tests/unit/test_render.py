@@ -3,6 +3,7 @@ GPU requests, clique affinity, labels, owner references and hash that the rules 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -340,3 +341,35 @@ def test_every_variable_the_renderer_sets_is_owned(example: str) -> None:
             if isinstance(template, dict) and "spec" in template:
                 for c in template["spec"]["containers"]:
                     assert {e["name"] for e in c["env"]} - set(OWNED_ENV) - FABRIC_VARIABLES == set(), example
+
+
+def _media(body: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The aggregated leader's --allowed-media-domains values and its media env."""
+    container = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated")["workerTemplate"]
+    command = container["command"]
+    start = command.index("--allowed-media-domains") + 1
+    hosts = list(itertools.takewhile(lambda a: not a.startswith("--"), command[start:]))
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(("VLLM_MEDIA", "VLLM_IMAGE"))}
+    return hosts, env
+
+
+def test_engines_fetch_no_image_url_unless_the_spec_names_its_hosts() -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    assert _media(body) == (["media-fetch-off.invalid"], {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"})
+    body["spec"].setdefault("engine", {})["multimodal"] = {
+        "allowedMediaDomains": ["images.example.com", "cdn.example.com"], "fetchTimeoutSeconds": 10}
+    assert _media(body) == (["images.example.com", "cdn.example.com"],
+                            {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0", "VLLM_IMAGE_FETCH_TIMEOUT": "10"})
+
+
+@pytest.mark.parametrize("multimodal", [
+    {"allowedMediaDomains": ["https://images.example.com"]},  # a URL, not a host
+    {"allowedMediaDomains": ["*.example.com"]},  # vLLM compares hosts exactly: no wildcard
+    {"allowedMediaDomains": ["Images.Example.com"]},  # the URL's host arrives lower-cased
+    {"fetchTimeoutSeconds": 0},
+])
+def test_a_media_policy_vllm_would_misread_is_refused(multimodal: dict[str, Any]) -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"].setdefault("engine", {})["multimodal"] = multimodal
+    with pytest.raises(ValueError, match="multimodal"):
+        KimiK3Deployment.model_validate(body)

@@ -37,6 +37,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--disable-hybrid-kv-cache-manager": "never: NIXL needs the hybrid KV cache manager",
     "--tool-call-parser": "engine.toolCalling", "--enable-auto-tool-choice": "engine.toolCalling",
     "--reasoning-parser": "engine.reasoning", "--limit-mm-per-prompt": "engine.multimodal",
+    "--allowed-media-domains": "engine.multimodal.allowedMediaDomains",
+    "--allowed-local-media-path": "never: a prompt must not read the node's files",
     "--gpu-memory-utilization": "fixed: the planner's memory model assumes it",
     "--shutdown-timeout": "engine.shutdownTimeoutSeconds",
     "--enable-scale-out": "router policies (CacheAware asks the engines for token ids)",

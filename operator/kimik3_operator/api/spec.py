@@ -315,18 +315,31 @@ class Speculative(SpecModel):
     )
 
 
+MediaHost = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+"""A host as vLLM compares an image URL's to its allowed ones: lower case, no scheme, port or wildcard."""
+
+
 class Multimodal(SpecModel):
-    """Limits on multimodal inputs per prompt (--limit-mm-per-prompt); Kimi K3 takes images only."""
+    """Image inputs (Kimi K3 takes images only): how many per prompt, and where an engine may fetch
+    an image URL from. A prompt's URL is user input, and an engine that fetches any URL reaches
+    whatever its pod can (cluster Services, a cloud's metadata address): by default none is fetched
+    (docs/multimodal.md)."""
 
     max_images_per_prompt: Annotated[int, Field(ge=0, le=256)] | None = None
-    """Images per prompt; 0 turns image input off."""
+    """Images per prompt (--limit-mm-per-prompt); 0 turns image input off."""
+    allowed_media_domains: Annotated[list[MediaHost], Field(max_length=32)] = []
+    """Hosts the engines may fetch http(s) image URLs from (--allowed-media-domains), exactly as vLLM
+    compares them: the URL's host, no wildcard. Empty (the default): no image URL is fetched, images
+    come inline as data: URLs. Redirects are never followed (vLLM checks only the first URL's host)."""
+    fetch_timeout_seconds: Annotated[int, Field(ge=1, le=120)] | None = None
+    """How long an engine waits for one image URL (VLLM_IMAGE_FETCH_TIMEOUT; vLLM's 5 s when omitted)."""
 
 
 OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
              "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RUST_FRONTEND",
              "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "VLLM_ROCM_USE_AITER",
              "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "DG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
-             "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+             "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "VLLM_IMAGE_FETCH_TIMEOUT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 """Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
 Hub token, which belongs in model.authSecretRef."""
 OWNED_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in OWNED_ENV) + "]"

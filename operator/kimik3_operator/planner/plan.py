@@ -75,6 +75,10 @@ class EngineSettings:
     tool_calling: bool = True
     reasoning: bool = True
     mm_limits: tuple[tuple[str, int], ...] = ()
+    media_domains: tuple[str, ...] = ()
+    """Hosts an engine may fetch image URLs from; none: no URL is fetched."""
+    media_fetch_timeout: int | None = None
+    """Seconds an engine waits for one image URL (vLLM's default when None)."""
     """--limit-mm-per-prompt entries, e.g. (("image", 4),)."""
     shutdown_timeout: int = 300
     extra_args: tuple[str, ...] = ()

@@ -29,6 +29,10 @@ ENGINE_READY_TIMEOUT_S = 3600
 """Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default; the plan's
 estimate (planner/timeouts.py) replaces this when it has one."""
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+NO_MEDIA_HOST = "media-fetch-off.invalid"
+"""--allowed-media-domains when the spec allows none. vLLM reads an empty list as "every host"
+(multimodal/media/connector.py, _assert_url_in_allowed_media_domains), so "none" is one host that
+can never resolve: .invalid is reserved for that (RFC 6761). Only data: URLs then reach the model."""
 
 
 def _json(value: Any) -> str:
@@ -111,6 +115,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
         args += ["--reasoning-parser", "kimi_k3"]
     if engine.mm_limits:
         args += ["--limit-mm-per-prompt", _json(dict(engine.mm_limits))]
+    args += ["--allowed-media-domains", *(engine.media_domains or (NO_MEDIA_HOST,))]
     if scale_out and not worker:
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
@@ -149,6 +154,11 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
         # Shard the dense and shared-expert MLPs over TP under sequence-parallel MoE, which vLLM
         # documents for decode instances of a P/D deployment.
         env.append({"name": "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "value": "1"})
+    # vLLM checks only the first URL's host against --allowed-media-domains; a redirect from an
+    # allowed host could lead anywhere (multimodal/media/connector.py, load_from_url).
+    env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
+    if engine.media_fetch_timeout is not None:
+        env.append({"name": "VLLM_IMAGE_FETCH_TIMEOUT", "value": str(engine.media_fetch_timeout)})
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})

@@ -57,6 +57,8 @@ class ServeArgs:
     auto_tool_choice: bool
     reasoning_parser: str | None
     enable_scale_out: bool
+    allowed_media_domains: tuple[str, ...] = ()
+    limit_mm_per_prompt: dict[str, Any] | None = None
 
     @property
     def served_model_name(self) -> str:
@@ -145,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning-parser")
     p.add_argument("--enable-scale-out", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--disable-scale-out", dest="enable_scale_out", action="store_false")
+    p.add_argument("--allowed-media-domains", nargs="+")
+    p.add_argument("--limit-mm-per-prompt", type=_json)
     return p
 
 
@@ -205,4 +209,6 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         auto_tool_choice=ns.enable_auto_tool_choice,
         reasoning_parser=ns.reasoning_parser,
         enable_scale_out=ns.enable_scale_out,
+        allowed_media_domains=tuple(ns.allowed_media_domains or ()),
+        limit_mm_per_prompt=ns.limit_mm_per_prompt,
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .openai_format import BadRequest
-from .text import chat_prompt, completion_prompt
+from .text import MediaPolicy, chat_prompt, completion_prompt
 from .vocab import Vocabulary
 
 RENDER_PATHS = {"/v1/completions/render": False, "/v1/chat/completions/render": True}
@@ -45,6 +45,9 @@ class Frontend:
         self.vocab = vocab or Vocabulary()
         serve = config.serve
         self.model_names = serve.served_model_names or (serve.model,)
+        images = (serve.limit_mm_per_prompt or {}).get("image")
+        self.media = MediaPolicy(domains=serve.allowed_media_domains,
+                                 image_limit=images.get("count") if isinstance(images, dict) else images)
 
     @property
     def rust(self) -> bool:
@@ -60,7 +63,8 @@ class Frontend:
 
     def prompt(self, body: Mapping[str, Any], chat: bool) -> tuple[list[str], int]:
         """A generation request's prompt tokens and the room max_model_len leaves after them."""
-        tokens = chat_prompt(body.get("messages"), body.get("tools")) if chat else completion_prompt(body.get("prompt"))
+        tokens = (chat_prompt(body.get("messages"), body.get("tools"), self.media) if chat
+                  else completion_prompt(body.get("prompt")))
         if not tokens:
             raise BadRequest("the prompt is empty")
         room = self.config.max_model_len - len(tokens)
@@ -106,7 +110,7 @@ class Frontend:
     def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.check_model(body)
         if isinstance(body.get("messages"), list):
-            words = chat_prompt(body["messages"], body.get("tools"))
+            words = chat_prompt(body["messages"], body.get("tools"), self.media)
         elif isinstance(body.get("prompt"), str):
             words = body["prompt"].split()
         else:

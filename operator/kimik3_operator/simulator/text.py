@@ -3,7 +3,8 @@
 A prompt's tokens are its whitespace-separated words (token ids given as a list count one each,
 as the words `#N`; vocab.py gives every word its id), so prompt lengths, prefix-cache blocks and
 usage are predictable from the text. A chat prompt is its messages (a role marker, then the
-words) plus the words of the tool schemas it carries.
+words) plus the words of the tool schemas it carries; an image part stands for IMAGE_TOKENS tokens,
+and its URL meets vLLM's fetch policy (MediaPolicy) but is never fetched.
 
 An answer is plain text cycling through a fixed sentence from an offset the prompt picks, or, when
 the request offers tools (tool_choice not "none") and the last message is not a tool result, one
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import urllib.parse
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,17 +41,59 @@ def completion_prompt(prompt: Any) -> list[str]:
     raise PromptError("prompt must be a string or a list of token ids (one prompt per request)")
 
 
-def _content_words(content: Any) -> list[str]:
+IMAGE_TOKENS = 256
+"""Prompt tokens one image stands for. K3's processor turns an image into <|media_pad|> tokens, as
+many as its size asks (vllm/models/kimi_k3/common/mm_preprocess.py); a fixed count keeps prompt
+lengths, and so prefill time and KV, predictable while still counting images."""
+IMAGE_TOKEN = "<|media_pad|>"
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """vLLM's rules for image inputs, from its command line."""
+
+    domains: tuple[str, ...] = ()
+    """--allowed-media-domains; empty: any host (vLLM's reading too)."""
+    image_limit: int | None = None
+    """--limit-mm-per-prompt's image entry; None: vLLM's default (no limit here)."""
+
+
+def _image_words(part: dict[str, Any], media: MediaPolicy) -> list[str]:
+    """An image part's tokens once its URL passes the checks vLLM makes before it fetches
+    (vllm/multimodal/media/connector.py, load_from_url: data: URLs are decoded, http(s) URLs
+    must be on an allowed host, file: URLs need --allowed-local-media-path, which is never set)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if not isinstance(url, str) or not url:
+        raise PromptError("an image_url part needs a url")
+    if url[:5].lower() != "data:":
+        spec = urllib.parse.urlsplit(url)
+        if not spec.scheme.startswith("http"):
+            raise PromptError("Cannot load local files without `--allowed-local-media-path`."
+                              if spec.scheme == "file" else "The URL must be either a HTTP, data or file URL.")
+        if media.domains and spec.hostname not in media.domains:
+            raise PromptError(f"The URL must be from one of the allowed domains: {list(media.domains)}. "
+                              f"Input URL domain: {spec.hostname}")
+    return [IMAGE_TOKEN] * IMAGE_TOKENS
+
+
+def _content_words(content: Any, media: MediaPolicy) -> list[str]:
     if content is None:
         return []
     if isinstance(content, str):
         return content.split()
     if isinstance(content, list):
-        return [w for part in content if isinstance(part, dict) for w in str(part.get("text", "")).split()]
+        words: list[str] = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                words += _image_words(part, media)
+            elif isinstance(part, dict):
+                words += str(part.get("text", "")).split()
+        return words
     raise PromptError("message content must be a string or a list of parts")
 
 
-def chat_prompt(messages: Any, tools: Any) -> list[str]:
+def chat_prompt(messages: Any, tools: Any, media: MediaPolicy = MediaPolicy()) -> list[str]:
     if not isinstance(messages, list) or not messages:
         raise PromptError("messages must be a non-empty list")
     tokens: list[str] = []
@@ -57,12 +101,16 @@ def chat_prompt(messages: Any, tools: Any) -> list[str]:
         if not isinstance(m, dict) or "role" not in m:
             raise PromptError("every message needs a role")
         tokens.append(f"<|{m['role']}|>")
-        tokens += _content_words(m.get("content"))
+        tokens += _content_words(m.get("content"), media)
         for call in m.get("tool_calls") or []:
             fn = call.get("function", {}) if isinstance(call, dict) else {}
             tokens += [str(fn.get("name", "")), *str(fn.get("arguments", "")).split()]
     if tools:
         tokens += json.dumps(tools, sort_keys=True).split()
+    images = tokens.count(IMAGE_TOKEN) // IMAGE_TOKENS
+    if media.image_limit is not None and images > media.image_limit:
+        # vllm/multimodal/processing/context.py: the processor refuses more items than the limit
+        raise PromptError(f"At most {media.image_limit} image(s) may be provided in one prompt.")
     return tokens
 
 
@@ -154,7 +202,7 @@ def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, na
     if function is None or not function.get("name"):
         return Answer(seed=seed, natural_length=natural)
     user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
-    words = _content_words(user.get("content")) or ["value"]
+    words = _content_words(user.get("content"), MediaPolicy()) or ["value"]
     word = words[-1].strip(".,;:!?\"'") or "value"
     args, arg_markup = _tool_arguments(function, word)
     markup = ["<|open|>", "tools", "<|sep|>", "<|open|>", f'call tool="{function["name"]}" index="0"', "<|sep|>",
