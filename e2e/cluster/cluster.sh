@@ -941,87 +941,28 @@ apply_hashed() {
   CHANGED+=("$what")
 }
 
-# The LWS webhooks as upstream's config/webhook (with its mutating/validating patches), but with
-# loopback URLs and our CA instead of a Service and cert-manager. Applied only once the manager
-# serves them: failurePolicy Fail would otherwise block every LWS object and LWS pod.
-lws_webhooks_yaml() {
-  local ca base="https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}"
+# workload_webhooks_yaml PREFIX PORT [SELECTOR] [EXTRA]: the webhook configurations of a controller
+# that mutates and validates LeaderWorkerSets and their pods (LWS itself, Kueue), as upstream's
+# config/webhook but with loopback URLs and our CA instead of a Service and cert-manager. Pods only
+# of LeaderWorkerSets (objectSelector): such a controller, down, blocks no other pod. SELECTOR is a
+# namespaceSelector's YAML, EXTRA more validating webhooks. Applied only once the manager serves
+# them: failurePolicy Fail would otherwise block every LWS object and LWS pod.
+workload_webhooks_yaml() {
+  local prefix=$1 base="https://127.0.0.1:$2" selector=${3:-} extra=${4:-} ca
   ca="$(base64 -w0 <"$PKI/ca.crt")"
   local common="admissionReviewVersions: [v1]
   sideEffects: None
   failurePolicy: Fail
-  timeoutSeconds: 10"
-  local pods="objectSelector:
-    matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]"
-  cat <<EOF
-apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata:
-  name: lws-mutating-webhook-configuration
-  annotations: {$HASH_ANNOTATION: "@HASH@"}
-webhooks:
-- name: mleaderworkerset.kb.io
-  $common
-  clientConfig: {url: "$base/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
-  rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]
-- name: mpod.kb.io
-  $common
-  clientConfig: {url: "$base/mutate--v1-pod", caBundle: "$ca"}
-  $pods
-  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}]
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingWebhookConfiguration
-metadata:
-  name: lws-validating-webhook-configuration
-  annotations: {$HASH_ANNOTATION: "@HASH@"}
-webhooks:
-- name: vleaderworkerset.kb.io
-  $common
-  clientConfig: {url: "$base/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", caBundle: "$ca"}
-  rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]
-- name: vpod.kb.io
-  $common
-  clientConfig: {url: "$base/validate--v1-pod", caBundle: "$ca"}
-  $pods
-  rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [pods]}]
-- name: vdisaggregatedset.kb.io
-  $common
-  clientConfig: {url: "$base/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset", caBundle: "$ca"}
-  rules: [{apiGroups: [disaggregatedset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [disaggregatedsets]}]
-EOF
-}
-
-ensure_lws_webhooks() { apply_hashed lws-webhooks < <(lws_webhooks_yaml); }
-
-# Kueue's webhooks for what its LeaderWorkerSet integration needs (upstream's
-# config/components/webhook: the LeaderWorkerSet pair, which marks a queued set's pod templates,
-# and the pod pair, which gates those pods until their group is admitted), with loopback URLs and our
-# CA; its namespace selector as upstream's. Pods only of LeaderWorkerSets, as the LWS webhooks: a
-# Kueue that is down then blocks no other pod of the cluster. Applied once the manager serves them.
-kueue_webhooks_yaml() {
-  local ca base="https://127.0.0.1:${PORT[KUEUE_WEBHOOK_PORT]}"
-  ca="$(base64 -w0 <"$PKI/ca.crt")"
-  local common="admissionReviewVersions: [v1]
-  sideEffects: None
-  failurePolicy: Fail
-  timeoutSeconds: 10
-  namespaceSelector:
-    matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, $KUEUE_NAMESPACE]}]"
+  timeoutSeconds: 10${selector:+
+  namespaceSelector: $selector}"
   local pods="objectSelector:
     matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]"
   local lws="rules: [{apiGroups: [leaderworkerset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [leaderworkersets]}]"
   cat <<EOF
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: $KUEUE_NAMESPACE
-  annotations: {$HASH_ANNOTATION: "@HASH@"}
----
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingWebhookConfiguration
 metadata:
-  name: kueue-mutating-webhook-configuration
+  name: $prefix-mutating-webhook-configuration
   annotations: {$HASH_ANNOTATION: "@HASH@"}
 webhooks:
 - name: mleaderworkerset.kb.io
@@ -1037,7 +978,7 @@ webhooks:
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
 metadata:
-  name: kueue-validating-webhook-configuration
+  name: $prefix-validating-webhook-configuration
   annotations: {$HASH_ANNOTATION: "@HASH@"}
 webhooks:
 - name: vleaderworkerset.kb.io
@@ -1050,9 +991,31 @@ webhooks:
   $pods
   rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [pods]}]
 EOF
+  [[ -z $extra ]] || printf '%s\n' "$extra"
 }
 
-ensure_kueue_webhooks() { apply_hashed kueue-webhooks < <(kueue_webhooks_yaml); }
+# LWS's, with the DisaggregatedSet validation its manager serves too.
+ensure_lws_webhooks() {
+  local extra="- name: vdisaggregatedset.kb.io
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  failurePolicy: Fail
+  timeoutSeconds: 10
+  clientConfig: {url: \"https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset\", caBundle: \"$(base64 -w0 <"$PKI/ca.crt")\"}
+  rules: [{apiGroups: [disaggregatedset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [disaggregatedsets]}]"
+  apply_hashed lws-webhooks < <(workload_webhooks_yaml lws "${PORT[LWS_WEBHOOK_PORT]}" "" "$extra")
+}
+
+# Kueue's, for what its LeaderWorkerSet integration needs (the LeaderWorkerSet pair marks a queued
+# set's pod templates, the pod pair gates those pods until their group is admitted), in every
+# namespace but upstream's exclusions, and the namespace it runs in.
+ensure_kueue_webhooks() {
+  apply_hashed kueue-webhooks < <(
+    printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  annotations: {%s: "@HASH@"}\n---\n' \
+      "$KUEUE_NAMESPACE" "$HASH_ANNOTATION"
+    workload_webhooks_yaml kueue "${PORT[KUEUE_WEBHOOK_PORT]}" \
+      "{matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, $KUEUE_NAMESPACE]}]}")
+}
 
 # The namespaces of the metrics API servers and the Services their APIServices name. No pod network
 # here: an ExternalName Service `localhost` makes the aggregator call https://localhost:<port of the

@@ -93,7 +93,7 @@ def test_kueue_admits_whole_groups_and_a_second_deployment_waits_whole(operator:
             c if (c := _admitted(namespace, "k3-q1")).get("status") == "False" and c.get("reason") != "NoWorkload"
             else None), timeout=90)
         note(f"k3-q1 created, no LocalQueue yet: Admitted=False {missing['reason']}: {missing['message']}")
-        assert LOCAL_QUEUE in missing["message"]
+        assert missing["reason"] == "Inadmissible" and f"LocalQueue {LOCAL_QUEUE} doesn't exist" in missing["message"]
         pods = wait_for("k3-q1's decode pods, gated", lambda: (p if len(p := _decode_pods(namespace, "k3-q1")) == 4
                                                                else None), timeout=60)
         assert all({"name": ADMISSION_GATE} in p["spec"].get("schedulingGates", []) and not p["spec"].get("nodeName")

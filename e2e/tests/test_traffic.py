@@ -178,8 +178,9 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
 
 def _images_follow_the_fetch_policy(url: str) -> None:
     """An image chat through the P/D router: inline (a data: URL) it is served and counted in the
-    prompt; by URL it is refused with vLLM's message, since the example names no media host and the
-    operator then lets the engines fetch none (render/engine.py, NO_MEDIA_HOST)."""
+    prompt; a link to the cloud metadata address is refused before any fetch. The example's leaders
+    run vLLM's Rust frontend, which refuses media from link-local addresses by itself (with the
+    Python frontend the operator renders an allow list naming no host: docs/multimodal.md)."""
     def chat(image: str) -> Answer:
         content = [{"type": "text", "text": "what is in this picture"},
                    {"type": "image_url", "image_url": {"url": image}}]
@@ -190,7 +191,7 @@ def _images_follow_the_fetch_policy(url: str) -> None:
     assert inline.status == 200 and inline.done and not inline.error, inline
     assert inline.usage.get("prompt_tokens", 0) >= IMAGE_TOKENS, inline.usage
     fetched = chat("http://169.254.169.254/latest/meta-data/iam/security-credentials/")
-    assert fetched.status == 400 and "allowed domains" in fetched.error, fetched
+    assert fetched.status == 400 and "link-local IP address" in fetched.error, fetched
     REPORT.append(f"images through the P/D router: inline served ({inline.usage.get('prompt_tokens')} prompt tokens); "
                   f"by URL refused ({fetched.status}: {fetched.error[:140]})")
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kimik3_operator.render.engine import NO_MEDIA_HOST
 from kimik3_operator.simulator.cmdline import parse_serve
 from kimik3_operator.simulator.config import engine_config
 from kimik3_operator.simulator.frontend import SCALE_OUT_DISABLED, Frontend
@@ -221,25 +222,25 @@ def _image(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _frontend(*extra: str) -> Frontend:
-    return Frontend(engine_config(parse_serve([*AGG["command"], *extra]), SimSettings(gpu_product=AGG["gpuProduct"])))
+def _frontend(*extra: str, rust: bool = False) -> Frontend:
+    return Frontend(engine_config(parse_serve([*AGG["command"], *extra]),
+                                  SimSettings(gpu_product=AGG["gpuProduct"], rust_frontend=rust)))
 
 
-def test_rendered_engines_fetch_no_image_url_but_take_inline_images() -> None:
-    """The operator's default policy (render/engine.py NO_MEDIA_HOST): data: URLs pass and count
-    IMAGE_TOKENS each, an http(s) URL is refused with vLLM's message before any fetch, and so is
-    a file: URL (no --allowed-local-media-path is ever rendered)."""
-    frontend = _frontend()
-    assert frontend.media.domains == ("media-fetch-off.invalid",)
+def test_python_frontends_fetch_no_image_url_but_take_inline_images() -> None:
+    """The operator's default for a Python frontend (render/engine.py NO_MEDIA_HOST): data: URLs
+    pass and count IMAGE_TOKENS each, an http(s) URL is refused with vLLM's message before any
+    fetch, and so is a file: URL (no --allowed-local-media-path is ever rendered)."""
+    frontend = _frontend("--allowed-media-domains", NO_MEDIA_HOST)
     text = [{"type": "text", "text": "what is in this picture"}]
     plain, _ = frontend.prompt({"messages": [{"role": "user", "content": text}]}, chat=True)
     inline, _ = frontend.prompt({"messages": [{"role": "user", "content": [
         *text, _image("data:image/png;base64,iVBORw0KGgo=")]}]}, chat=True)
     assert len(inline) - len(plain) == IMAGE_TOKENS
-    with pytest.raises(PromptError, match=r"allowed domains: \['media-fetch-off.invalid'\]. Input URL domain: "
-                                          r"169.254.169.254"):
-        frontend.prompt({"messages": [{"role": "user", "content": [
-            _image("http://169.254.169.254/latest/meta-data/")]}]}, chat=True)
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://169.254.169.254\\@images.example.com/x",
+                "HTTP://Metadata.Google.Internal/"):
+        with pytest.raises(PromptError, match=r"allowed domains: \['media-fetch-off.invalid'\]. Input URL domain: "):
+            frontend.prompt({"messages": [{"role": "user", "content": [_image(url)]}]}, chat=True)
     with pytest.raises(PromptError, match="allowed-local-media-path"):
         frontend.prompt({"messages": [{"role": "user", "content": [_image("file:///etc/passwd")]}]}, chat=True)
 
@@ -247,10 +248,25 @@ def test_rendered_engines_fetch_no_image_url_but_take_inline_images() -> None:
 def test_allowed_hosts_and_the_image_limit_are_vllms() -> None:
     frontend = _frontend("--allowed-media-domains", "images.example.com", "cdn.example.com",
                          "--limit-mm-per-prompt", '{"image": 1}')
-    one = {"role": "user", "content": [_image("https://cdn.example.com/cat.png")]}
+    one = {"role": "user", "content": [_image("https://CDN.example.com:8443/cat.png")]}  # host compared lower-case
     tokens, _ = frontend.prompt({"messages": [one]}, chat=True)
     assert tokens.count(IMAGE_TOKEN) == IMAGE_TOKENS  # allowed: stands for an image, never fetched here
     with pytest.raises(PromptError, match="Input URL domain: example.org"):
         frontend.prompt({"messages": [{"role": "user", "content": [_image("https://example.org/x.png")]}]}, chat=True)
     with pytest.raises(PromptError, match=r"At most 1 image\(s\) may be provided in one prompt."):
         frontend.prompt({"messages": [one, one]}, chat=True)
+
+
+def test_the_rust_frontend_keeps_its_own_policy_and_refuses_the_flag() -> None:
+    """vllm-rs (what the operator renders on leaders by default) exits at start on
+    --allowed-media-domains, and refuses media from private, loopback and link-local addresses."""
+    with pytest.raises(SettingsError, match="not implemented in Rust frontend yet: - allowed_media_domains"):
+        _frontend("--allowed-media-domains", "images.example.com", rust=True)
+    frontend = _frontend(rust=True)
+    for url, kind in (("http://169.254.169.254/latest/", "link-local"), ("http://10.0.0.7/x.png", "private"),
+                      ("http://127.0.0.1:8000/metrics", "loopback")):
+        with pytest.raises(PromptError, match=f"resolves to a {kind} IP address"):
+            frontend.prompt({"messages": [{"role": "user", "content": [_image(url)]}]}, chat=True)
+    tokens, _ = frontend.prompt({"messages": [{"role": "user", "content": [_image("https://images.example.com/a")]}]},
+                                chat=True)
+    assert tokens.count(IMAGE_TOKEN) == IMAGE_TOKENS

@@ -113,6 +113,10 @@ INVALID["Gt and Lt take exactly one integer value"] = _edit(
             {"key": "cores", "operator": "Gt", "values": ["many"]}]}}]}}}))
 INVALID["matchLabels keys must be label keys: an optional DNS prefix and '/', then a name"] = _edit(
     lambda d: d["spec"].update(network={"metricsFrom": [{"namespaceSelector": {"matchLabels": {"a b": "x"}}}]}))
+INVALID["multimodal.allowedMediaDomains and fetchTimeoutSeconds need rustFrontend: false (vLLM "
+        f"{spec.VLLM_VERSION}'s Rust frontend refuses --allowed-media-domains at start and applies its own "
+        "policy: no media from private, loopback or link-local addresses)"] = _edit(
+    lambda d: d["spec"].update(engine={"multimodal": {"allowedMediaDomains": ["images.example.com"]}}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
 INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(

@@ -13,7 +13,7 @@ from kimik3_operator.api import KimiK3Deployment, reasons
 from kimik3_operator.contract.kueue import GROUP_INDEX_ANNOTATION, JOB_UID_LABEL, QUEUE_LABEL
 from kimik3_operator.k8s import RejectedApiError
 from kimik3_operator.planner.queueing import QueuedRole, judge_admission
-from kimik3_operator.reconcile.queueing import CHECK_SECONDS, QueueProbe
+from kimik3_operator.reconcile.queueing import CHECK_SECONDS, MISSING_SECONDS, QueueProbe
 from kimik3_operator.reconcile.reconciler import reconcile
 from tests.support.clocks import Clock
 from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
@@ -59,7 +59,7 @@ def test_workloads_of_other_sets_finished_deleted_or_beyond_the_groups_do_not_co
     finished["status"]["conditions"].append({"type": "Finished", "status": "True", "reason": "Succeeded"})
     verdict = judge_admission([DECODE], [*others, finished])
     assert verdict is not None and verdict.verdict.reason == reasons.NO_WORKLOAD
-    assert verdict.waiting == {"k3-gb300-decode": 2}
+    assert verdict.waiting == {"k3-gb300-decode": 0}  # not known to wait: nothing gates pods without a Workload
     assert "group 0 has no Workload yet" in verdict.verdict.message
 
 
@@ -182,3 +182,51 @@ def test_a_queue_name_is_a_label_value_kueue_accepts(name: str) -> None:
     body["spec"]["pools"][0]["decode"]["queueName"] = name
     with pytest.raises(ValidationError, match="queueName"):
         KimiK3Deployment.model_validate(body)
+
+
+def test_quota_reserved_but_not_admitted_or_evicted_takes_that_conditions_reason() -> None:
+    checks = workload("u1", 1, admitted=True)
+    checks["status"]["conditions"][1] = {"type": "Admitted", "status": "False", "reason": "UnsatisfiedChecks",
+                                         "message": "The workload has not all admission checks Ready"}
+    verdict = judge_admission([DECODE], [workload("u1", 0, admitted=True), checks])
+    assert verdict is not None and verdict.verdict.reason == "UnsatisfiedChecks" and verdict.waiting == {
+        "k3-gb300-decode": 1}
+    evicted = workload("u1", 1, admitted=True)
+    evicted["status"]["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted",
+                                            "message": "Preempted to accommodate a workload of higher priority"})
+    verdict = judge_admission([DECODE], [workload("u1", 0, admitted=True), evicted])
+    assert verdict is not None and verdict.verdict.reason == "Preempted" and verdict.waiting == {"k3-gb300-decode": 1}
+
+
+def test_a_surge_group_of_a_rolling_update_needs_quota_too() -> None:
+    """Kueue makes a Workload per group up to status.replicas while a rollout surges: with quota for
+    spec.replicas groups only, the surge group waits and the rollout with it; status says so."""
+    clock = Clock()
+    cluster = staged(KueueCluster(_queued(), NODES))
+    reconcile(cluster, "ns", "k3", queues=QueueProbe(clock=clock))
+    decode = cluster.objects["LeaderWorkerSet", "k3-gb300-decode"]
+    uid = decode["metadata"]["uid"]
+    decode["status"] = {**decode.get("status", {}), "replicas": 3}  # 2 planned + 1 surging
+    assert cluster.workloads is not None
+    cluster.workloads += [workload(uid, 0, admitted=True), workload(uid, 1, admitted=True), workload(uid, 2)]
+    reconcile(cluster, "ns", "k3", queues=QueueProbe(clock=clock))
+    condition = _admitted(cluster)
+    assert condition is not None and (condition["status"], condition["reason"]) == ("False", "Pending")
+    assert "1 of 3 group(s) wait" in condition["message"] and _queued_replicas(cluster)["decode"] == 1
+
+
+def test_a_missing_kueue_is_asked_about_once_a_minute_not_every_pass() -> None:
+    clock = Clock()
+    probe = QueueProbe(clock=clock)
+    cluster = KueueCluster(_queued(), NODES)
+    cluster.workloads = None
+    staged(cluster, queues=probe)
+    outcome = reconcile(cluster, "ns", "k3", queues=probe)
+    asked = len(cluster.lists)
+    assert outcome.due == MISSING_SECONDS
+    clock.now += CHECK_SECONDS * 3
+    reconcile(cluster, "ns", "k3", queues=probe)
+    assert len(cluster.lists) == asked
+    clock.now += MISSING_SECONDS
+    reconcile(cluster, "ns", "k3", queues=probe)
+    assert len(cluster.lists) == asked + 1

@@ -345,18 +345,23 @@ def test_every_variable_the_renderer_sets_is_owned(example: str) -> None:
 
 def _media(body: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """The aggregated leader's --allowed-media-domains values and its media env."""
-    container = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated")["workerTemplate"]
+    pods = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated")
+    assert "--allowed-media-domains" not in pods["workerTemplate"]["command"]  # headless: no frontend
+    container = pods.get("leaderTemplate", pods["workerTemplate"])
     command = container["command"]
-    start = command.index("--allowed-media-domains") + 1
+    start = command.index("--allowed-media-domains") + 1 if "--allowed-media-domains" in command else len(command)
     hosts = list(itertools.takewhile(lambda a: not a.startswith("--"), command[start:]))
     env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(("VLLM_MEDIA", "VLLM_IMAGE"))}
     return hosts, env
 
 
-def test_engines_fetch_no_image_url_unless_the_spec_names_its_hosts() -> None:
+def test_python_frontends_fetch_no_image_url_unless_the_spec_names_its_hosts() -> None:
     body = _example("gb300-aggregated-tp8.yaml")
+    # The Rust frontend (the default) refuses the flag at start and keeps a policy of its own.
+    assert _media(body) == ([], {})
+    body["spec"].setdefault("engine", {})["rustFrontend"] = False
     assert _media(body) == (["media-fetch-off.invalid"], {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"})
-    body["spec"].setdefault("engine", {})["multimodal"] = {
+    body["spec"]["engine"]["multimodal"] = {
         "allowedMediaDomains": ["images.example.com", "cdn.example.com"], "fetchTimeoutSeconds": 10}
     assert _media(body) == (["images.example.com", "cdn.example.com"],
                             {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0", "VLLM_IMAGE_FETCH_TIMEOUT": "10"})
@@ -370,6 +375,6 @@ def test_engines_fetch_no_image_url_unless_the_spec_names_its_hosts() -> None:
 ])
 def test_a_media_policy_vllm_would_misread_is_refused(multimodal: dict[str, Any]) -> None:
     body = _example("gb300-aggregated-tp8.yaml")
-    body["spec"].setdefault("engine", {})["multimodal"] = multimodal
+    body["spec"].setdefault("engine", {}).update(rustFrontend=False, multimodal=multimodal)
     with pytest.raises(ValueError, match="multimodal"):
         KimiK3Deployment.model_validate(body)

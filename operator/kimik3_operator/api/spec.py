@@ -328,11 +328,15 @@ class Multimodal(SpecModel):
     max_images_per_prompt: Annotated[int, Field(ge=0, le=256)] | None = None
     """Images per prompt (--limit-mm-per-prompt); 0 turns image input off."""
     allowed_media_domains: Annotated[list[MediaHost], Field(max_length=32)] = []
-    """Hosts the engines may fetch http(s) image URLs from (--allowed-media-domains), exactly as vLLM
-    compares them: the URL's host, no wildcard. Empty (the default): no image URL is fetched, images
-    come inline as data: URLs. Redirects are never followed (vLLM checks only the first URL's host)."""
-    fetch_timeout_seconds: Annotated[int, Field(ge=1, le=120)] | None = None
-    """How long an engine waits for one image URL (VLLM_IMAGE_FETCH_TIMEOUT; vLLM's 5 s when omitted)."""
+    """With the Python frontend (engine.rustFrontend: false): hosts the engines may fetch http(s)
+    image URLs from (--allowed-media-domains), exactly as vLLM compares them: the URL's host (a name
+    or an IPv4 literal), no wildcard. Empty (the default): no image URL is fetched, images come
+    inline as data: URLs. Redirects are never followed (vLLM checks only the first URL's host). The
+    Rust frontend has a policy of its own (docs/multimodal.md)."""
+    fetch_timeout_seconds: Annotated[int, Field(ge=1, le=30)] | None = None
+    """With the Python frontend: the first attempt's timeout for one image URL
+    (VLLM_IMAGE_FETCH_TIMEOUT; vLLM's 5 s when omitted). vLLM retries a timeout or a 5xx up to 3
+    times, each attempt waiting 4x the last (multimodal/media/connections.py)."""
 
 
 OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
@@ -429,6 +433,16 @@ class Engine(SpecModel):
                                f"(set by {OWNED_FLAGS.get(owner_of(owned_flag(e.extra_args) or '') or '')})"),
             check=lambda e: owned_flag(e.extra_args) is None,
             field_path=".extraArgs",
+        ),
+        Rule(
+            cel="!self.rustFrontend || !has(self.multimodal) || ((!has(self.multimodal.allowedMediaDomains) "
+                "|| size(self.multimodal.allowedMediaDomains) == 0) && !has(self.multimodal.fetchTimeoutSeconds))",
+            message="multimodal.allowedMediaDomains and fetchTimeoutSeconds need rustFrontend: false (vLLM "
+                    f"{VLLM_VERSION}'s Rust frontend refuses --allowed-media-domains at start and applies its own "
+                    "policy: no media from private, loopback or link-local addresses)",
+            check=lambda e: not e.rust_frontend or e.multimodal is None or (
+                not e.multimodal.allowed_media_domains and e.multimodal.fetch_timeout_seconds is None),
+            field_path=".multimodal",
         ),
     )
 

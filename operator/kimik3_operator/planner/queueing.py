@@ -21,6 +21,7 @@ from typing import Any
 from ..api.reasons import ADMITTED, KUEUE_MISSING, NO_WORKLOAD
 from ..contract.kueue import ADMITTED as WL_ADMITTED
 from ..contract.kueue import (
+    EVICTED,
     FINISHED,
     GROUP_INDEX_ANNOTATION,
     JOB_UID_LABEL,
@@ -43,7 +44,8 @@ class QueuedRole:
     """Its UID (None before it exists): the Workloads carry it."""
     queue: str
     groups: int
-    """Its spec.replicas: the groups Kueue makes Workloads for."""
+    """The groups Kueue makes Workloads for: spec.replicas, or status.replicas while a rolling update
+    surges above it (leaderworkerset_reconciler.go, filterWorkloads): a surge group needs quota too."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,21 @@ def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | N
 
 
 def _admitted(workload: Mapping[str, Any]) -> bool:
-    return (_condition(workload, WL_ADMITTED) or {}).get("status") == "True"
+    """Admitted and not being evicted (an evicted Workload's pods are stopped and it queues again)."""
+    return ((_condition(workload, WL_ADMITTED) or {}).get("status") == "True"
+            and (_condition(workload, EVICTED) or {}).get("status") != "True")
+
+
+def _why(workload: Mapping[str, Any]) -> tuple[str, str]:
+    """Kueue's reason and message for a Workload that is not admitted: its eviction's, else (quota
+    reserved, admission checks pending) its Admitted condition's, else its QuotaReserved's."""
+    for type_ in (EVICTED, WL_ADMITTED, QUOTA_RESERVED):
+        c = _condition(workload, type_) or {}
+        if (c.get("status") == "True") == (type_ == EVICTED) and c.get("reason"):
+            if type_ == WL_ADMITTED and (_condition(workload, QUOTA_RESERVED) or {}).get("status") != "True":
+                continue  # no quota yet: QuotaReserved says why
+            return str(c["reason"]), str(c.get("message") or "")
+    return "Pending", "no quota reserved yet"
 
 
 def _group(workload: Mapping[str, Any]) -> int | None:
@@ -92,7 +108,9 @@ def judge_admission(roles: Sequence[QueuedRole], workloads: Sequence[Mapping[str
         by_group = {group: wl for wl in workloads if _current(wl, role.uid)
                     and (group := _group(wl)) is not None and group < role.groups}
         pending = [g for g in range(role.groups) if g not in by_group or not _admitted(by_group[g])]
-        waiting[role.workload] = len(pending)
+        # A group without a Workload is not known to wait: its pods are gated only once Kueue marks
+        # the set (a moment after creation, or never if Kueue does not manage it).
+        waiting[role.workload] = sum(g in by_group for g in pending)
         if not pending:
             admitted_notes.append(f"{role.where}: {role.groups}/{role.groups} in LocalQueue {role.queue}")
             continue
@@ -103,9 +121,7 @@ def judge_admission(roles: Sequence[QueuedRole], workloads: Sequence[Mapping[str
             said.append((NO_WORKLOAD, f"{head}; group {first} has no Workload yet (Kueue has not taken the "
                                       "LeaderWorkerSet in: is its leaderworkerset integration enabled?)"))
             continue
-        reserved = _condition(by_group[first], QUOTA_RESERVED) or {}
-        reason = str(reserved.get("reason") or "Pending")
-        detail = str(reserved.get("message") or "no quota reserved yet")
+        reason, detail = _why(by_group[first])
         said.append((reason, f"{head}; Kueue on group {first}: {detail}"))
     if said:
         return Admission(Verdict("False", said[0][0], "; ".join(m for _, m in said)), waiting)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..api.reasons import KUEUE_UNAVAILABLE
+from ..api.reasons import KUEUE_MISSING, KUEUE_UNAVAILABLE
 from ..k8s import Cluster, RejectedApiError, TransientApiError
 from ..planner import Plan
 from ..planner.disaggregation import Verdict
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 CHECK_SECONDS = 5.0
 """How stale the Workloads a pass judges may be: a group waits for minutes, an admission should
 show within a few seconds."""
+MISSING_SECONDS = 60.0
+"""How long "the cluster serves no Workload kind" is believed: asking the client for an unknown
+kind makes it rediscover every API group."""
 
 Key = tuple[str, str]
 
@@ -38,11 +41,21 @@ def queued_roles(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, 
         if role.queue is None or name not in workloads:
             continue
         live = workloads[name]
-        groups = (live.get("spec") or {}).get("replicas")
+        asked = (live.get("spec") or {}).get("replicas")
+        running = int((live.get("status") or {}).get("replicas") or 0)
         roles.append(QueuedRole(where=f"pool {pool.name} role {role.role}", workload=name,
                                 uid=(live.get("metadata") or {}).get("uid"), queue=role.queue,
-                                groups=int(groups if groups is not None else role.replicas)))
+                                groups=max(int(asked if asked is not None else role.replicas), running)))
     return roles
+
+
+def recheck_seconds(admission: Admission) -> float | None:
+    """When a pass should look again without an event: soon while Kueue has not admitted every
+    group (an admission ungates pods this operator may not be told of at once), rarely while Kueue
+    is missing, never once all is admitted."""
+    if admission.verdict.status == "True":
+        return None
+    return MISSING_SECONDS if admission.verdict.reason == KUEUE_MISSING else CHECK_SECONDS
 
 
 class QueueProbe:
@@ -60,7 +73,8 @@ class QueueProbe:
         uids = tuple(sorted(r.uid for r in roles if r.uid))
         now = self._clock()
         last = self._last.get(key)
-        if last is not None and last[1] == uids and now - last[0] < CHECK_SECONDS:
+        fresh = MISSING_SECONDS if last is not None and last[2] is None else CHECK_SECONDS
+        if last is not None and last[1] == uids and now - last[0] < fresh:
             found = last[2]
         else:
             try:

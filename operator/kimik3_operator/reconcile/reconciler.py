@@ -33,8 +33,7 @@ from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_aut
 from .disaggregation import DisaggregationProbe
 from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
-from .queueing import CHECK_SECONDS as QUEUE_CHECK_SECONDS
-from .queueing import QueueProbe, queued_roles
+from .queueing import QueueProbe, queued_roles, recheck_seconds
 from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
 from .status import compute_status, transitions
 from .status_pace import StatusPace
@@ -177,8 +176,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     plan = with_live_counts(owner, plan, workloads)
     admission = (queues or QueueProbe()).admission(cluster, owner, queued_roles(owner, plan, workloads))
     waiting = admission.waiting if admission else {}
-    if any(waiting.values()):
-        outcome.due = min(QUEUE_CHECK_SECONDS, outcome.due or QUEUE_CHECK_SECONDS)
+    if admission and (again := recheck_seconds(admission)) is not None:
+        outcome.due = min(again, outcome.due or again)
     scaling = previous_autoscaling(previous)
     if scaler is not None and scaler.due((namespace, name), plan):
         scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference(),

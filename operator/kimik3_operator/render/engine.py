@@ -115,13 +115,22 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
         args += ["--reasoning-parser", "kimi_k3"]
     if engine.mm_limits:
         args += ["--limit-mm-per-prompt", _json(dict(engine.mm_limits))]
-    args += ["--allowed-media-domains", *(engine.media_domains or (NO_MEDIA_HOST,))]
+    if python_frontend(engine, worker=worker):
+        args += ["--allowed-media-domains", *(engine.media_domains or (NO_MEDIA_HOST,))]
     if scale_out and not worker:
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
     args += chat_template.args(engine, worker=worker)
     args += literals(engine.extra_args)
     return args
+
+
+def python_frontend(engine: EngineSettings, *, worker: bool) -> bool:
+    """The pod serves HTTP with vLLM's Python frontend, whose media policy the operator sets. The
+    Rust frontend (leaders with engine.rustFrontend) exits at start on --allowed-media-domains ("not
+    implemented in Rust frontend yet": vllm-rs, v1/utils.py passes it every non-default argument)
+    and keeps its own policy; headless workers serve no HTTP."""
+    return not worker and not engine.rust_frontend
 
 
 def sequence_parallel_moe(role: RolePlan) -> bool:
@@ -154,11 +163,12 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
         # Shard the dense and shared-expert MLPs over TP under sequence-parallel MoE, which vLLM
         # documents for decode instances of a P/D deployment.
         env.append({"name": "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "value": "1"})
-    # vLLM checks only the first URL's host against --allowed-media-domains; a redirect from an
-    # allowed host could lead anywhere (multimodal/media/connector.py, load_from_url).
-    env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
-    if engine.media_fetch_timeout is not None:
-        env.append({"name": "VLLM_IMAGE_FETCH_TIMEOUT", "value": str(engine.media_fetch_timeout)})
+    if python_frontend(engine, worker=worker):
+        # vLLM checks only the first URL's host against --allowed-media-domains; a redirect from an
+        # allowed host could lead anywhere (multimodal/media/connector.py, load_from_url).
+        env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
+        if engine.media_fetch_timeout is not None:
+            env.append({"name": "VLLM_IMAGE_FETCH_TIMEOUT", "value": str(engine.media_fetch_timeout)})
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})

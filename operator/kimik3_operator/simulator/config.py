@@ -122,6 +122,9 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
                      fabric_gb_s=settings.kv_fabric_gb_s or gpu.nic_gb_s)
     max_model_len = serve.max_model_len or MAX_MODEL_LEN
     acceptance = settings.acceptance
+    if settings.rust_frontend and serve.allowed_media_domains:
+        # vllm-rs exits at start on it (v1/utils.py hands it every non-default `vllm serve` argument)
+        raise SettingsError("The following arguments are not implemented in Rust frontend yet: - allowed_media_domains")
     if spec_tokens and not 1.0 <= acceptance <= 1 + spec_tokens:
         raise SettingsError(f"K3SIM_DSPARK_ACCEPTANCE={acceptance} must lie in [1, 1 + {spec_tokens}]")
     capacity = perf.kv_capacity_bytes(serve.max_model_len)

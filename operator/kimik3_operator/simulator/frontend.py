@@ -47,7 +47,8 @@ class Frontend:
         self.model_names = serve.served_model_names or (serve.model,)
         images = (serve.limit_mm_per_prompt or {}).get("image")
         self.media = MediaPolicy(domains=serve.allowed_media_domains,
-                                 image_limit=images.get("count") if isinstance(images, dict) else images)
+                                 image_limit=images.get("count") if isinstance(images, dict) else images,
+                                 rust=config.settings.rust_frontend)
 
     @property
     def rust(self) -> bool:

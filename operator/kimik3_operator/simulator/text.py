@@ -16,12 +16,15 @@ schema: a string argument takes the last word of the last user message.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
-import urllib.parse
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 SENTENCE = ("This is a simulated Kimi K3 answer from a vLLM 0.33.0 stand-in whose timing follows the "
             "operator's performance model for the GPU, layout and batch it runs at.").split()
@@ -56,6 +59,23 @@ class MediaPolicy:
     """--allowed-media-domains; empty: any host (vLLM's reading too)."""
     image_limit: int | None = None
     """--limit-mm-per-prompt's image entry; None: vLLM's default (no limit here)."""
+    rust: bool = False
+    """The Rust frontend's policy instead: no allow list, no media from a private address."""
+
+
+def _private_class(host: str) -> str | None:
+    """The address class the Rust frontend refuses media from, for an IP literal (the simulator
+    resolves no name: a name stands for a public host)."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    for test, name in ((address.is_loopback, "loopback"), (address.is_link_local, "link-local"),
+                       (address.is_private, "private"), (address.is_multicast, "multicast"),
+                       (address.is_unspecified, "unspecified"), (address.is_reserved, "reserved")):
+        if test:
+            return name
+    return None
 
 
 def _image_words(part: dict[str, Any], media: MediaPolicy) -> list[str]:
@@ -67,13 +87,21 @@ def _image_words(part: dict[str, Any], media: MediaPolicy) -> list[str]:
     if not isinstance(url, str) or not url:
         raise PromptError("an image_url part needs a url")
     if url[:5].lower() != "data:":
-        spec = urllib.parse.urlsplit(url)
-        if not spec.scheme.startswith("http"):
+        try:  # urllib3's parser, as vLLM's connector uses (lower-cased host, userinfo split off)
+            spec = parse_url(url)
+        except LocationParseError as exc:
+            raise PromptError(f"Failed to parse URL: {exc}") from None
+        scheme, host = spec.scheme or "", spec.host or ""
+        if not scheme.startswith("http"):
             raise PromptError("Cannot load local files without `--allowed-local-media-path`."
-                              if spec.scheme == "file" else "The URL must be either a HTTP, data or file URL.")
-        if media.domains and spec.hostname not in media.domains:
+                              if scheme == "file" else "The URL must be either a HTTP, data or file URL.")
+        if media.rust:
+            if (kind := _private_class(host)) is not None:
+                raise PromptError(f"media host '{host}' resolves to a {kind} IP address, which media is not "
+                                  "fetched from unless private media hosts are allowed")
+        elif media.domains and host not in media.domains:
             raise PromptError(f"The URL must be from one of the allowed domains: {list(media.domains)}. "
-                              f"Input URL domain: {spec.hostname}")
+                              f"Input URL domain: {host}")
     return [IMAGE_TOKEN] * IMAGE_TOKENS
 
 
