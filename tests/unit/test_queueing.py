@@ -13,7 +13,7 @@ from kimik3_operator.api import KimiK3Deployment, reasons
 from kimik3_operator.contract.kueue import GROUP_INDEX_ANNOTATION, JOB_UID_LABEL, QUEUE_LABEL
 from kimik3_operator.k8s import RejectedApiError
 from kimik3_operator.planner.queueing import QueuedRole, judge_admission
-from kimik3_operator.reconcile.queueing import CHECK_SECONDS, MISSING_SECONDS, QueueProbe
+from kimik3_operator.reconcile.queueing import CHECK_SECONDS, MISSING_SECONDS, QueueProbe, kueue_groups
 from kimik3_operator.reconcile.reconciler import reconcile
 from tests.support.clocks import Clock
 from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
@@ -213,6 +213,28 @@ def test_a_surge_group_of_a_rolling_update_needs_quota_too() -> None:
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("False", "Pending")
     assert "1 of 3 group(s) wait" in condition["message"] and _queued_replicas(cluster)["decode"] == 1
+
+
+@pytest.mark.parametrize(("spec", "status", "groups"), [
+    ({"replicas": 2}, {"replicas": 2, "updatedReplicas": 2}, 2),
+    # rolling with surge: the surge group has a Workload of its own
+    ({"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxSurge": 1}}},
+     {"replicas": 3, "updatedReplicas": 1}, 3),
+    # scale-down 3 -> 2: status lags, but Kueue already deleted group 2's Workload
+    ({"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxSurge": 1}}},
+     {"replicas": 3, "updatedReplicas": 3}, 2),
+    # no surge: a rollout replaces groups in place
+    ({"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1}}},
+     {"replicas": 3, "updatedReplicas": 0}, 2),
+    # Go's IntValue() reads "25%" as 0 and "1" as 1
+    ({"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxSurge": "25%"}}},
+     {"replicas": 3, "updatedReplicas": 0}, 2),
+    ({"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxSurge": "1"}}},
+     {"replicas": 3, "updatedReplicas": 0}, 3),
+    ({}, {}, 1),
+])
+def test_groups_are_counted_as_kueue_counts_them(spec: dict[str, Any], status: dict[str, Any], groups: int) -> None:
+    assert kueue_groups({"spec": spec, "status": status}) == groups
 
 
 def test_a_missing_kueue_is_asked_about_once_a_minute_not_every_pass() -> None:

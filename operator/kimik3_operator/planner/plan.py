@@ -75,11 +75,11 @@ class EngineSettings:
     tool_calling: bool = True
     reasoning: bool = True
     mm_limits: tuple[tuple[str, int], ...] = ()
+    """--limit-mm-per-prompt entries, e.g. (("image", 4),)."""
     media_domains: tuple[str, ...] = ()
     """Hosts an engine may fetch image URLs from; none: no URL is fetched."""
     media_fetch_timeout: int | None = None
     """Seconds an engine waits for one image URL (vLLM's default when None)."""
-    """--limit-mm-per-prompt entries, e.g. (("image", 4),)."""
     shutdown_timeout: int = 300
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()

@@ -41,12 +41,36 @@ def queued_roles(owner: Owner, plan: Plan, workloads: Mapping[str, Mapping[str, 
         if role.queue is None or name not in workloads:
             continue
         live = workloads[name]
-        asked = (live.get("spec") or {}).get("replicas")
-        running = int((live.get("status") or {}).get("replicas") or 0)
         roles.append(QueuedRole(where=f"pool {pool.name} role {role.role}", workload=name,
                                 uid=(live.get("metadata") or {}).get("uid"), queue=role.queue,
-                                groups=max(int(asked if asked is not None else role.replicas), running)))
+                                groups=kueue_groups(live)))
     return roles
+
+
+def kueue_groups(live: Mapping[str, Any]) -> int:
+    """How many groups of a LeaderWorkerSet Kueue keeps a Workload for, as Kueue v0.17.0 counts
+    them (pkg/controller/jobs/leaderworkerset/leaderworkerset_reconciler.go, filterWorkloads and
+    isRollingUpdateWithSurge): spec.replicas, or status.replicas while a rolling update with a
+    whole-number maxSurge above 0 has not updated every group (its surge groups). A scale-down's
+    lagging status.replicas does not count: Kueue has already deleted those Workloads."""
+    spec = live.get("spec") or {}
+    status = live.get("status") or {}
+    replicas = spec.get("replicas")
+    asked = 1 if replicas is None else int(replicas)
+    running = int(status.get("replicas") or 0)
+    surge = ((spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}).get("maxSurge")
+    rolling = _int_value(surge) > 0 and int(status.get("updatedReplicas") or 0) < asked
+    return max(asked, running) if rolling else asked
+
+
+def _int_value(value: Any) -> int:
+    """intstr's IntValue(): a number, or a string that parses as one; "25%" is 0, as in Go."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
 
 
 def recheck_seconds(admission: Admission) -> float | None:
