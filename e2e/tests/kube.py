@@ -70,11 +70,13 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120, int
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
-def delete_deployments(namespace: str, name: str = "--all", timeout: float = 120) -> None:
-    """Delete a test's KimiK3Deployment (or all of the namespace's) and wait until its pods are
-    gone, so later tests find the fake GPUs free. Best effort on the delete: the wait is the check."""
+def delete_deployments(namespace: str, name: str = "--all", timeout: float = 120, pods: str = "") -> None:
+    """Delete a test's KimiK3Deployment (or all of the namespace's) and wait until its pods (those
+    `pods` selects, else all of the namespace's) are gone, so later tests find the fake GPUs free.
+    Best effort on the delete: the wait is the check."""
     kubectl("-n", namespace, "delete", "k3", name, "--wait=true", "--timeout=120s", check=False)
-    wait_for(f"the pods of {namespace} to go", lambda: not get_json("pods", "-n", namespace)["items"],
+    selector = ["-l", pods] if pods else []
+    wait_for(f"the pods of {namespace} to go", lambda: not get_json("pods", "-n", namespace, *selector)["items"],
              timeout=timeout)
 
 

@@ -24,9 +24,10 @@ import yaml
 
 from kimik3_operator.planner import images
 
-from .conftest import REPORT
+from .conftest import OPERATOR_PODS, REPORT
 from .kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
 from .pod_runner import PodRunner
+from .replicas import Replicas
 from .traffic import SESSION, post, prompt, stats
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +36,7 @@ RELEASE = NAMESPACE = "kimik3-real"
 FULLNAME = f"{RELEASE}-kimik3-operator"  # the chart's full name for this release
 IMAGE_BUILD = ROOT / "e2e" / "images" / "build.sh"
 UID = 65532  # images/operator/Dockerfile USER; no passwd entry names it
+PD_EXAMPLE = ROOT / "manifests" / "examples" / "pd-gb300-decode-b200-prefill.yaml"
 
 
 def _chart_version() -> str:
@@ -59,7 +61,9 @@ def values(registry: str, tag: str) -> list[str]:
     out = ["--set", f"image.repository={registry}/kimik3-operator/kimik3-operator",
            "--set-json", f'watchNamespaces=["{NAMESPACE}"]', "--set", "crds.enabled=false",
            "--set-json", f"tolerations=[{json.dumps({'key': key, 'operator': 'Exists', 'effect': effect})}]",
-           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}', "--set", f"image.tag={tag}"]
+           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}', "--set", f"image.tag={tag}",
+           # as often as the host replicas: a test waits for rounds, not for minutes
+           "--set", "resyncSeconds=5"]
     return out
 
 
@@ -160,29 +164,76 @@ def test_helm_test_passes_on_the_real_node(release: str) -> None:
     assert "Phase:          Succeeded" in out, out
 
 
-def test_helm_upgrade_to_another_image_rolls_the_operator(release: str, registry: str) -> None:
+def _serving_state(name: str) -> dict[str, Any]:
+    """What an operator upgrade must leave alone: every pod of deployment `name` (by UID), and the
+    generation of its LeaderWorkerSets and router Deployment (a changed template bumps it)."""
+    selector = f"app.kubernetes.io/instance={name}"
+    return {"pods": {p["metadata"]["name"]: p["metadata"]["uid"]
+                     for p in get_json("pods", "-n", NAMESPACE, "-l", selector)["items"]},
+            "generations": {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["generation"]
+                            for kind in ("leaderworkersets", "deployments")
+                            for o in get_json(kind, "-n", NAMESPACE, "-l", selector)["items"]}}
+
+
+def _resyncs(pod: dict[str, Any]) -> float | None:
+    """The pod's completed resync rounds (each reconciled every deployment it watches once)."""
+    try:
+        body = SESSION.get(f"http://{pod['status']['podIP']}:9090/metrics", timeout=5).text
+    except OSError:
+        return None
+    return next((float(line.split()[-1]) for line in body.splitlines()
+                 if line.startswith("kimik3_operator_resyncs_total ")), None)
+
+
+def test_helm_upgrade_to_another_image_rolls_the_operator_and_no_serving_pod(
+        release: str, registry: str, replicas: Replicas, stager: Any) -> None:
     """A new image reference (the same build under a second tag, as a registry holds a rebuild)
-    rolls the Deployment; the new pods come up Ready and one of them leads."""
+    rolls the operator's Deployment while a P/D deployment serves in the namespace it watches: the
+    new pods come up Ready, one leads and reconciles the deployment again, and not one serving or
+    router pod is replaced, nor any template changed (an upgrade must not restart a 2.8T model).
+    The host replicas, which watch every namespace, stand aside meanwhile: the release's pods are
+    the deployment's only operator."""
     before = {p["metadata"]["name"] for p in wait_for("two Ready operator pods", ready_pods, timeout=120)}
-    tag = f"{_chart_version()}-e2e-upgrade"
-    pushed = subprocess.run([str(IMAGE_BUILD), "retag", images.OPERATOR_IMAGE,
-                             f"{registry}/kimik3-operator/kimik3-operator:{tag}"],
-                            capture_output=True, text=True, timeout=300)
-    assert pushed.returncode == 0, pushed.stderr[-2000:]
-    helm("upgrade", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
-         "--plain-http", "-n", NAMESPACE, *values(registry, tag), "--wait", "--timeout", "240s")
+    replicas.stop_all()
+    try:
+        kubectl("-n", NAMESPACE, "create", "secret", "generic", "hf-token", "--from-literal=token=hf_e2e")
+        body = yaml.safe_load(PD_EXAMPLE.read_text())
+        body["metadata"] = {"name": "k3-up", "namespace": NAMESPACE}
+        apply(body)
+        wait_for("k3-up Ready under the release's operator pods",
+                 lambda: is_ready(get_json("k3", "k3-up", "-n", NAMESPACE)), timeout=300)
+        serving = _serving_state("k3-up")
+        routers = [k for k in serving["generations"] if k.startswith("Deployment/k3-up-router")]
+        assert len(serving["pods"]) >= 4 and routers, serving
 
-    def rolled() -> list[dict[str, Any]] | None:
-        pods = ready_pods()
-        if not pods or {p["metadata"]["name"] for p in pods} & before:
-            return None
-        return pods if all(p["spec"]["containers"][0]["image"].endswith(f":{tag}") for p in pods) else None
+        tag = f"{_chart_version()}-e2e-upgrade"
+        pushed = subprocess.run([str(IMAGE_BUILD), "retag", images.OPERATOR_IMAGE,
+                                 f"{registry}/kimik3-operator/kimik3-operator:{tag}"],
+                                capture_output=True, text=True, timeout=300)
+        assert pushed.returncode == 0, pushed.stderr[-2000:]
+        helm("upgrade", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
+             "--plain-http", "-n", NAMESPACE, *values(registry, tag), "--wait", "--timeout", "240s")
 
-    pods = wait_for("two Ready pods of the new image", rolled, timeout=180)
-    assert wait_for("a leader among the new pods", lambda: leader(pods), timeout=90)
+        def rolled() -> list[dict[str, Any]] | None:
+            pods = ready_pods()
+            if not pods or {p["metadata"]["name"] for p in pods} & before:
+                return None
+            return pods if all(p["spec"]["containers"][0]["image"].endswith(f":{tag}") for p in pods) else None
 
+        pods = wait_for("two Ready pods of the new image", rolled, timeout=180)
+        new_leader = wait_for("a leader among the new pods", lambda: leader(pods), timeout=90)
+        # Two full rounds by the new leader: the deployment was reconciled under the new image.
+        wait_for("two resync rounds by the new leader", lambda: (_resyncs(new_leader) or 0) >= 2, timeout=120)
+        assert is_ready(get_json("k3", "k3-up", "-n", NAMESPACE))
+        after = _serving_state("k3-up")
+        assert after == serving, f"the operator upgrade changed what serves:\nbefore {serving}\nafter  {after}"
+        REPORT.append(f"real node: helm upgrade rolled the operator ({len(before)} pods -> {len(pods)}, leader "
+                      f"{new_leader['metadata']['name']}); {len(serving['pods'])} serving and router pods and "
+                      f"{len(serving['generations'])} templates unchanged")
+    finally:
+        delete_deployments(NAMESPACE, timeout=180, pods="app.kubernetes.io/instance=k3-up")
+        replicas.start_all(OPERATOR_PODS)
 
-PD_EXAMPLE = ROOT / "manifests" / "examples" / "pd-gb300-decode-b200-prefill.yaml"
 
 
 def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
