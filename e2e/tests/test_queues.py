@@ -14,6 +14,7 @@ import pytest
 from kimik3_operator.api.reasons import ADMITTED
 from kimik3_operator.contract.kueue import ADMISSION_GATE, QUEUE_LABEL
 
+from .conftest import REPORT
 from .kube import apply, condition, delete_deployments, get_json, kubectl, wait_for
 from .test_skeleton import pd_deployment
 
@@ -136,7 +137,7 @@ def test_kueue_admits_whole_groups_and_a_second_deployment_waits_whole(operator:
         cr = get_json("k3", "k3-q2", "-n", namespace)
         assert _queued_replicas(cr) == 0
     finally:
-        print("\nKueue timeline:\n" + "\n".join(timeline))
+        REPORT.append("Kueue timeline: " + "; ".join(timeline))
         delete_deployments(namespace)
         for obj in reversed(objects):
             kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"],
