@@ -34,6 +34,12 @@ def http_get(url: str, timeout: float = 2) -> str | None:
         return None
 
 
+def metric(url: str, name: str) -> float | None:
+    """An unlabelled sample of the /metrics at `url`, None while it cannot be read."""
+    body = http_get(url) or ""
+    return next((float(line.split()[-1]) for line in body.splitlines() if line.startswith(f"{name} ")), None)
+
+
 LEASE_LOST = "Leadership lost"  # the runner's last log line when it exits on a lost Lease
 
 
@@ -76,9 +82,7 @@ class Replica:
 
     def metric(self, name: str) -> float | None:
         """An unlabelled sample of this replica's /metrics, None while it cannot be read."""
-        body = http_get(self.metrics) or ""
-        return next((float(line.split()[-1]) for line in body.splitlines()
-                     if line.startswith(f"{name} ")), None)
+        return metric(self.metrics, name)
 
     def leader_gauge(self) -> float | None:
         return self.metric("kimik3_operator_leader")

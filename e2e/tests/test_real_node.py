@@ -27,7 +27,7 @@ from kimik3_operator.planner import images
 from .conftest import OPERATOR_PODS, REPORT
 from .kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
 from .pod_runner import PodRunner
-from .replicas import Replicas
+from .replicas import Replicas, metric
 from .traffic import SESSION, post, prompt, stats
 
 pytestmark = pytest.mark.e2e
@@ -176,13 +176,10 @@ def _serving_state(name: str) -> dict[str, Any]:
 
 
 def _resyncs(pod: dict[str, Any]) -> float | None:
-    """The pod's completed resync rounds (each reconciled every deployment it watches once)."""
-    try:
-        body = SESSION.get(f"http://{pod['status']['podIP']}:9090/metrics", timeout=5).text
-    except OSError:
-        return None
-    return next((float(line.split()[-1]) for line in body.splitlines()
-                 if line.startswith("kimik3_operator_resyncs_total ")), None)
+    """The pod's completed resync rounds (each reconciled every deployment it watches once), read
+    from the port its container names `metrics`."""
+    port = next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"] if p["name"] == "metrics")
+    return metric(f"http://{pod['status']['podIP']}:{port}/metrics", "kimik3_operator_resyncs_total")
 
 
 def test_helm_upgrade_to_another_image_rolls_the_operator_and_no_serving_pod(
@@ -233,7 +230,6 @@ def test_helm_upgrade_to_another_image_rolls_the_operator_and_no_serving_pod(
     finally:
         delete_deployments(NAMESPACE, timeout=180, pods="app.kubernetes.io/instance=k3-up")
         replicas.start_all(OPERATOR_PODS)
-
 
 
 def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
