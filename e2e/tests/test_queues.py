@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +41,24 @@ def _decode_pods(namespace: str, name: str) -> list[dict[str, Any]]:
 
 def _admitted(namespace: str, name: str) -> dict[str, Any]:
     return condition(get_json("k3", name, "-n", namespace), "Admitted") or {}
+
+
+def _verdict(namespace: str, name: str, note: Callable[[str], None],
+             judged: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The deployment's Admitted condition once `judged` holds, noting each other state it passed
+    through (Kueue's verdict lags the Workload's creation by a scheduling cycle)."""
+    seen: set[tuple[str, str]] = set()
+
+    def probe() -> dict[str, Any] | None:
+        c = _admitted(namespace, name)
+        if judged(c):
+            return c
+        if c and (key := (str(c.get("reason")), str(c.get("message")))) not in seen:
+            seen.add(key)
+            note(f"{name} on the way: Admitted={c.get('status')} {key[0]}: {key[1]}")
+        return None
+
+    return wait_for(f"{name}'s Admitted to carry Kueue's verdict", probe, timeout=90)
 
 
 def _queued_replicas(cr: dict[str, Any]) -> int:
@@ -90,11 +109,10 @@ def test_kueue_admits_whole_groups_and_a_second_deployment_waits_whole(operator:
         assert QUEUE_LABEL not in {k for o in get_json("leaderworkersets", "-n", namespace)["items"]
                                    if o["metadata"]["name"] != "k3-q1-gb300-decode"
                                    for k in o["metadata"].get("labels") or {}}  # prefill is not queued
-        missing = wait_for("Admitted False while the LocalQueue is missing", lambda: (
-            c if (c := _admitted(namespace, "k3-q1")).get("status") == "False" and c.get("reason") != "NoWorkload"
-            else None), timeout=90)
+        # Kueue first creates the Workload, then judges it: "no quota reserved yet" comes before its verdict.
+        missing = _verdict(namespace, "k3-q1", note, lambda c: c.get("reason") == "Inadmissible")
         note(f"k3-q1 created, no LocalQueue yet: Admitted=False {missing['reason']}: {missing['message']}")
-        assert missing["reason"] == "Inadmissible" and f"LocalQueue {LOCAL_QUEUE} doesn't exist" in missing["message"]
+        assert missing["status"] == "False" and f"LocalQueue {LOCAL_QUEUE} doesn't exist" in missing["message"]
         pods = wait_for("k3-q1's decode pods, gated", lambda: (p if len(p := _decode_pods(namespace, "k3-q1")) == 4
                                                                else None), timeout=60)
         assert all({"name": ADMISSION_GATE} in p["spec"].get("schedulingGates", []) and not p["spec"].get("nodeName")
@@ -113,10 +131,9 @@ def test_kueue_admits_whole_groups_and_a_second_deployment_waits_whole(operator:
         note("k3-q1's decode groups scheduled")
 
         apply(_queued(namespace, "k3-q2"))
-        waiting = wait_for("k3-q2 waits", lambda: (c if (c := _admitted(namespace, "k3-q2")).get("status") == "False"
-                                                   and c.get("reason") != "NoWorkload" else None), timeout=90)
+        waiting = _verdict(namespace, "k3-q2", note, lambda c: "nvidia.com/gpu" in c.get("message", ""))
         note(f"k3-q2 created: Admitted=False {waiting['reason']}: {waiting['message']}")
-        assert waiting["reason"] == "Pending" and "nvidia.com/gpu" in waiting["message"], waiting
+        assert waiting["status"] == "False" and waiting["reason"] == "Pending", waiting
         cr = wait_for("k3-q2 reports its queued replica", lambda: (
             cr if _queued_replicas(cr := get_json("k3", "k3-q2", "-n", namespace)) == 2 else None), timeout=60)
         q2_pods = wait_for("k3-q2's decode pods", lambda: (p if len(p := _decode_pods(namespace, "k3-q2")) == 4
