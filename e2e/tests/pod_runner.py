@@ -18,7 +18,8 @@ kubelet would mount), and reach them at their pod IPs.
 It is their kubelet in two more ways. A pod played here (the serving leaders and routers of a
 namespace labelled by `play`, marked at admission: e2e/cluster/played-pods.yaml) turns Ready only
 when its process answers the pod's own readinessProbe, and unready after its failureThreshold misses
-(`_probe_all`); an engine takes KIMIK3_COLD_START_SECONDS to load first. Pods of other namespaces
+(`_probe_all`); an engine first takes the operator's predicted cold start for it, compressed
+(KIMIK3_COLD_START_SECONDS, KIMIK3_COLD_START_TIME_SCALE). Pods of other namespaces
 stay kwok's (no process, Ready after KIMIK3_POD_READY_DELAY_MS).
 
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
@@ -58,6 +59,7 @@ from typing import Any, TypedDict
 
 import yaml
 
+from kimik3_operator.api.quantity import quantity
 from kimik3_operator.contract.names import SERIES_LABELS
 from kimik3_operator.render.front import API_KEY_ENV, CONFIG_ENV, FRONT_PORT, ROUTER_LOOPBACK_PORT
 from kimik3_operator.render.front import CONTAINER as FRONT
@@ -78,6 +80,11 @@ PLAYED = "kwok.kimik3.dev/played"
 """On each pod this runner plays, from its admission (e2e/cluster/played-pods.yaml): kwok then leaves
 its readiness and its deletion to this runner, as to a kubelet."""
 PROBE_SECONDS = 1.0
+PREDICTED = "predicted"
+COLD_START_TIME_SCALE = "0.003"
+"""A Kimi K3 replica's predicted quarter of an hour to half an hour (planner/cold_start.py) in 3 to 5 s:
+as long as a test can wait at every rollout and scale-up, and long enough that an engine is seen
+starting."""
 NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ENGINE_PORT = 8000
@@ -194,6 +201,8 @@ class Proc:
     """Its container's readinessProbe (`PodRunner._probe_all`)."""
     deleted: bool = False
     """Its pod was deleted (not merely left unplayed): the object goes once the process has exited."""
+    started: float = field(default_factory=time.monotonic)
+    """When its process was started (time.monotonic)."""
     cut: threading.Event = field(default_factory=threading.Event)
     """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
     front: subprocess.Popen[bytes] | None = None
@@ -225,10 +234,15 @@ class PodRunner:
     leaving: list[Proc] = field(default_factory=list)
     """Processes of deleted pods still in their preStop pause or drain."""
     problems: list[str] = field(default_factory=list)
-    cold_start: float = field(default_factory=lambda: float(os.environ.get("KIMIK3_COLD_START_SECONDS", "5")))
+    cold_start: str = field(default_factory=lambda: os.environ.get("KIMIK3_COLD_START_SECONDS", PREDICTED))
     """Seconds each engine takes to load before its /health answers (the simulator's
-    K3SIM_STARTUP_SECONDS): its pod turns Ready only then (readiness probe, `_probe_all`). A few
-    seconds by default, so that a rollout or a scale-up takes the time it takes (KIMIK3_COLD_START_SECONDS)."""
+    K3SIM_STARTUP_SECONDS): its pod turns Ready only then (readiness probe, `_probe_all`). By
+    default `predicted`: the planner's cold start for the pod's command line, GPU and the
+    deployment's spec.model.readThroughput (planner/cold_start.py), so that a rollout or a scale-up
+    takes the time the operator predicts for it, compressed by `cold_start_scale`."""
+    cold_start_scale: float = field(default_factory=lambda: float(os.environ.get("KIMIK3_COLD_START_TIME_SCALE",
+                                                                                 COLD_START_TIME_SCALE)))
+    """Wall seconds per predicted second of start-up (K3SIM_STARTUP_TIME_SCALE)."""
     targets: Path | None = None
     """The cluster's Prometheus file_sd folder, where this runner lists its live engines; None, or a
     folder that does not exist (no cluster), lists none."""
@@ -388,7 +402,9 @@ class PodRunner:
             "K3SIM_GPU_PRODUCT": node_labels.get(GPU_LABEL, ""),
             "K3SIM_ROLE": meta["labels"]["app.kubernetes.io/component"],
             "K3SIM_TIME_SCALE": str(self.time_scale),
-            "K3SIM_STARTUP_SECONDS": str(self.cold_start),
+            "K3SIM_STARTUP_SECONDS": self.cold_start,
+            "K3SIM_STARTUP_TIME_SCALE": str(self.cold_start_scale),
+            **_read_throughput(meta["namespace"], meta["labels"].get("app.kubernetes.io/instance", "")),
             "K3SIM_HANDSHAKE_DIR": str(self.handshake),
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
         }
@@ -595,6 +611,15 @@ def _set_ready(proc: Proc, ready: bool) -> bool:
 def _managed_pods() -> list[dict[str, Any]]:
     """Every pod the operator manages, in every namespace (raises on a failed or garbled listing)."""
     return api_list("/api/v1/pods", labelSelector=SELECTOR)
+
+
+def _read_throughput(namespace: str, deployment: str) -> dict[str, str]:
+    """K3SIM_READ_BYTES_PER_S from the deployment's spec.model.readThroughput, as its storage
+    would read (none: the planner's default, which the simulator applies itself)."""
+    out = kubectl("-n", namespace, "get", "kimik3deployments", deployment, "-o",
+                  "jsonpath={.spec.model.readThroughput}", check=False, timeout=20)
+    given = out.stdout.strip() if out.returncode == 0 else ""
+    return {"K3SIM_READ_BYTES_PER_S": str(float(quantity(given)))} if given else {}
 
 
 def _played(pod: dict[str, Any]) -> bool:

@@ -6,8 +6,8 @@ Admitted condition carries Kueue's reason; admission follows when quota frees.""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest

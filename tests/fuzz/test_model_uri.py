@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.crd import openapi_schema
+from kimik3_operator.api.quantity import quantity
 from kimik3_operator.contract.uri import MAX_LENGTH, PATTERN
 from kimik3_operator.stager import WeightsError, parse_uri
 from tests.support.cases import base_deployment
@@ -83,14 +84,22 @@ class _CelObject:
         return _CelString(value) if isinstance(value, str) else value
 
 
-CEL_CALLS = {"has", "startsWith", "endsWith", "contains"}
+class _CelQuantity:
+    def __init__(self, text: str) -> None:
+        self.value = quantity(text)
+
+    def compareTo(self, other: _CelQuantity) -> int:
+        return (self.value > other.value) - (self.value < other.value)
+
+
+CEL_CALLS = {"has", "startsWith", "endsWith", "contains", "quantity", "compareTo"}
 
 
 def cel_holds(rule: str, obj: dict[str, Any]) -> bool:
     calls = set(re.findall(r"(\w+)\(", rule))
     assert calls <= CEL_CALLS, f"CEL this test cannot evaluate: {sorted(calls - CEL_CALLS)} in {rule}"
     python = re.sub(r"!(?!=)", " not ", rule.replace("||", " or ").replace("&&", " and "))
-    return bool(eval(python, {"has": lambda v: v is not None}, {"self": _CelObject(obj)}))
+    return bool(eval(python, {"has": lambda v: v is not None, "quantity": _CelQuantity}, {"self": _CelObject(obj)}))
 
 
 def crd_accepts(body: dict[str, Any], where: Where) -> bool:

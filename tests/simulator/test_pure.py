@@ -79,6 +79,26 @@ def test_engine_config_follows_the_command_line_and_vllm_defaults() -> None:
     assert h200.max_num_batched_tokens == 8192 and h200.role == "aggregated"
 
 
+@pytest.mark.parametrize(("scenario", "role"), [
+    ("gb300-tp8-aggregated", "aggregated"), ("gb300-tp16-dspark", "aggregated"),
+    ("b200-dep16-disaggregated", "prefill"), ("b200-dep16-disaggregated", "decode"),
+    ("gb300-prefill-rack-a-decode-rack-b", "prefill"), ("gb300-prefill-rack-a-decode-rack-b", "decode"),
+    ("h200-16", "aggregated"), ("mi355x-tp8", "aggregated")])
+def test_a_predicted_start_up_is_the_plans_cold_start_read_from_the_command_line(scenario: str, role: str) -> None:
+    """From the rendered command and the node's GPU alone, the simulator arrives at the cold start
+    the plan shows (less the image pull, done before the process starts), at the same storage speed."""
+    report = role_report(scenario, role)
+    cold = report["coldStart"]
+    settings = settings_from_env({"K3SIM_STARTUP_SECONDS": "predicted", "K3SIM_GPU_PRODUCT": report["gpuProduct"],
+                                  "K3SIM_READ_BYTES_PER_S": str(cold["readBytesPerSecond"]),
+                                  "K3SIM_TIME_SCALE": "0.5", "K3SIM_STARTUP_TIME_SCALE": "0.01"})
+    config = engine_config(parse_serve(expand(report["command"])), settings)
+    assert config.startup_seconds == cold["readySeconds"] - cold["imagePullSeconds"]
+    assert config.startup_wall_seconds == pytest.approx(config.startup_seconds * 0.01)
+    plain = engine_config(parse_serve(expand(report["command"])), settings_from_env({"K3SIM_STARTUP_SECONDS": "3"}))
+    assert (plain.startup_seconds, plain.startup_wall_seconds) == (3, 3)
+
+
 PERF = PerfModel(gpu=CATALOG["GB300"], layout=Layout(tensor=8), crosses_rdma=False, kv_dtype="bf16",
                  ssm_dtype="float32", spec_tokens=0, block_size=768, fabric_gb_s=100)
 

@@ -15,7 +15,8 @@ class Clock:
 
 
 class FakePrometheus:
-    """Answers the scaler's queries by metric name: what Prometheus would return for the role."""
+    """Answers the scaler's queries by metric name: what Prometheus would return for the role. A
+    trend query (deriv) answers `values["deriv"]` only: no slope unless a test gives one."""
 
     def __init__(self) -> None:
         self.values: dict[str, float | None] = {}
@@ -23,4 +24,6 @@ class FakePrometheus:
 
     def scalar(self, query: str) -> float | None:
         self.queries.append(query)
+        if query.startswith("deriv("):
+            return self.values.get("deriv")
         return next((v for k, v in self.values.items() if k in query), None)

@@ -102,6 +102,24 @@ def test_the_slo_scaler_scales_up_on_load_then_holds_without_writing() -> None:
     assert cluster.writes == []
 
 
+def test_a_rising_load_scales_up_a_predicted_cold_start_ahead_and_the_event_says_so() -> None:
+    clock, prometheus, scaler, cluster = _serving(_autoscaled())
+    (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
+    lead = decode["coldStart"]["readySeconds"]
+    # 15 in flight on 2 replicas of 10: enough now; rising so that one cold start from now it needs 3.
+    prometheus.values = {"num_requests": 15.0, "inter_token_latency": 0.010, "time_to_first_token": 0.5,
+                         "deriv": 8.0 / lead}
+    clock.now += 15
+    reconcile(cluster, "ns", "k3", scaler=scaler)
+    assert cluster.objects[DECODE]["spec"]["replicas"] == 3
+    trend = next(q for q in prometheus.queries if q.startswith("deriv("))
+    assert "vllm:num_requests_running" in trend and "[300s:15s]" in trend  # five 60 s windows, every 15 s
+    (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
+    assert decode["autoscaling"]["lastScale"].startswith("up 2 -> 3: RequestsInFlight 15 rising")
+    assert f"reaches 23 in {lead} s, the predicted time to Ready" in decode["autoscaling"]["lastScale"]
+    assert any("ScaledUp" in w for w in cluster.writes)
+
+
 def test_the_slo_scaler_never_asks_beyond_the_pools_free_gpus() -> None:
     body = _autoscaled({"minReplicas": 1, "maxReplicas": 64, "target": 1}, router={"replicas": 0})
     clock, prometheus, scaler, cluster = _serving(body)

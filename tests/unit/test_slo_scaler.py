@@ -142,3 +142,71 @@ def test_replicas_waiting_in_a_kueue_queue_are_no_capacity() -> None:
     light = decide(DECODE, SETTINGS, now=NOW, current=3, ready=2, observed=Observation(load=12, latency={"itl": 0.02}),
                    memory=Memory(calm_since=NOW - 300), fits=99, queued=1)
     assert light.capacity_limited is None and (light.replicas, light.direction) == (2, "down")
+
+
+def lead(load: float, trend: float, lead_seconds: float, *, current: int = 2, ready: int | None = None,
+         memory: Memory = FRESH):
+    return decide(DECODE, SETTINGS, now=NOW, current=current, ready=current if ready is None else ready,
+                  observed=Observation(load=load, latency={"itl": 0.020}, trend=trend), memory=memory, fits=99,
+                  lead_seconds=lead_seconds)
+
+
+def test_a_rising_load_adds_one_replica_a_cold_start_ahead_of_need() -> None:
+    # 15 in flight on 2 replicas (target 10 each), rising 0.01/s: in 900 s, 24, which needs 3.
+    d = lead(15, 0.01, 900)
+    assert (d.replicas, d.direction) == (3, "up")
+    assert "rising 0.01/s reaches 24 in 900 s, the predicted time to Ready, and needs 3 replicas" in d.reason
+    # The same slope with a short cold start is not a reason yet, nor is a falling or flat load.
+    assert lead(15, 0.01, 60).direction == "hold"
+    assert lead(15, -0.05, 900).direction == "hold" and lead(15, 0.0, 900).direction == "hold"
+    # A steep slope adds what its projection needs, capped by maxReplicas; replicas on their way
+    # count: once they are asked for, the same projection asks for nothing more.
+    assert lead(15, 0.03, 900).replicas == 5
+    assert lead(15, 1.0, 900).replicas == DECODE.max_replicas
+    assert lead(15, 0.03, 900, current=5, ready=2).direction == "hold"
+    assert lead(15, 0.04, 900, current=5, ready=2).replicas == 6  # 51: one more than those coming
+
+
+def test_load_already_past_the_target_is_served_by_load_unless_the_trend_needs_more() -> None:
+    d = lead(41, 0.0005, 900)  # 41.45 in 900 s: the 5 the load needs now
+    assert (d.replicas, d.direction) == (5, "up") and "RequestsInFlight 41 needs 5 replicas at 10 each" in d.reason
+    assert lead(41, 0.02, 900).replicas == 6 and "reaches 59" in lead(41, 0.02, 900).reason
+
+
+def test_no_replica_goes_while_the_trend_says_it_will_be_needed_within_a_cold_start() -> None:
+    calm = Memory(calm_since=NOW - 300)
+    # 4 replicas carrying 23: 3 would do now, but 23 + 0.01 x 900 = 32 would not fit 3 under 80%.
+    held = lead(23, 0.01, 900, current=4, memory=calm)
+    assert held.direction == "hold" and "rising" in held.reason and "more than 3 replicas carry" in held.reason
+    assert lead(23, -0.01, 900, current=4, memory=calm).direction == "down"
+
+
+def test_with_the_lead_rule_capacity_is_there_when_a_ramp_arrives_and_without_it_it_is_late() -> None:
+    """Two replicas at half their target, then a ramp to four replicas' worth over two hours,
+    decided every 15 s, where a replica asked for is Ready 900 s later: with the lead rule no
+    moment has more load than Ready capacity; a scaler that waits for the load lacks capacity
+    for about a cold start at each replica it adds."""
+    ramp_start, ramp_end, lo, hi, cold = 600.0, 7800.0, 10.0, 40.0, 900.0
+
+    def load_at(t: float) -> float:
+        return lo + (hi - lo) * min(1.0, max(0.0, (t - ramp_start) / (ramp_end - ramp_start)))
+
+    def short_seconds(lead_seconds: float) -> float:
+        replicas, ready_at, memory, short = 2, [0.0, 0.0], Memory(), 0.0
+        for step in range(int(9000 / 15)):
+            t = NOW + step * 15
+            ready = sum(1 for r in ready_at if r <= t - NOW)
+            load = load_at(t - NOW)
+            if load > ready * DECODE.target:
+                short += 15
+            trend = (load - load_at(t - NOW - 300)) / 300
+            d = decide(DECODE, SETTINGS, now=t, current=replicas, ready=ready,
+                       observed=Observation(load=load, latency={"itl": 0.020}, trend=trend), memory=memory,
+                       fits=99, lead_seconds=lead_seconds)
+            memory = d.memory
+            ready_at += [t - NOW + cold] * max(0, d.replicas - replicas)
+            replicas = d.replicas
+        return short
+
+    assert short_seconds(cold) == 0
+    assert short_seconds(0.0) >= 2 * cold

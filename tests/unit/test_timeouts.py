@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kimik3_operator.kimi_k3 import BF16_WEIGHT_BYTES, ROUTED_EXPERT_BYTES
+from kimik3_operator.planner.cold_start import predict
 from kimik3_operator.planner.plan import Layout
 from kimik3_operator.planner.timeouts import (
     FLOOR_S,
@@ -28,7 +29,7 @@ def test_deadlines_cover_the_load_and_keep_their_order(layout: Layout, gpus_per_
     gpus_per_pod = min(gpus_per_pod, layout.gpus)
     read = pod_weight_bytes(layout, gpus_per_pod)
     assert 0 < read <= TOTAL * 1.0001  # a pod never reads more than the checkpoint
-    t = startup_timeouts(layout, gpus_per_pod)
+    t = startup_timeouts(predict(layout, gpus_per_pod, 512))
     assert t.distributed_seconds >= max(FLOOR_S, read / STORAGE_BYTES_PER_S + POD_START_SKEW_S)
     assert t.startup_probe_seconds > t.engine_ready_seconds > t.distributed_seconds
     assert all(v % 300 == 0 for v in (t.distributed_seconds, t.engine_ready_seconds))
@@ -39,11 +40,11 @@ def test_deadlines_cover_the_load_and_keep_their_order(layout: Layout, gpus_per_
 def test_a_pod_with_more_of_the_replica_reads_more_and_waits_longer(layout: Layout) -> None:
     sizes = [g for g in (1, 2, 4, 8) if g <= layout.gpus]
     reads = [pod_weight_bytes(layout, g) for g in sizes]
-    waits = [startup_timeouts(layout, g).engine_ready_seconds for g in sizes]
+    waits = [startup_timeouts(predict(layout, g, 512)).engine_ready_seconds for g in sizes]
     assert reads == sorted(reads) and waits == sorted(waits)
 
 
 def test_a_whole_replica_on_one_node_reads_the_whole_checkpoint() -> None:
     assert abs(pod_weight_bytes(Layout(tensor=8), 8) - TOTAL) < 1e6
-    slower = startup_timeouts(Layout(tensor=8), 8, storage_bytes_per_s=STORAGE_BYTES_PER_S / 4)
-    assert slower.distributed_seconds > startup_timeouts(Layout(tensor=8), 8).distributed_seconds
+    slower = startup_timeouts(predict(Layout(tensor=8), 8, 512, STORAGE_BYTES_PER_S / 4))
+    assert slower.distributed_seconds > startup_timeouts(predict(Layout(tensor=8), 8, 512)).distributed_seconds

@@ -57,6 +57,8 @@ DnsLabel = Annotated[str, Field(min_length=1, max_length=40, pattern=DNS_LABEL)]
 ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE])?$")]
+ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
+"""A CPU or memory amount, or a rate in bytes per second: 500m, 2, 1Gi, 1.5G."""
 ImageRef = Annotated[str, Field(max_length=512)]
 ModelUri = Annotated[str, Field(max_length=model_uri.MAX_LENGTH, pattern=model_uri.PATTERN)]
 """What the stager stages: the Hub, S3, or a claim in place. The grammar is the stager's own
@@ -218,6 +220,10 @@ class ModelCache(SpecModel):
     follows the same policy."""
 
 
+MIN_READ_THROUGHPUT = "10M"
+"""Below this a weights read of ~1.6 TB takes days: a unit slip (1 for 1G), not a storage."""
+
+
 class ModelSource(SpecModel):
     """Where the checkpoint comes from and how it is served."""
 
@@ -237,6 +243,11 @@ class ModelSource(SpecModel):
     """Shared weights volume; omitted means the default claim settings."""
     staging: Staging | None = None
     """How the staging Jobs' pods are scheduled."""
+    read_throughput: ResourceQuantity | None = None
+    """Bytes per second one node reads the weights at from their volume (the cache claim, or the
+    pvc:// claim): about 1G for an NFS-class ReadWriteMany share (the default), 10G and more for a
+    parallel file system or local NVMe. The predicted cold start of each role
+    (status.pools[].roles[].coldStart), the start-up deadlines and the SLO scaler's lead time follow it."""
     endpoint: EndpointUrl | None = None
     """Hub or S3 endpoint to download from (a mirror, a private S3 service); rendered as HF_ENDPOINT
     or AWS_ENDPOINT_URL_S3 for the staging Jobs only. Default: the public Hub / AWS. Must be https://
@@ -253,6 +264,14 @@ class ModelSource(SpecModel):
             message="endpoint must be https:// (set allowInsecureEndpoint to allow plain http://)",
             field_path=".endpoint",
             check=lambda m: m.endpoint is None or m.endpoint.startswith("https://") or m.allow_insecure_endpoint,
+        ),
+        Rule(
+            cel=(f"!has(self.readThroughput) "
+                 f"|| quantity(self.readThroughput).compareTo(quantity('{MIN_READ_THROUGHPUT}')) >= 0"),
+            message=f"readThroughput is bytes per second a node reads the weights at: at least {MIN_READ_THROUGHPUT} "
+                    "(1G is an NFS-class share)",
+            field_path=".readThroughput",
+            check=lambda m: m.read_throughput is None or quantity(m.read_throughput) >= quantity(MIN_READ_THROUGHPUT),
         ),
         not_a_flag("servedName", "served_name", "the model's name"),
         not_a_flag("revision", "revision", "a branch, tag or commit"),
@@ -639,10 +658,6 @@ class Rdma(SpecModel):
             field_path=".env",
         ),
     )
-
-
-ResourceQuantity = Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)]
-"""A CPU or memory amount: 500m, 2, 1Gi, 1.5G."""
 
 
 class ServingResources(SpecModel):

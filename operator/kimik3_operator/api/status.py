@@ -56,6 +56,32 @@ class PodResourcesStatus(StatusModel):
     mix such as nodes+spec when pools[].resources gave some of the amounts."""
 
 
+class ColdStartStatus(StatusModel):
+    """The predicted time from a new replica's pods being scheduled to its leader being Ready, and
+    its parts, one after another on the group's slowest pod (docs/cold-start.md)."""
+
+    ready_seconds: int
+    """A scale-up or a restart (compile cache warm): the SLO scaler's lead time."""
+    first_ready_seconds: int
+    """The deployment's first start (compile cache empty)."""
+    pod_read_bytes: int
+    """Distinct bytes each pod reads from the weights (its experts and stages, each tensor once)."""
+    read_bytes_per_second: int
+    """What one node reads the weights at."""
+    read_source: Literal["spec", "default"]
+    """spec (spec.model.readThroughput) | default (1G, an NFS-class share)."""
+    image_pull_seconds: int
+    """The serving image reaching a node that has not run it."""
+    load_seconds: int
+    """Reading podReadBytes at readBytesPerSecond."""
+    compile_seconds: int
+    """torch.compile and JIT kernels loaded from the compile cache."""
+    first_compile_seconds: int
+    """The same compiled from nothing."""
+    graph_capture_seconds: int
+    """One CUDA graph per captured batch size."""
+
+
 class RoleStatus(StatusModel):
     """What a role resolved to and how many replicas are up."""
 
@@ -121,6 +147,8 @@ class RoleStatus(StatusModel):
     """Set when the role is autoscaled: replicas is then its scaler's current count."""
     pod_resources: PodResourcesStatus | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits: Guaranteed)."""
+    cold_start: ColdStartStatus | None = None
+    """How long a new replica takes to be Ready, predicted (docs/cold-start.md)."""
 
 
 class PoolStatus(StatusModel):

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
+from .cold_start import ColdStart
 from .network import NetworkPlan
 from .placement import Placement
 from .pod_resources import PodResources
@@ -190,8 +191,10 @@ class RolePlan:
     """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
     pod_resources: PodResources | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""
+    cold_start: ColdStart | None = None
+    """Predicted time to Ready of a new replica, and its parts; cold_start.py."""
     timeouts: StartupTimeouts | None = None
-    """Start-up and collective deadlines from the load-time estimate; timeouts.py."""
+    """Start-up and collective deadlines around the cold start; timeouts.py."""
 
     @property
     def gpus_per_replica(self) -> int:
@@ -205,6 +208,11 @@ class RolePlan:
     @property
     def rdma_request(self) -> str | None:
         return f"{self.rdma_nics} x {self.rdma_resource}" if self.rdma_nics and self.rdma_resource else None
+
+    @property
+    def cold_start_fields(self) -> dict[str, object] | None:
+        """What status and `kimik3 plan` show of cold_start."""
+        return self.cold_start.fields() if self.cold_start else None
 
     @property
     def pod_resources_fields(self) -> dict[str, str] | None:

@@ -2,7 +2,10 @@
 
 A replica is a whole multi-node group that loads 1.6 TB before it serves, so the scaler is slow
 to move and quick to explain itself: it adds replicas when the load per replica passes the target
-or a latency target stays missed for `breach_seconds`; it removes one at a time, only when the
+or a latency target stays missed for `breach_seconds`, and ahead of time when the load's
+trend says the target will be passed before a replica added now could be Ready (the lead time is the
+role's predicted cold start, cold_start.py: a replica asked for only once the load is there arrives
+tens of minutes late); it removes one at a time, only when the
 remaining replicas would still run under the scale-down threshold and latency is comfortably
 under target, and only once that has held for the scale-down cooldown (the HPA's scale-down
 stabilization window, which render/autoscalers.py sets to the same value: one dip of a load that
@@ -24,6 +27,10 @@ SCALE_DOWN_HEADROOM = 0.8
 to the scale-up threshold is the hysteresis that keeps a steady load from flapping."""
 LATENCY_COMFORT = 0.8
 """Latency must be under this share of its target before a replica may go."""
+TREND_WINDOWS = 5
+"""The load's trend is its slope over this many windows: over one, the slope of a rate is mostly
+noise; over five (5 min by default) a burst flattens while a ramp much shorter than a K3 replica's
+cold start still shows."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class Observation:
     load: float | None
     latency: Mapping[str, float | None]
     """Per latency target name (ttft | itl): the window's p90 in seconds."""
+    trend: float | None = None
+    """How fast `load` changes, per second (Prometheus' deriv over TREND_WINDOWS windows)."""
 
 
 @dataclass(frozen=True)
@@ -60,11 +69,19 @@ class Decision:
 
 
 def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, current: int, ready: int,
-           observed: Observation, memory: Memory, fits: int, queued: int = 0) -> Decision:
+           observed: Observation, memory: Memory, fits: int, queued: int = 0, lead_seconds: float = 0.0) -> Decision:
     """The next replica count of one role, and why. `fits` is how many replicas of the role the pool
     could hold now (its current ones included); `queued` how many of the current ones Kueue has not
     admitted (planner/queueing.py): they serve nothing and hold no GPU, so they are no capacity,
-    and asking for more while some wait would only queue more."""
+    and asking for more while some wait would only queue more. `lead_seconds`: how long a replica
+    added now takes to be Ready (the role's predicted cold start).
+
+    The lead rule: when the load rises, its value `lead_seconds` from now (load + trend x lead) is
+    what a replica added now will meet. If that needs more replicas than there are, counting those
+    still starting, they are added now, without waiting for the ones on their way: the projection,
+    unlike the load, already counts them, so it does not ask twice (a summed load does not fall
+    when replicas join). While the load is projected above what one replica fewer would carry,
+    none goes."""
     def hold(reason: str, mem: Memory = memory) -> Decision:
         return Decision(current, f"hold: {reason}", mem)
 
@@ -80,6 +97,14 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     if by_load is not None and by_load > current:
         want = by_load
         why = f"{scaling.metric} {observed.load:.3g} needs {by_load} replicas at {scaling.target:.3g} each"
+    ahead = _ahead(scaling, observed, lead_seconds)
+    by_trend = ahead is not None and by_load is not None and ahead[0] > max(current, by_load)
+    if by_trend:
+        assert ahead is not None and observed.load is not None
+        want = ahead[0]
+        why = (f"{scaling.metric} {observed.load:.3g} rising {ahead[1]:.3g}/s reaches {ahead[2]:.3g} in "
+               f"{lead_seconds:.0f} s, the predicted time to Ready, and needs {ahead[0]} replicas at "
+               f"{scaling.target:.3g} each")
     breached_for = 0.0 if breach_since is None else now - breach_since
     if missed and breached_for >= settings.breach_seconds and want <= current:
         name, seen, target = missed[0]
@@ -110,7 +135,9 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
             want = max(current, fits)
         if want == current:
             return Decision(current, f"hold: {limited}", mem, capacity_limited=limited)
-        if ready < current:
+        if ready < current and not by_trend:
+            # A projection already counts the replicas on their way (they are in `current`); the
+            # load does not, until they serve.
             return Decision(current, f"hold: {current - ready} replica(s) asked for are not Ready yet", mem,
                             capacity_limited=limited)
         if since_scale < settings.scale_up_cooldown_seconds and current >= scaling.min_replicas:
@@ -124,6 +151,9 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     fewer = current - 1
     if observed.load is not None and observed.load > fewer * scaling.target * SCALE_DOWN_HEADROOM:
         return hold(f"{scaling.metric} {observed.load:.3g} within capacity of {current} replicas", mem)
+    if ahead is not None and ahead[2] > fewer * scaling.target * SCALE_DOWN_HEADROOM:
+        return hold(f"{scaling.metric} {observed.load:.3g} rising {ahead[1]:.3g}/s reaches {ahead[2]:.3g} within "
+                    f"{lead_seconds:.0f} s, the predicted time to Ready, more than {fewer} replicas carry", mem)
     warm = [(name, seen, want_s) for name, want_s in scaling.latency_targets
             if (seen := observed.latency.get(name)) is not None and seen > want_s * LATENCY_COMFORT]
     if warm:
@@ -140,6 +170,14 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     return Decision(fewer, f"down: {scaling.metric} {observed.load:.3g} fits {fewer} replicas "
                            f"under {SCALE_DOWN_HEADROOM:.0%} of {scaling.target:.3g} each",
                     Memory(now, None, calm_since))
+
+
+def _ahead(scaling: RoleScaling, observed: Observation, lead_seconds: float) -> tuple[int, float, float] | None:
+    """(replicas needed, trend, projected load) `lead_seconds` ahead on a rising load; None otherwise."""
+    if observed.load is None or not observed.trend or observed.trend <= 0 or lead_seconds <= 0:
+        return None
+    projected = observed.load + observed.trend * lead_seconds
+    return math.ceil(projected / scaling.target - 1e-9), observed.trend, projected
 
 
 def within_ratio(prefill: int, decode: int, ratio: tuple[float, float] | None) -> tuple[int, str]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from ..kimi_k3 import BF16_WEIGHT_BYTES, REPLICATED_BYTES, ROUTED_EXPERT_BYTES
 
 if TYPE_CHECKING:
+    from .cold_start import ColdStart
     from .plan import Layout
 
 STORAGE_BYTES_PER_S = 1.0e9
@@ -82,10 +83,10 @@ def pod_weight_bytes(layout: Layout, gpus_per_pod: int) -> float:
     return (experts + sharded + REPLICATED_BYTES) * stages
 
 
-def startup_timeouts(layout: Layout, gpus_per_pod: int, storage_bytes_per_s: float = STORAGE_BYTES_PER_S
-                     ) -> StartupTimeouts:
-    load = pod_weight_bytes(layout, gpus_per_pod) / storage_bytes_per_s
-    distributed = _round_up(LOAD_MARGIN * load + POD_START_SKEW_S)
+def startup_timeouts(cold: ColdStart) -> StartupTimeouts:
+    """The deadlines around the cold-start prediction (cold_start.py): its load with LOAD_MARGIN and
+    the pods' start skew for the collectives, the cold compile budget on top for the engine."""
+    distributed = _round_up(LOAD_MARGIN * cold.load_seconds + POD_START_SKEW_S)
     ready = _round_up(distributed + WARM_UP_S)
-    return StartupTimeouts(load_seconds=math.ceil(load), distributed_seconds=distributed,
+    return StartupTimeouts(load_seconds=cold.load_seconds, distributed_seconds=distributed,
                            engine_ready_seconds=ready, startup_probe_seconds=ready + PROBE_MARGIN_S)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 
 from ..api import KimiK3DeploymentSpec, Pool, Role
+from ..api.quantity import quantity
 from ..api.reasons import HARDWARE_UNSUPPORTED, INVALID_SPEC, NO_MATCHING_NODES, PD_INCOMPATIBLE
 from ..kimi_k3 import NUM_EXPERTS
 from .autoscale import settings as scaling_settings
@@ -22,6 +23,7 @@ from .autoscale import with_autoscaling
 from .backends import choose_backends
 from .blocks import block_size, retention_granularity, round_interval
 from .catalog import CATALOG, GpuSpec, closest_labels
+from .cold_start import predict as predict_cold_start
 from .engine_settings import default_kv_cache_dtype, engine_settings
 from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
 from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
@@ -32,7 +34,7 @@ from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, Pool
 from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
 from .scheduling import role_placement
-from .shaping import ShapeOverrides, shape
+from .shaping import ShapeOverrides, capture_ceiling, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
 from .timeouts import startup_timeouts
 from .traps import check_traps
@@ -53,7 +55,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
-    pools = with_shapes(spec, engine, pools)
+    pools = with_cold_starts(spec, with_shapes(spec, engine, pools))
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
                             routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url),
@@ -232,13 +234,33 @@ def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, fa
 
 def with_pod_settings(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
                       gpus_per_node: int) -> tuple[RolePlan, ...]:
-    """Each role's pods sized from their GPU share of the node (pod_resources.py), and given the
-    time their share of the weights takes to load (timeouts.py)."""
+    """Each role's pods sized from their GPU share of the node (pod_resources.py)."""
     given = pool.resources
     return tuple(dataclasses.replace(
         r, pod_resources=serving_resources(node, gpus_per_node, r.gpus_per_pod, given.cpu, given.memory,
-                                           given.ephemeral_storage),
-        timeouts=startup_timeouts(r.layout, r.gpus_per_pod)) for r in roles)
+                                           given.ephemeral_storage)) for r in roles)
+
+
+def with_cold_starts(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
+    """Each role's predicted cold start (cold_start.py; it needs the engine shape's CUDA-graph
+    sizes) and the start-up deadlines around it (timeouts.py)."""
+    throughput = float(quantity(spec.model.read_throughput)) if spec.model.read_throughput else None
+
+    def one(pool: PoolPlan, role: RolePlan) -> RolePlan:
+        ceiling = graph_ceiling(role, CATALOG.get(pool.gpu_product or ""))
+        cold = predict_cold_start(role.layout, role.gpus_per_pod, ceiling, throughput)
+        return dataclasses.replace(role, cold_start=cold, timeouts=startup_timeouts(cold))
+
+    return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
+
+
+def graph_ceiling(role: RolePlan, gpu: GpuSpec | None) -> int:
+    """The largest batch the role captures a CUDA graph for: its rendered capture size, else vLLM's
+    default ceiling, never above its token budget (config/vllm.py:2551-2552)."""
+    shape = role.shape
+    ceiling = (shape.max_cudagraph_capture_size if shape and shape.max_cudagraph_capture_size
+               else capture_ceiling(gpu))
+    return min(ceiling, shape.max_num_batched_tokens) if shape and shape.max_num_batched_tokens else ceiling
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:

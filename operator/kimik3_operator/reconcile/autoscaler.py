@@ -29,12 +29,12 @@ from ..planner import Plan, PlanningError, PoolPlan
 from ..planner.autoscale import clamp
 from ..planner.capacity import replicas_that_fit
 from ..planner.facts import PoolFacts
-from ..planner.scaling import RoleScaling
-from ..planner.slo_scaler import Decision, Memory, Observation, decide, within_ratio
+from ..planner.scaling import RoleScaling, ScalingSettings
+from ..planner.slo_scaler import TREND_WINDOWS, Decision, Memory, Observation, decide, within_ratio
 from ..planner.traps import check_traps
 from ..prometheus import NO_URL, Prometheus, PrometheusError
 from ..render.names import Owner, workload_name
-from ..render.promql import latency_query, load_query, selector
+from ..render.promql import latency_query, load_query, selector, trend_query
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +183,15 @@ class SloScaler:
             current = int((workload.get("spec") or {}).get("replicas") or 0)
             ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
             try:
-                observed = self._observe(url, owner, pool.name, role.role, scaling, settings.window_seconds)
+                observed = self._observe(url, owner, pool.name, role.role, scaling, settings)
             except PrometheusError as exc:
                 log.warning("SLO scaler of %s/%s %s: %s", owner.namespace, owner.name, key, exc)
                 SCALER_DECISIONS.labels(owner.namespace, owner.name, pool.name, role.role, "error").inc()
                 continue
             fits = replicas_that_fit(plan, facts, used, pool.name, role.role, scaling.max_replicas)
             decision = decide(scaling, settings, now=now, current=current, ready=ready, observed=observed,
-                              memory=memory, fits=fits, queued=(waiting or {}).get(workload["metadata"]["name"], 0))
+                              memory=memory, fits=fits, queued=(waiting or {}).get(workload["metadata"]["name"], 0),
+                              lead_seconds=role.cold_start.ready_seconds if role.cold_start else 0.0)
             decisions[key] = (decision, current, workload)
         self._balance(plan, decisions, now)
         for (pool_name, role_name), (decision, current, workload) in decisions.items():
@@ -236,14 +237,17 @@ class SloScaler:
                                                decision.capacity_limited), current, workload)
 
     def _observe(self, url: str | None, owner: Owner, pool: str, role: str, scaling: RoleScaling,
-                 window: int) -> Observation:
+                 settings: ScalingSettings) -> Observation:
         if url is None:
             raise PrometheusError(NO_URL)
         client = self._clients.setdefault(url, Prometheus(url))
         matchers = selector(owner, pool, role)
+        window = settings.window_seconds
         return Observation(
             load=client.scalar(load_query(scaling.metric, matchers, window)),
-            latency={name: client.scalar(latency_query(name, matchers, window)) for name, _ in scaling.latency_targets})
+            latency={name: client.scalar(latency_query(name, matchers, window)) for name, _ in scaling.latency_targets},
+            trend=client.scalar(trend_query(scaling.metric, matchers, window, settings.interval_seconds,
+                                            TREND_WINDOWS)))
 
     @staticmethod
     def _balance(plan: Plan, decisions: dict[Key, tuple[Decision, int, Mapping[str, Any]]], now: float) -> None:

@@ -52,6 +52,13 @@ def load_query(metric: ScalingMetric, matchers: str, window_seconds: int) -> str
     }[metric]
 
 
+def trend_query(metric: ScalingMetric, matchers: str, window_seconds: int, step_seconds: int,
+                windows: int) -> str:
+    """How fast the role's load changes, per second: deriv()'s least-squares slope of the load
+    query, evaluated every `step_seconds` over `windows` windows."""
+    return f"deriv(({load_query(metric, matchers, window_seconds)})[{windows * window_seconds}s:{step_seconds}s])"
+
+
 def latency_query(name: str, matchers: str, window_seconds: int) -> str:
     """The role's p90 of a latency histogram over the window, across its engines."""
     return (f"histogram_quantile({QUANTILE}, sum by (le) "

@@ -89,10 +89,26 @@ def plan_table(plan: Plan, capacity: Mapping[str, Any] | None = None) -> str:
     if not plan.routers:
         lines.append("router: none (spec.router.replicas 0)")
     lines += [shape_line(pool, role) for pool in plan.pools for role in pool.roles if role.shape]
+    lines += [cold_start_line(pool, role) for pool in plan.pools for role in pool.roles if role.cold_start]
     lines.append(f"total GPUs: {plan.gpus}; prefill/decode compatibility hash: {plan.compat_hash}")
     if capacity is not None:
         lines.append(capacity_line(capacity))
     return "\n".join(lines)
+
+
+def cold_start_line(pool: PoolPlan, role: RolePlan) -> str:
+    """A role's predicted time to Ready and what it is made of (docs/cold-start.md)."""
+    c = role.cold_start
+    assert c is not None
+    return (f"cold start {pool.name}/{role.role}: Ready in {_duration(c.ready_seconds)} after scheduling "
+            f"(first start {_duration(c.first_ready_seconds)}) = image {_duration(c.image_pull_seconds)}"
+            f" + weights {c.pod_read_bytes / 1e12:.2f} TB per pod at {c.read_bytes_per_s / 1e9:g} GB/s"
+            f" ({c.read_source}) {_duration(c.load_seconds)} + compile {_duration(c.compile_seconds)}"
+            f" (empty cache {_duration(c.first_compile_seconds)}) + CUDA graphs {_duration(c.graph_capture_seconds)}")
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def shape_line(pool: PoolPlan, role: RolePlan) -> str:

@@ -45,7 +45,7 @@ async def serve(config: EngineConfig) -> int:
     engine = Engine(config, metrics, stats, handshakes)
     sim = Simulator(config, engine, stats)
     loop = asyncio.get_running_loop()
-    sim.ready_at = loop.time() + config.settings.startup_seconds * config.settings.time_scale
+    sim.ready_at = loop.time() + config.startup_wall_seconds
     runner = web.AppRunner(sim.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, serve_args.host, serve_args.port, shutdown_timeout=2.0).start()

@@ -45,6 +45,7 @@ class ServeArgs:
     retention_interval: int | None
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
+    max_cudagraph_capture_size: int | None
     max_num_queued_reqs: int | None
     kv_cache_dtype: str
     mamba_ssm_cache_dtype: str
@@ -134,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-retention-interval", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=human_int)
+    p.add_argument("--max-cudagraph-capture-size", type=human_int)
     p.add_argument("--max-num-queued-reqs", type=int)
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--mamba-ssm-cache-dtype", default="auto")
@@ -197,6 +199,7 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         retention_interval=ns.prefix_cache_retention_interval,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
+        max_cudagraph_capture_size=ns.max_cudagraph_capture_size,
         max_num_queued_reqs=ns.max_num_queued_reqs,
         kv_cache_dtype=ns.kv_cache_dtype,
         mamba_ssm_cache_dtype=ns.mamba_ssm_cache_dtype,

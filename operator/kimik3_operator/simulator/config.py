@@ -14,7 +14,9 @@ from typing import Any
 from ..kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
 from ..planner.blocks import block_size as k3_block_size
 from ..planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_label
+from ..planner.cold_start import predict as predict_cold_start
 from ..planner.plan import Layout
+from ..planner.shaping import capture_ceiling
 from .cmdline import ServeArgs
 from .metrics import CACHE_CONFIG_DEFAULTS, EngineMetrics
 from .settings import SettingsError, SimSettings
@@ -59,6 +61,13 @@ class EngineConfig:
     kv_capacity_bytes: float
     """Per GPU of one data-parallel rank: what the KV cache and KDA state may use."""
     num_gpu_blocks: int
+    startup_seconds: float = 0.0
+    """Modelled seconds from the process starting to /health answering (K3SIM_STARTUP_SECONDS)."""
+
+    @property
+    def startup_wall_seconds(self) -> float:
+        s = self.settings
+        return self.startup_seconds * (s.startup_time_scale if s.startup_time_scale is not None else s.time_scale)
 
     @property
     def ranks(self) -> int:
@@ -134,16 +143,28 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
         capacity = perf.sequence_bytes(max_model_len)
     large = gpu.usable_bytes >= LARGE_GPU_BYTES
     base_id = str((serve.kv_transfer or {}).get("engine_id") or uuid.uuid4())
+    budget = serve.max_num_batched_tokens or (16384 if large else 8192)
     return EngineConfig(
         serve=serve, settings=settings, gpu=gpu, perf=perf, role=_role(serve, settings),
         engine_ids=tuple(f"{base_id}_dp{r}" if serve.data > 1 else base_id for r in range(serve.data)),
         max_model_len=max_model_len,
         max_num_seqs=serve.max_num_seqs or 1024,
-        max_num_batched_tokens=serve.max_num_batched_tokens or (16384 if large else 8192),
+        max_num_batched_tokens=budget,
         acceptance=acceptance if spec_tokens else 1.0,
         kv_capacity_bytes=capacity,
         num_gpu_blocks=max(1, int(capacity // (block * perf.kv_token_bytes()))),
+        startup_seconds=(settings.startup_seconds if settings.startup_seconds is not None
+                         else predicted_startup(serve, gpu, layout, budget, settings.read_bytes_per_s)),
     )
+
+
+def predicted_startup(serve: ServeArgs, gpu: GpuSpec, layout: Layout, budget: int,
+                      read_bytes_per_s: float | None) -> float:
+    """The planner's cold start of this engine (cold_start.py) from the process's start: the image
+    is already on the node by then, so its pull is not counted."""
+    ceiling = min(serve.max_cudagraph_capture_size or capture_ceiling(gpu), budget)
+    cold = predict_cold_start(layout, max(1, layout.gpus // max(1, serve.nnodes)), ceiling, read_bytes_per_s)
+    return float(cold.ready_seconds - cold.image_pull_seconds)
 
 
 def engine_metrics(config: EngineConfig) -> EngineMetrics:
@@ -162,4 +183,5 @@ def describe(config: EngineConfig) -> str:
             f"{' over RDMA' if config.perf.crosses_rdma else ''}, block {config.perf.block_size}, "
             f"{config.num_gpu_blocks} KV blocks per rank ({config.kv_capacity_bytes / GB:.1f} GB per GPU)"
             f"{f', DSpark k={config.spec_tokens} acceptance {config.acceptance}' if config.spec_tokens else ''}"
-            f", time scale {config.settings.time_scale}")
+            f", time scale {config.settings.time_scale}, start-up {config.startup_seconds:.0f} s modelled"
+            f" ({config.startup_wall_seconds:.1f} s)")

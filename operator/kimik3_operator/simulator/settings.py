@@ -17,6 +17,16 @@ labels); tests set them directly. Every variable is optional.
   K3SIM_TIME_SCALE        Wall seconds per modelled second: 0.1 runs ten times faster. Default 1.0,
                           the perf model's own predictions.
   K3SIM_STARTUP_SECONDS   Model-load time before /health answers 200 (scaled). Default 0.
+                          `predicted`: the planner's cold-start prediction for this engine's
+                          command line and GPU (planner/cold_start.py) after the image is on the
+                          node: reading its pods' share of the weights, compiling from a warm
+                          cache, capturing its CUDA graphs.
+  K3SIM_READ_BYTES_PER_S  What the node reads the weights at, for `predicted` (spec.model.readThroughput
+                          in bytes per second). Default: the planner's default.
+  K3SIM_STARTUP_TIME_SCALE
+                          Wall seconds per modelled second of start-up alone. Default K3SIM_TIME_SCALE:
+                          a predicted quarter of an hour can pass in seconds while requests keep their
+                          modelled timing.
   K3SIM_CROSSES_RDMA      1/0: the replica's collectives cross RDMA (slower fixed step latency).
                           Default: the replica has more GPUs than the GPU's NVLink domain.
   K3SIM_KV_FABRIC_GBPS    GB/s each GPU moves KV at for a P/D hand-off. Default: the GPU's NIC.
@@ -50,6 +60,7 @@ from ..kimi_k3 import PUBLISHED
 DEFAULT_GPU = "GB300"
 DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
 ROLES = ("prefill", "decode", "aggregated")
+PREDICTED = "predicted"
 
 
 class SettingsError(ValueError):
@@ -62,7 +73,11 @@ class SimSettings:
     role: str | None = None
     acceptance: float = DEFAULT_ACCEPTANCE
     time_scale: float = 1.0
-    startup_seconds: float = 0.0
+    startup_seconds: float | None = 0.0
+    """None: the cold-start prediction (config.py)."""
+    read_bytes_per_s: float | None = None
+    startup_time_scale: float | None = None
+    """None: time_scale."""
     crosses_rdma: bool | None = None
     kv_fabric_gb_s: float | None = None
     output_tokens: int = 256
@@ -120,7 +135,12 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         role=role,
         acceptance=_number(env, "K3SIM_DSPARK_ACCEPTANCE", DEFAULT_ACCEPTANCE, 1.0, 64.0),
         time_scale=_number(env, "K3SIM_TIME_SCALE", 1.0, 1e-4, 1e4),
-        startup_seconds=_number(env, "K3SIM_STARTUP_SECONDS", 0.0, 0.0, 86400.0),
+        startup_seconds=(None if env.get("K3SIM_STARTUP_SECONDS") == PREDICTED
+                         else _number(env, "K3SIM_STARTUP_SECONDS", 0.0, 0.0, 86400.0)),
+        read_bytes_per_s=(_number(env, "K3SIM_READ_BYTES_PER_S", 0.0, 1e7, 1e13)
+                          if env.get("K3SIM_READ_BYTES_PER_S") else None),
+        startup_time_scale=(_number(env, "K3SIM_STARTUP_TIME_SCALE", 1.0, 1e-5, 1e4)
+                            if env.get("K3SIM_STARTUP_TIME_SCALE") else None),
         crosses_rdma=_flag(env, "K3SIM_CROSSES_RDMA"),
         kv_fabric_gb_s=_number(env, "K3SIM_KV_FABRIC_GBPS", 0.0, 1e-3, 1e6) if fabric else None,
         output_tokens=int(_number(env, "K3SIM_OUTPUT_TOKENS", 256, 1, 1 << 20)),
