@@ -33,6 +33,12 @@ Per case:
             the rest are the user's extraArgs: every setting the operator's
             options set must parse to the same value with and without them
             (an alias, abbreviation or `--flag.key=` spelling would change it).
+  rust      with VLLM_USE_RUST_FRONTEND=1 in env (a leader on vLLM's Rust frontend): the
+            arguments `vllm serve` hands `vllm-rs frontend` (every non-default one, as
+            RustFrontendProcessManager builds them: v1/utils.py) must be ones vllm-rs accepts;
+            it refuses the rest at start ("not implemented in Rust frontend yet"). The wheel's
+            vllm-rs parses them in a network namespace of its own (unshare --net: it can reach
+            nothing), against a tiny local tokenizer folder standing in for the model.
 Not checked: anything that needs the model's config.json or a GPU
 (create_engine_config), nor ServeSubcommand.cmd's launch-mode checks.
 
@@ -156,6 +162,50 @@ def _scheduler_errors(args) -> list[str]:
     return []
 
 
+RUST_FRONTEND_EXCLUDED = {"api_server_count", "data_parallel_rank", "data_parallel_external_lb",
+                          "data_parallel_hybrid_lb"}
+"""What RustFrontendProcessManager leaves out of the arguments it hands vllm-rs (v1/utils.py)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_model() -> str:
+    import json
+    import tempfile
+
+    from tokenizers import Tokenizer, models
+
+    folder = tempfile.mkdtemp(prefix="vllm-rs-model-")
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, f)
+    return folder
+
+
+def _rust_frontend_errors(args) -> list[str]:
+    import json
+    import subprocess
+
+    import vllm
+    from vllm.entrypoints.common.startup import jsonify_non_default_args
+
+    handed = jsonify_non_default_args(args, exclude=RUST_FRONTEND_EXCLUDED)
+    for key in ("model", "model_tag", "tokenizer"):  # the checkpoint is not here: a local stand-in
+        if key in handed or key == "model_tag":
+            handed[key] = _tiny_model()
+    binary = os.path.join(os.path.dirname(vllm.__file__), "vllm-rs")
+    run = subprocess.run(
+        ["unshare", "--net", binary, "frontend", "--listen-fd", "1000", "--input-listener-fd", "1001",
+         "--output-listener-fd", "1002", "--args-json", json.dumps(handed, sort_keys=True)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    text = run.stdout + run.stderr
+    if "--args-json" in text and "invalid value" in text:
+        lines = [ln.strip() for ln in text.splitlines()]
+        start = next((i for i, ln in enumerate(lines) if "not implemented" in ln), None)
+        why = " ".join(lines[start:start + 6]) if start is not None else lines[0]
+        return [f"rust: vllm-rs frontend refuses what vllm serve hands it: {why}"]
+    return []
+
+
 def check_case(case: dict) -> dict:
     from vllm import envs
     from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
@@ -201,6 +251,8 @@ def check_case(case: dict) -> dict:
             errors.extend(_scheduler_errors(args))
             if case.get("operator_args") is not None and case["operator_args"] < len(argv):
                 errors.extend(_overridden(parser, argv, int(case["operator_args"]), args))
+            if env.get("VLLM_USE_RUST_FRONTEND") == "1":
+                errors.extend(_rust_frontend_errors(args))
         except SystemExit as e:
             errors.append(f"validate: exited {e.code}")
         except Exception as e:  # noqa: BLE001

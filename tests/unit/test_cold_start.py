@@ -3,13 +3,18 @@ read; the same figure in the plan, the status fields and the start-up deadlines.
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from pydantic import ValidationError
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.spec import ModelSource
+from kimik3_operator.kimi_k3 import BF16_WEIGHT_BYTES, ROUTED_EXPERT_BYTES
 from kimik3_operator.planner import plan_deployment
 from kimik3_operator.planner.cold_start import IMAGE_PULL_S, capture_sizes, predict
-from kimik3_operator.planner.plan import Layout
+from kimik3_operator.planner.loading import CHECKPOINT_BYTES, EXPERT_SCALE_BYTES, LOADERS, Loading, loading
+from kimik3_operator.planner.plan import Layout, PlanningError
 from kimik3_operator.planner.shaping import capture_grid
 from kimik3_operator.planner.timeouts import STORAGE_BYTES_PER_S, startup_timeouts
 from tests.support.cases import base_deployment
@@ -24,20 +29,60 @@ def test_the_graphs_counted_are_the_sizes_on_vllms_capture_grid(ceiling: int) ->
 
 
 def test_its_parts_add_up_and_the_first_start_compiles_from_nothing() -> None:
-    c = predict(Layout(tensor=8), 8, 512)
+    c = predict(CHECKPOINT_BYTES, 512)
     assert c.ready_seconds == c.image_pull_seconds + c.load_seconds + c.compile_seconds + c.graph_capture_seconds
     assert c.first_ready_seconds - c.ready_seconds == c.first_compile_seconds - c.compile_seconds > 0
     assert c.image_pull_seconds == IMAGE_PULL_S and c.read_source == "default"
     assert c.load_seconds == pytest.approx(c.pod_read_bytes / STORAGE_BYTES_PER_S, abs=1)
+    fast = predict(CHECKPOINT_BYTES, 512, 10e9)
+    assert fast.read_source == "spec" and fast.load_seconds * 10 == pytest.approx(c.load_seconds, abs=10)
+    assert startup_timeouts(fast).distributed_seconds <= startup_timeouts(c).distributed_seconds
 
 
-def test_expert_parallel_pods_read_their_experts_only_and_faster_storage_loads_faster() -> None:
-    whole = predict(Layout(tensor=8), 8, 512)
-    dep16 = predict(Layout(tensor=8, data=2, expert=True), 8, 512)  # two nodes, each half the experts
-    assert dep16.pod_read_bytes < 0.6 * whole.pod_read_bytes
-    fast = predict(Layout(tensor=8), 8, 512, 10e9)
-    assert fast.read_source == "spec" and fast.load_seconds * 10 == pytest.approx(whole.load_seconds, abs=10)
-    assert startup_timeouts(fast).distributed_seconds <= startup_timeouts(whole).distributed_seconds
+DEP16 = Layout(tensor=8, data=2, expert=True)  # two 8-GPU nodes
+TP8_ON_TWO = Layout(tensor=8)  # two 4-GPU GB300 trays
+
+
+def test_each_loader_reads_what_vllm_reads() -> None:
+    instant = Loading(LOADERS["InstantTensor"], "auto", expert_filter=False)
+    mapped = Loading(LOADERS["Safetensors"], "auto", expert_filter=False)
+    # Collective: the replica reads each byte once, spread over its pods; memory-mapped: every node all.
+    assert instant.pod_read_bytes(TP8_ON_TWO, 4) == pytest.approx(CHECKPOINT_BYTES / 2)
+    assert mapped.pod_read_bytes(TP8_ON_TWO, 4) == pytest.approx(CHECKPOINT_BYTES)
+    # The expert filter: a pod's own packed experts, every expert's scales, all dense weights.
+    filtered = Loading(LOADERS["InstantTensor"], "auto", expert_filter=True).pod_read_bytes(DEP16, 8)
+    assert filtered == pytest.approx((ROUTED_EXPERT_BYTES - EXPERT_SCALE_BYTES) / 2 + EXPERT_SCALE_BYTES
+                                     + BF16_WEIGHT_BYTES)
+    assert filtered < 0.6 * CHECKPOINT_BYTES
+
+
+@pytest.mark.parametrize(("choice", "vendor", "layout", "eplb", "args"), [
+    ("Auto", "nvidia", TP8_ON_TWO, False, []),  # vLLM's default loads it so
+    ("Auto", "amd", Layout(tensor=8), False, []),
+    ("Auto", "nvidia", DEP16, False,
+     ["--load-format", "safetensors", "--enable-ep-weight-filter", "--safetensors-load-strategy", "lazy"]),
+    ("Auto", "nvidia", DEP16, True, []),  # EPLB needs every expert
+    ("InstantTensor", "nvidia", TP8_ON_TWO, False, ["--load-format", "instanttensor"]),
+    ("InstantTensor", "nvidia", DEP16, False, ["--load-format", "instanttensor", "--enable-ep-weight-filter"]),
+])
+def test_the_loader_chosen_and_its_flags(choice: str, vendor: str, layout: Layout, eplb: bool,
+                                        args: list[str]) -> None:
+    how = loading(choice, vendor, layout, eplb, "pool p role decode", vendor_from_nodes=False)
+    assert how.args() == args and how.source == ("auto" if choice == "Auto" else "spec")
+
+
+def test_instanttensor_on_amd_is_refused_and_waits_for_the_nodes_when_they_named_the_gpu() -> None:
+    with pytest.raises(PlanningError, match="needs an NVIDIA GPU") as given:
+        loading("InstantTensor", "amd", Layout(tensor=8), False, "pool p role aggregated", vendor_from_nodes=False)
+    assert given.value.reason == "InvalidSpec" and not given.value.depends_on_nodes
+    with pytest.raises(PlanningError) as labelled:
+        loading("InstantTensor", "amd", Layout(tensor=8), False, "pool p role aggregated", vendor_from_nodes=True)
+    assert labelled.value.depends_on_nodes
+
+
+def test_every_loader_is_a_spec_choice() -> None:
+    field = ModelSource.model_fields["loading"].annotation
+    assert set(typing.get_args(field)) == {"Auto", *LOADERS}
 
 
 def _pd(**model: object) -> KimiK3Deployment:

@@ -65,6 +65,10 @@ OWNED_FLAGS: dict[str, str] = {
     "--disable-eplb": "pools[].<role>.engine.eplb",
     "--eplb-config": "pools[].<role>.engine.eplb",
     "--chat-template": "engine.chatTemplate",
+    "--load-format": "model.loading", "--enable-ep-weight-filter": "model.loading (with expert parallelism)",
+    "--no-enable-ep-weight-filter": "model.loading (with expert parallelism)",
+    "--disable-ep-weight-filter": "model.loading (with expert parallelism)",
+    "--safetensors-load-strategy": "model.loading",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
 }

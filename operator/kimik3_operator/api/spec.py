@@ -243,6 +243,13 @@ class ModelSource(SpecModel):
     """Shared weights volume; omitted means the default claim settings."""
     staging: Staging | None = None
     """How the staging Jobs' pods are scheduled."""
+    loading: Literal["Auto", "InstantTensor", "Safetensors"] = "Auto"
+    """How engines read the weights (--load-format). Safetensors (what Auto picks): memory-mapped
+    reads per rank, on any file system. InstantTensor: vLLM 0.33.0's direct-I/O loader, which
+    spreads a replica's reads over its pods; NVIDIA only, and the cache volume's file system must
+    support O_DIRECT (not every FUSE mount does), else the engines fail at start. Under expert
+    parallelism without EPLB either reads only the experts each rank holds. status.pools[].roles[]
+    shows the choice, docs/loading.md why."""
     read_throughput: ResourceQuantity | None = None
     """Bytes per second one node reads the weights at from their volume (the cache claim, or the
     pvc:// claim): about 1G for an NFS-class ReadWriteMany share (the default), 10G and more for a

@@ -147,6 +147,11 @@ class RoleStatus(StatusModel):
     """Set when the role is autoscaled: replicas is then its scaler's current count."""
     pod_resources: PodResourcesStatus | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits: Guaranteed)."""
+    load_format: str | None = None
+    """vLLM's --load-format: instanttensor | safetensors (spec.model.loading; docs/loading.md)."""
+    expert_weight_filter: bool | None = None
+    """vLLM's --enable-ep-weight-filter: each rank reads only the experts it holds (expert
+    parallelism without EPLB)."""
     cold_start: ColdStartStatus | None = None
     """How long a new replica takes to be Ready, predicted (docs/cold-start.md)."""
 

@@ -7,9 +7,9 @@ estimate with margins (timeouts.py), and users see it per role in status and `ki
 
 The prediction is the sum of what happens one after another on the group's slowest pod:
 - the serving image reaching a node that has not run it yet (IMAGE_PULL_S);
-- reading the pod's distinct share of the weights (timeouts.pod_weight_bytes: what expert
-  parallelism and pipeline stages leave to a pod, each tensor once per node) at the storage's
-  per-node throughput, `spec.model.readThroughput` (STORAGE_BYTES_PER_S when not given);
+- reading the pod's distinct share of the weights (loading.py: what its loader reads for its
+  layout, each tensor once per node) at the storage's per-node throughput,
+  `spec.model.readThroughput` (STORAGE_BYTES_PER_S when not given);
 - compiling: vLLM keeps torch.compile's and the JIT kernels' artifacts on the deployment's
   compile-cache claim, so a scale-up or a restart loads them (COMPILE_CACHED_S) and only a
   deployment's first start, or a change of what is compiled, compiles from scratch (COMPILE_COLD_S);
@@ -25,12 +25,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .timeouts import STORAGE_BYTES_PER_S, pod_weight_bytes
-
-if TYPE_CHECKING:
-    from .plan import Layout
+from .timeouts import STORAGE_BYTES_PER_S
 
 IMAGE_PULL_S = 120
 """A ~20 GB serving image (CUDA, PyTorch, vLLM, DeepEP) pulled and unpacked on a node that does not
@@ -90,14 +86,13 @@ def capture_sizes(ceiling: int) -> int:
     return small + eights + sixteens
 
 
-def predict(layout: Layout, gpus_per_pod: int, capture_ceiling: int,
-            read_bytes_per_s: float | None = None) -> ColdStart:
-    """The cold start of one replica of `layout` whose pods hold `gpus_per_pod` GPUs each."""
+def predict(pod_read_bytes: float, capture_ceiling: int, read_bytes_per_s: float | None = None) -> ColdStart:
+    """The cold start of a replica whose pods each read `pod_read_bytes` (loading.py) and capture
+    CUDA graphs up to `capture_ceiling`."""
     throughput = read_bytes_per_s or STORAGE_BYTES_PER_S
-    nbytes = pod_weight_bytes(layout, gpus_per_pod)
     return ColdStart(
-        pod_read_bytes=math.ceil(nbytes), read_bytes_per_s=math.ceil(throughput),
+        pod_read_bytes=math.ceil(pod_read_bytes), read_bytes_per_s=math.ceil(throughput),
         read_source="spec" if read_bytes_per_s else "default",
-        image_pull_seconds=IMAGE_PULL_S, load_seconds=math.ceil(nbytes / throughput),
+        image_pull_seconds=IMAGE_PULL_S, load_seconds=math.ceil(pod_read_bytes / throughput),
         compile_seconds=COMPILE_CACHED_S, first_compile_seconds=COMPILE_COLD_S,
         graph_capture_seconds=math.ceil(capture_sizes(capture_ceiling) * GRAPH_CAPTURE_S_PER_SIZE))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
@@ -20,6 +20,9 @@ from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
 from .timeouts import StartupTimeouts
 from .weights import WeightsPlan
+
+if TYPE_CHECKING:
+    from .loading import Loading
 
 
 class PlanningError(Exception):
@@ -191,6 +194,8 @@ class RolePlan:
     """Scheduler, CUDA-graph and EPLB settings of this role (shaping.py)."""
     pod_resources: PodResources | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits); pod_resources.py."""
+    loading: Loading | None = None
+    """How its engines read the weights; loading.py."""
     cold_start: ColdStart | None = None
     """Predicted time to Ready of a new replica, and its parts; cold_start.py."""
     timeouts: StartupTimeouts | None = None
@@ -208,6 +213,14 @@ class RolePlan:
     @property
     def rdma_request(self) -> str | None:
         return f"{self.rdma_nics} x {self.rdma_resource}" if self.rdma_nics and self.rdma_resource else None
+
+    @property
+    def load_format(self) -> str | None:
+        return self.loading.loader.load_format if self.loading else None
+
+    @property
+    def expert_weight_filter(self) -> bool | None:
+        return self.loading.expert_filter if self.loading else None
 
     @property
     def cold_start_fields(self) -> dict[str, object] | None:

@@ -27,11 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..kimi_k3 import BF16_WEIGHT_BYTES, REPLICATED_BYTES, ROUTED_EXPERT_BYTES
-
 if TYPE_CHECKING:
     from .cold_start import ColdStart
-    from .plan import Layout
 
 STORAGE_BYTES_PER_S = 1.0e9
 """What one node reads from the weights claim, planned low: the per-client ceiling of the common
@@ -69,18 +66,6 @@ class StartupTimeouts:
 
 def _round_up(seconds: float) -> int:
     return max(FLOOR_S, math.ceil(seconds / ROUND_S) * ROUND_S)
-
-
-def pod_weight_bytes(layout: Layout, gpus_per_pod: int) -> float:
-    """Distinct bytes one pod reads: the shards its GPUs hold, each once (ranks of a pod share the
-    node's page cache, so a tensor several of them hold is read once). Ranks are laid out tensor
-    first, then data, then pipeline stage, as memory.weights_per_gpu shards them."""
-    stage_gpus = layout.tensor * layout.data
-    stages = min(layout.pipeline, max(1, gpus_per_pod // stage_gpus)) / layout.pipeline
-    expert_shards = stage_gpus if layout.expert else layout.tensor
-    experts = ROUTED_EXPERT_BYTES * min(1.0, gpus_per_pod / expert_shards)
-    sharded = (BF16_WEIGHT_BYTES - REPLICATED_BYTES) * min(1.0, gpus_per_pod / layout.tensor)
-    return (experts + sharded + REPLICATED_BYTES) * stages
 
 
 def startup_timeouts(cold: ColdStart) -> StartupTimeouts:

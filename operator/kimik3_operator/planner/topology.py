@@ -29,6 +29,7 @@ from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_tran
 from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
+from .loading import loading
 from .network import network_plan
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .pod_resources import NodeShape, node_shape, serving_resources
@@ -242,14 +243,19 @@ def with_pod_settings(pool: Pool, roles: tuple[RolePlan, ...], node: NodeShape,
 
 
 def with_cold_starts(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
-    """Each role's predicted cold start (cold_start.py; it needs the engine shape's CUDA-graph
-    sizes) and the start-up deadlines around it (timeouts.py)."""
+    """Each role's loader (loading.py; it needs the engine shape's EPLB setting), its predicted cold
+    start (cold_start.py; the shape's CUDA-graph sizes) and the start-up deadlines around it
+    (timeouts.py)."""
     throughput = float(quantity(spec.model.read_throughput)) if spec.model.read_throughput else None
+    from_nodes = {p.name: p.gpu.product == "Auto" for p in spec.pools}
 
     def one(pool: PoolPlan, role: RolePlan) -> RolePlan:
+        eplb = role.shape is not None and role.shape.eplb_redundant_experts is not None
+        how = loading(spec.model.loading, pool.vendor, role.layout, eplb, f"pool {pool.name} role {role.role}",
+                      vendor_from_nodes=from_nodes[pool.name])
         ceiling = graph_ceiling(role, CATALOG.get(pool.gpu_product or ""))
-        cold = predict_cold_start(role.layout, role.gpus_per_pod, ceiling, throughput)
-        return dataclasses.replace(role, cold_start=cold, timeouts=startup_timeouts(cold))
+        cold = predict_cold_start(how.pod_read_bytes(role.layout, role.gpus_per_pod), ceiling, throughput)
+        return dataclasses.replace(role, loading=how, cold_start=cold, timeouts=startup_timeouts(cold))
 
     return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
 

@@ -100,6 +100,8 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
+    if role.loading is not None:
+        args += role.loading.args()
     args += shape_args(role)
     args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
     if engine.prefix_caching and engine.retention_interval is not None:
@@ -169,6 +171,8 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
         env.append({"name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "value": "0"})
         if engine.media_fetch_timeout is not None:
             env.append({"name": "VLLM_IMAGE_FETCH_TIMEOUT", "value": str(engine.media_fetch_timeout)})
+    if role.loading is not None:
+        env += [{"name": n, "value": v} for n, v in role.loading.loader.env]  # engine.env may override it
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})

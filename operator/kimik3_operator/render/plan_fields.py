@@ -45,6 +45,8 @@ ROLE_FIELDS = {
     "long_prefill_token_threshold": "shape.long_prefill_token_threshold",
     "eplb_redundant_experts": "shape.eplb_redundant_experts",
     "pod_resources": "pod_resources_fields",
+    "load_format": "load_format",
+    "expert_weight_filter": "expert_weight_filter",
     "cold_start": "cold_start_fields",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""

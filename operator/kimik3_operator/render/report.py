@@ -102,9 +102,16 @@ def cold_start_line(pool: PoolPlan, role: RolePlan) -> str:
     assert c is not None
     return (f"cold start {pool.name}/{role.role}: Ready in {_duration(c.ready_seconds)} after scheduling "
             f"(first start {_duration(c.first_ready_seconds)}) = image {_duration(c.image_pull_seconds)}"
-            f" + weights {c.pod_read_bytes / 1e12:.2f} TB per pod at {c.read_bytes_per_s / 1e9:g} GB/s"
+            f" + weights {c.pod_read_bytes / 1e12:.2f} TB per pod{_via(role)} at {c.read_bytes_per_s / 1e9:g} GB/s"
             f" ({c.read_source}) {_duration(c.load_seconds)} + compile {_duration(c.compile_seconds)}"
             f" (empty cache {_duration(c.first_compile_seconds)}) + CUDA graphs {_duration(c.graph_capture_seconds)}")
+
+
+def _via(role: RolePlan) -> str:
+    how = role.loading
+    if how is None:
+        return ""
+    return f" via {how.loader.load_format}" + (", own experts only" if how.expert_filter else "")
 
 
 def _duration(seconds: int) -> str:

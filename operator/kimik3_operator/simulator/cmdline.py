@@ -46,6 +46,8 @@ class ServeArgs:
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     max_cudagraph_capture_size: int | None
+    load_format: str
+    ep_weight_filter: bool
     max_num_queued_reqs: int | None
     kv_cache_dtype: str
     mamba_ssm_cache_dtype: str
@@ -136,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=human_int)
     p.add_argument("--max-cudagraph-capture-size", type=human_int)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--enable-ep-weight-filter", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--max-num-queued-reqs", type=int)
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--mamba-ssm-cache-dtype", default="auto")
@@ -200,6 +204,8 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         max_cudagraph_capture_size=ns.max_cudagraph_capture_size,
+        load_format=ns.load_format,
+        ep_weight_filter=ns.enable_ep_weight_filter,
         max_num_queued_reqs=ns.max_num_queued_reqs,
         kv_cache_dtype=ns.kv_cache_dtype,
         mamba_ssm_cache_dtype=ns.mamba_ssm_cache_dtype,

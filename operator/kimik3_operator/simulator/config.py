@@ -15,6 +15,7 @@ from ..kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
 from ..planner.blocks import block_size as k3_block_size
 from ..planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_label
 from ..planner.cold_start import predict as predict_cold_start
+from ..planner.loading import LOADERS, Loading
 from ..planner.plan import Layout
 from ..planner.shaping import capture_ceiling
 from .cmdline import ServeArgs
@@ -160,10 +161,14 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
 
 def predicted_startup(serve: ServeArgs, gpu: GpuSpec, layout: Layout, budget: int,
                       read_bytes_per_s: float | None) -> float:
-    """The planner's cold start of this engine (cold_start.py) from the process's start: the image
-    is already on the node by then, so its pull is not counted."""
+    """The planner's cold start of this engine (cold_start.py) from the process's start, read off
+    its own command line: the loader (vLLM's default reads like safetensors), the expert filter,
+    the layout, the CUDA-graph sizes. The image is on the node by then, so its pull is not counted."""
+    loader = next((row for row in LOADERS.values() if row.load_format == serve.load_format), LOADERS["Safetensors"])
+    how = Loading(loader, "spec", expert_filter=serve.ep_weight_filter and layout.expert)
     ceiling = min(serve.max_cudagraph_capture_size or capture_ceiling(gpu), budget)
-    cold = predict_cold_start(layout, max(1, layout.gpus // max(1, serve.nnodes)), ceiling, read_bytes_per_s)
+    pod_bytes = how.pod_read_bytes(layout, max(1, layout.gpus // max(1, serve.nnodes)))
+    cold = predict_cold_start(pod_bytes, ceiling, read_bytes_per_s)
     return float(cold.ready_seconds - cold.image_pull_seconds)
 
 
