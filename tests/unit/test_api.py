@@ -125,8 +125,7 @@ def test_crd_timestamps_are_date_time() -> None:
     assert stamps == {".conditions[].lastTransitionTime": "date-time",
                       ".pools[].roles[].autoscaling.lastScaleTime": "date-time",
                       ".pools[].roles[].autoscaling.breachSince": "date-time",
-                      ".pools[].roles[].autoscaling.calmSince": "date-time",
-                      ".pools[].roles[].autoscaling.risingSince": "date-time"}
+                      ".pools[].roles[].autoscaling.calmSince": "date-time"}
 
 
 def test_status_spells_all2all_as_the_spec_does() -> None:

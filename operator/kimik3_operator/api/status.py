@@ -38,10 +38,6 @@ class RoleAutoscalingStatus(StatusModel):
     calm_since: Timestamp | None = None
     """SLO mode: since when the load has fit one replica fewer (cleared once it does not); a
     replica goes once this is scaleDownCooldownSeconds old."""
-    rising_since: Timestamp | None = None
-    """SLO mode: since when the load's trend has projected, one predicted cold start ahead, more
-    replicas than there are (cleared once it does not); they are added once this is
-    breachSeconds old."""
     capacity_limited: str | None = None
     """SLO mode: the scaler wanted more replicas than the pool's free GPUs hold (the numbers)."""
 

@@ -53,8 +53,6 @@ class Memory:
     breach_since: float | None = None
     calm_since: float | None = None
     """Since when every decision found one replica fewer enough (cleared by any other finding)."""
-    rising_since: float | None = None
-    """Since when the load's trend has projected more replicas than there are (cleared once not)."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +76,12 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     and asking for more while some wait would only queue more. `lead_seconds`: how long a replica
     added now takes to be Ready (the role's predicted cold start).
 
-    The lead rule: when the load rises, load + trend x (lead_seconds + breach_seconds) is what a
-    replica asked for once the rise is confirmed will meet when it is Ready. If that needs more
-    replicas than there are, counting those still starting, and has for `breach_seconds` (a slope
-    from noise comes and goes), they are added, without waiting for the ones on their way: the
-    projection, unlike the load, already counts them, so it does not ask twice (a summed load does
-    not fall when replicas join). While the load is projected above what one replica fewer would
-    carry, none goes."""
+    The lead rule: when the load rises, its value `lead_seconds` from now (load + trend x lead) is
+    what a replica added now will meet. If that needs more replicas than there are, counting those
+    still starting, they are added now, without waiting for the ones on their way: the projection,
+    unlike the load, already counts them, so it does not ask twice (a summed load does not fall
+    when replicas join). While the load is projected above what one replica fewer would carry,
+    none goes."""
     def hold(reason: str, mem: Memory = memory) -> Decision:
         return Decision(current, f"hold: {reason}", mem)
 
@@ -100,19 +97,13 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     if by_load is not None and by_load > current:
         want = by_load
         why = f"{scaling.metric} {observed.load:.3g} needs {by_load} replicas at {scaling.target:.3g} each"
-    # What a replica asked for at the end of the confirmation meets: its cold start after breachSeconds.
-    horizon = lead_seconds + settings.breach_seconds if lead_seconds > 0 else 0.0
-    ahead = _ahead(scaling, observed, horizon)
-    rising = ahead is not None and by_load is not None and ahead[0] > max(current, by_load)
-    rising_since = (memory.rising_since if memory.rising_since is not None else now) if rising else None
-    mem = Memory(memory.last_scale, breach_since, rising_since=rising_since)
-    # A slope is a guess: it must hold for breachSeconds, as a latency breach must, before it adds a group.
-    by_trend = rising and rising_since is not None and now - rising_since >= settings.breach_seconds
+    ahead = _ahead(scaling, observed, lead_seconds)
+    by_trend = ahead is not None and by_load is not None and ahead[0] > max(current, by_load)
     if by_trend:
         assert ahead is not None and observed.load is not None
         want = ahead[0]
         why = (f"{scaling.metric} {observed.load:.3g} rising {ahead[1]:.3g}/s reaches {ahead[2]:.3g} in "
-               f"{horizon:.0f} s (the predicted time to Ready and breachSeconds), and needs {ahead[0]} replicas at "
+               f"{lead_seconds:.0f} s, the predicted time to Ready, and needs {ahead[0]} replicas at "
                f"{scaling.target:.3g} each")
     breached_for = 0.0 if breach_since is None else now - breach_since
     if missed and breached_for >= settings.breach_seconds and want <= current:
@@ -162,8 +153,7 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
         return hold(f"{scaling.metric} {observed.load:.3g} within capacity of {current} replicas", mem)
     if ahead is not None and ahead[2] > fewer * scaling.target * SCALE_DOWN_HEADROOM:
         return hold(f"{scaling.metric} {observed.load:.3g} rising {ahead[1]:.3g}/s reaches {ahead[2]:.3g} within "
-                    f"{horizon:.0f} s (the predicted time to Ready and breachSeconds), more than {fewer} replicas "
-                    "carry", mem)
+                    f"{lead_seconds:.0f} s, the predicted time to Ready, more than {fewer} replicas carry", mem)
     warm = [(name, seen, want_s) for name, want_s in scaling.latency_targets
             if (seen := observed.latency.get(name)) is not None and seen > want_s * LATENCY_COMFORT]
     if warm:
@@ -182,11 +172,11 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
                     Memory(now, None, calm_since))
 
 
-def _ahead(scaling: RoleScaling, observed: Observation, horizon: float) -> tuple[int, float, float] | None:
-    """(replicas needed, trend, projected load) `horizon` seconds ahead on a rising load; None otherwise."""
-    if observed.load is None or not observed.trend or observed.trend <= 0 or horizon <= 0:
+def _ahead(scaling: RoleScaling, observed: Observation, lead_seconds: float) -> tuple[int, float, float] | None:
+    """(replicas needed, trend, projected load) `lead_seconds` ahead on a rising load; None otherwise."""
+    if observed.load is None or not observed.trend or observed.trend <= 0 or lead_seconds <= 0:
         return None
-    projected = observed.load + observed.trend * horizon
+    projected = observed.load + observed.trend * lead_seconds
     return math.ceil(projected / scaling.target - 1e-9), observed.trend, projected
 
 

@@ -114,7 +114,6 @@ def autoscaling_statuses(owner: Owner, plan: Plan, kept: Mapping[Key, RoleAutosc
             last_scale=memory.last_scale if memory else None,
             breach_since=memory.breach_since if memory else None,
             calm_since=memory.calm_since if memory else None,
-            rising_since=memory.rising_since if memory else None,
             capacity_limited=memory.capacity_limited if memory else None)
     return out
 
@@ -180,8 +179,7 @@ class SloScaler:
             key = (pool.name, role.role)
             previous = kept.get(key)
             memory = Memory(timestamps.seconds(previous.last_scale_time), timestamps.seconds(previous.breach_since),
-                            timestamps.seconds(previous.calm_since),
-                            timestamps.seconds(previous.rising_since)) if previous else Memory()
+                            timestamps.seconds(previous.calm_since)) if previous else Memory()
             current = int((workload.get("spec") or {}).get("replicas") or 0)
             ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
             try:
@@ -206,8 +204,6 @@ class SloScaler:
                 "breach_since": (timestamps.stamp(decision.memory.breach_since)
                                  if decision.memory.breach_since else None),
                 "calm_since": timestamps.stamp(decision.memory.calm_since) if decision.memory.calm_since else None,
-                "rising_since": (timestamps.stamp(decision.memory.rising_since)
-                                 if decision.memory.rising_since else None),
                 "capacity_limited": decision.capacity_limited}
             where = f"pool {pool_name} role {role_name}"
             if decision.replicas != current:
