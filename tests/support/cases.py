@@ -125,8 +125,8 @@ INVALID["a pvc:// path stays inside its claim: no '..' in it"] = _edit(
     lambda d: d["spec"]["model"].update(uri="pvc://weights/../kimi-k3"))
 INVALID["endpoint must be https:// (set allowInsecureEndpoint to allow plain http://)"] = _edit(
     lambda d: d["spec"]["model"].update(endpoint="http://hf-mirror.internal"))
-INVALID["readThroughput is bytes per second a node reads the weights at: at least 10M (1G is an NFS-class share)"] = (
-    _edit(lambda d: d["spec"]["model"].update(readThroughput="1")))
+INVALID["readThroughput is bytes per second a node reads the weights at: from 10M to 10T "
+        "(1G is an NFS-class share)"] = _edit(lambda d: d["spec"]["model"].update(readThroughput="1"))
 INVALID["servedName is the model's name, not a flag: it must not start with '-'"] = _edit(
     lambda d: d["spec"]["model"].update(servedName="--trust-remote-code"))
 INVALID["revision is a branch, tag or commit, not a flag: it must not start with '-'"] = _edit(

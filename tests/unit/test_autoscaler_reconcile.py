@@ -113,7 +113,9 @@ def test_a_rising_load_scales_up_a_predicted_cold_start_ahead_and_the_event_says
     reconcile(cluster, "ns", "k3", scaler=scaler)
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3
     trend = next(q for q in prometheus.queries if q.startswith("deriv("))
-    assert "vllm:num_requests_running" in trend and "[300s:15s]" in trend  # five 60 s windows, every 15 s
+    span = -(-lead // 3)  # a third of the lead: longer than five 60 s windows
+    assert "vllm:num_requests_running" in trend and f"[{span}s:15s]" in trend
+    assert any(q.startswith("deriv(") and q.endswith(f" offset {span}s)") for q in prometheus.queries)
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["autoscaling"]["lastScale"].startswith("up 2 -> 3: RequestsInFlight 15 rising")
     assert f"reaches 23 in {lead} s, the predicted time to Ready" in decode["autoscaling"]["lastScale"]

@@ -50,7 +50,7 @@ def test_each_loader_reads_what_vllm_reads() -> None:
     assert instant.pod_read_bytes(TP8_ON_TWO, 4) == pytest.approx(CHECKPOINT_BYTES / 2)
     assert mapped.pod_read_bytes(TP8_ON_TWO, 4) == pytest.approx(CHECKPOINT_BYTES)
     # The expert filter: a pod's own packed experts, every expert's scales, all dense weights.
-    filtered = Loading(LOADERS["InstantTensor"], "auto", expert_filter=True).pod_read_bytes(DEP16, 8)
+    filtered = Loading(LOADERS["Safetensors"], "auto", expert_filter=True).pod_read_bytes(DEP16, 8)
     assert filtered == pytest.approx((ROUTED_EXPERT_BYTES - EXPERT_SCALE_BYTES) / 2 + EXPERT_SCALE_BYTES
                                      + BF16_WEIGHT_BYTES)
     assert filtered < 0.6 * CHECKPOINT_BYTES
@@ -63,7 +63,8 @@ def test_each_loader_reads_what_vllm_reads() -> None:
      ["--load-format", "safetensors", "--enable-ep-weight-filter", "--safetensors-load-strategy", "lazy"]),
     ("Auto", "nvidia", DEP16, True, []),  # EPLB needs every expert
     ("InstantTensor", "nvidia", TP8_ON_TWO, False, ["--load-format", "instanttensor"]),
-    ("InstantTensor", "nvidia", DEP16, False, ["--load-format", "instanttensor", "--enable-ep-weight-filter"]),
+    # No filter with InstantTensor: it would read per rank with O_DIRECT, no shared page cache.
+    ("InstantTensor", "nvidia", DEP16, False, ["--load-format", "instanttensor"]),
 ])
 def test_the_loader_chosen_and_its_flags(choice: str, vendor: str, layout: Layout, eplb: bool,
                                         args: list[str]) -> None:
@@ -110,7 +111,24 @@ def test_the_spec_throughput_reaches_every_role_its_deadlines_and_its_status_fie
     assert prefill and decode and prefill.graph_capture_seconds != decode.graph_capture_seconds
 
 
-@pytest.mark.parametrize("bad", ["1", "500k", "9M", "100m"])
-def test_a_throughput_below_10M_per_second_is_refused_as_a_unit_slip(bad: str) -> None:
+@pytest.mark.parametrize("bad", ["1", "500k", "9M", "100m", "11T", "10E", "9" * 30 + "E"])
+def test_a_throughput_outside_10M_to_10T_per_second_is_refused(bad: str) -> None:
     with pytest.raises(ValidationError, match="readThroughput is bytes per second"):
         _pd(readThroughput=bad)
+
+
+def test_instanttensor_renders_its_backend_once_and_the_users_value_wins() -> None:
+    from kimik3_operator.render.engine import engine_env
+
+    def backends(env: list[dict[str, object]] | None = None) -> list[object]:
+        body = _pd(loading="InstantTensor").model_dump(by_alias=True, exclude_none=True)
+        if env is not None:
+            body["spec"]["engine"] = {"env": env}
+        plan = plan_deployment(KimiK3Deployment.model_validate(body).spec, {})
+        roles = plan.pools[0].roles
+        assert all(r.load_format == "instanttensor" and not r.expert_weight_filter for r in roles)
+        return [e["value"] for r in roles for w in (False, True)
+                for e in engine_env(r, plan.engine, worker=w) if e["name"] == "INSTANTTENSOR_BACKEND"]
+
+    assert set(backends()) == {"AIO"} and len(backends()) == 4  # two roles, leader and worker
+    assert backends([{"name": "INSTANTTENSOR_BACKEND", "value": "BUFFERED"}]) == ["BUFFERED"] * 4

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable
+
 import pytest
 
 from kimik3_operator.planner.scaling import RoleScaling, ScalingSettings
-from kimik3_operator.planner.slo_scaler import Memory, Observation, decide, within_ratio
+from kimik3_operator.planner.slo_scaler import Memory, Observation, decide, trend_range, within_ratio
 
 DECODE = RoleScaling(mode="SLO", min_replicas=1, max_replicas=6, metric="RequestsInFlight", target=10.0,
                      target_source="spec", latency_targets=(("itl", 0.040),))
@@ -159,18 +163,26 @@ def test_a_rising_load_adds_one_replica_a_cold_start_ahead_of_need() -> None:
     # The same slope with a short cold start is not a reason yet, nor is a falling or flat load.
     assert lead(15, 0.01, 60).direction == "hold"
     assert lead(15, -0.05, 900).direction == "hold" and lead(15, 0.0, 900).direction == "hold"
-    # A steep slope adds what its projection needs, capped by maxReplicas; replicas on their way
-    # count: once they are asked for, the same projection asks for nothing more.
-    assert lead(15, 0.03, 900).replicas == 5
-    assert lead(15, 1.0, 900).replicas == DECODE.max_replicas
-    assert lead(15, 0.03, 900, current=5, ready=2).direction == "hold"
-    assert lead(15, 0.04, 900, current=5, ready=2).replicas == 6  # 51: one more than those coming
+    # One group per decision, however steep the slope; replicas on their way count, without
+    # waiting for them: once the projection is covered it asks for nothing more.
+    assert lead(15, 1.0, 900).replicas == 3
+    assert lead(15, 0.03, 900, current=3, ready=2).replicas == 4  # 42 needs 5: one more than those coming
+    assert lead(15, 0.03, 900, current=5, ready=2).direction == "hold"  # 42 fits 5
 
 
-def test_load_already_past_the_target_is_served_by_load_unless_the_trend_needs_more() -> None:
-    d = lead(41, 0.0005, 900)  # 41.45 in 900 s: the 5 the load needs now
-    assert (d.replicas, d.direction) == (5, "up") and "RequestsInFlight 41 needs 5 replicas at 10 each" in d.reason
-    assert lead(41, 0.02, 900).replicas == 6 and "reaches 59" in lead(41, 0.02, 900).reason
+def test_load_already_past_the_target_is_served_by_the_load_rule() -> None:
+    for trend in (0.0005, 0.02):
+        d = lead(41, trend, 900)
+        assert (d.replicas, d.direction) == (5, "up") and "RequestsInFlight 41 needs 5 replicas at 10 each" in d.reason
+
+
+def test_non_finite_readings_switch_the_lead_rule_off_instead_of_failing() -> None:
+    for load, trend in ((15.0, math.inf), (15.0, math.nan), (math.inf, 0.01)):
+        if math.isfinite(load):
+            assert lead(load, trend, 900).direction == "hold"
+        else:
+            with pytest.raises(OverflowError):  # the load rule's own, unchanged: +Inf load was never served
+                lead(load, trend, 900)
 
 
 def test_no_replica_goes_while_the_trend_says_it_will_be_needed_within_a_cold_start() -> None:
@@ -181,32 +193,68 @@ def test_no_replica_goes_while_the_trend_says_it_will_be_needed_within_a_cold_st
     assert lead(23, -0.01, 900, current=4, memory=calm).direction == "down"
 
 
+def _slope(load_at: Callable[[float], float], start: float, end: float) -> float:
+    """Prometheus' deriv(): the least-squares slope of the samples every 15 s in [start, end)."""
+    ts = [start + 15 * i for i in range(int((end - start) / 15))]
+    mean_t, mean_v = sum(ts) / len(ts), sum(load_at(t) for t in ts) / len(ts)
+    return (sum((t - mean_t) * (load_at(t) - mean_v) for t in ts) / sum((t - mean_t) ** 2 for t in ts))
+
+
+def _replay(load_at: Callable[[float], float], lead_seconds: float, *, seconds: float, cold: float = 900.0,
+            replicas: int = 2) -> tuple[float, int, int]:
+    """Decide every 15 s on `load_at(t)`, its trend measured as the scaler does (the smaller
+    least-squares slope of the last trend_range() and the one before), a replica Ready `cold` s
+    after it is asked for; return (seconds with more load than Ready capacity, scale-ups, most
+    replicas)."""
+    ready_at, memory, short, ups, most = [0.0] * replicas, Memory(), 0.0, 0, replicas
+    for step in range(int(seconds / 15)):
+        t = step * 15.0
+        ready = sum(1 for r in ready_at if r <= t)
+        load = load_at(t)
+        if load > ready * DECODE.target:
+            short += 15
+        span = trend_range(lead_seconds, SETTINGS.window_seconds)
+        trend = min(_slope(load_at, t - span, t), _slope(load_at, t - 2 * span, t - span))
+        d = decide(DECODE, SETTINGS, now=NOW + t, current=replicas, ready=ready,
+                   observed=Observation(load=load, latency={"itl": 0.020}, trend=trend), memory=memory,
+                   fits=99, lead_seconds=lead_seconds)
+        memory = d.memory
+        ups += d.replicas > replicas
+        ready_at = (ready_at + [t + cold] * (d.replicas - replicas)) if d.replicas >= replicas \
+            else sorted(ready_at)[:d.replicas]
+        replicas = d.replicas
+        most = max(most, replicas)
+    return short, ups, most
+
+
 def test_with_the_lead_rule_capacity_is_there_when_a_ramp_arrives_and_without_it_it_is_late() -> None:
-    """Two replicas at half their target, then a ramp to four replicas' worth over two hours,
-    decided every 15 s, where a replica asked for is Ready 900 s later: with the lead rule no
-    moment has more load than Ready capacity; a scaler that waits for the load lacks capacity
-    for about a cold start at each replica it adds."""
-    ramp_start, ramp_end, lo, hi, cold = 600.0, 7800.0, 10.0, 40.0, 900.0
+    """Two replicas at half their target, then a ramp to four replicas' worth over two hours, where
+    a replica asked for is Ready 900 s later: with the lead rule no moment has more load than Ready
+    capacity; a scaler that waits for the load lacks capacity for about a cold start at each
+    replica it adds."""
+    def ramp(t: float) -> float:
+        return 10.0 + 30.0 * min(1.0, max(0.0, (t - 600) / 7200))
 
-    def load_at(t: float) -> float:
-        return lo + (hi - lo) * min(1.0, max(0.0, (t - ramp_start) / (ramp_end - ramp_start)))
+    assert _replay(ramp, 900.0, seconds=9000)[0] == 0
+    assert _replay(ramp, 0.0, seconds=9000)[0] >= 2 * 900
 
-    def short_seconds(lead_seconds: float) -> float:
-        replicas, ready_at, memory, short = 2, [0.0, 0.0], Memory(), 0.0
-        for step in range(int(9000 / 15)):
-            t = NOW + step * 15
-            ready = sum(1 for r in ready_at if r <= t - NOW)
-            load = load_at(t - NOW)
-            if load > ready * DECODE.target:
-                short += 15
-            trend = (load - load_at(t - NOW - 300)) / 300
-            d = decide(DECODE, SETTINGS, now=t, current=replicas, ready=ready,
-                       observed=Observation(load=load, latency={"itl": 0.020}, trend=trend), memory=memory,
-                       fits=99, lead_seconds=lead_seconds)
-            memory = d.memory
-            ready_at += [t - NOW + cold] * max(0, d.replicas - replicas)
-            replicas = d.replicas
-        return short
 
-    assert short_seconds(cold) == 0
-    assert short_seconds(0.0) >= 2 * cold
+def test_a_step_in_the_load_is_not_extrapolated() -> None:
+    """15 in flight, then 21 from t = 600 s on (3 replicas' worth): the load rule adds the one
+    it needs; the lead rule adds nothing to it, since the step lifts only one of the two slopes."""
+    def step(t: float) -> float:
+        return 15.0 if t < 600 else 21.0
+
+    assert _replay(step, 1800.0, seconds=3600)[1:] == _replay(step, 0.0, seconds=3600)[1:] == (1, 3)
+
+
+def test_noise_on_a_flat_load_adds_no_group() -> None:
+    """A flat 15 in flight on 2 replicas with the wobble of a 60 s average (sd 2) for six hours."""
+    rng = random.Random(7)
+    wobble = {t: rng.gauss(0, 2) for t in range(-3600, 6 * 3600, 15)}
+
+    def noisy(t: float) -> float:
+        return 15.0 + wobble[int(t) - int(t) % 15]
+
+    with_lead, without = _replay(noisy, 1800.0, seconds=6 * 3600), _replay(noisy, 0.0, seconds=6 * 3600)
+    assert with_lead[1:] == without[1:], (with_lead, without)

@@ -69,6 +69,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--disable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--safetensors-load-strategy": "model.loading",
+    "--model-loader-extra-config": "model.loading (its multithread load would ignore the expert filter)",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
 }

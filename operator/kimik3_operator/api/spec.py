@@ -222,6 +222,9 @@ class ModelCache(SpecModel):
 
 MIN_READ_THROUGHPUT = "10M"
 """Below this a weights read of ~1.6 TB takes days: a unit slip (1 for 1G), not a storage."""
+MAX_READ_THROUGHPUT = "10T"
+"""Beyond what any node reads (a GB300 tray's PCIe and NICs move well under 1T per second); status
+keeps it as an integer, which the API server holds to 2^53."""
 
 
 class ModelSource(SpecModel):
@@ -274,11 +277,13 @@ class ModelSource(SpecModel):
         ),
         Rule(
             cel=(f"!has(self.readThroughput) "
-                 f"|| quantity(self.readThroughput).compareTo(quantity('{MIN_READ_THROUGHPUT}')) >= 0"),
-            message=f"readThroughput is bytes per second a node reads the weights at: at least {MIN_READ_THROUGHPUT} "
-                    "(1G is an NFS-class share)",
+                 f"|| (quantity(self.readThroughput).compareTo(quantity('{MIN_READ_THROUGHPUT}')) >= 0 "
+                 f"&& quantity(self.readThroughput).compareTo(quantity('{MAX_READ_THROUGHPUT}')) <= 0)"),
+            message=f"readThroughput is bytes per second a node reads the weights at: from {MIN_READ_THROUGHPUT} to "
+                    f"{MAX_READ_THROUGHPUT} (1G is an NFS-class share)",
             field_path=".readThroughput",
-            check=lambda m: m.read_throughput is None or quantity(m.read_throughput) >= quantity(MIN_READ_THROUGHPUT),
+            check=lambda m: m.read_throughput is None
+            or quantity(MIN_READ_THROUGHPUT) <= quantity(m.read_throughput) <= quantity(MAX_READ_THROUGHPUT),
         ),
         not_a_flag("servedName", "served_name", "the model's name"),
         not_a_flag("revision", "revision", "a branch, tag or commit"),

@@ -65,7 +65,8 @@ class ColdStartStatus(StatusModel):
     first_ready_seconds: int
     """The deployment's first start (compile cache empty)."""
     pod_read_bytes: int
-    """Distinct bytes each pod reads from the weights (its experts and stages, each tensor once)."""
+    """Distinct bytes each pod reads from the weights, as its loader reads them (each tensor once
+    per node)."""
     read_bytes_per_second: int
     """What one node reads the weights at."""
     read_source: Literal["spec", "default"]
@@ -148,7 +149,8 @@ class RoleStatus(StatusModel):
     pod_resources: PodResourcesStatus | None = None
     """CPU, memory and ephemeral storage of each pod (requests = limits: Guaranteed)."""
     load_format: str | None = None
-    """vLLM's --load-format: instanttensor | safetensors (spec.model.loading; docs/loading.md)."""
+    """The loader vLLM reads the weights with: instanttensor | safetensors (spec.model.loading;
+    docs/loading.md). safetensors without the expert filter is vLLM's default and renders no flag."""
     expert_weight_filter: bool | None = None
     """vLLM's --enable-ep-weight-filter: each rank reads only the experts it holds (expert
     parallelism without EPLB)."""

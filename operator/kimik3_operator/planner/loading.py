@@ -9,13 +9,14 @@ docs/loading.md has the whole survey, with the vLLM lines each choice rests on; 
   1394-1410), by choice: direct I/O with pipelined prefetch. Without a tensor filter it loads
   collectively over the replica's ranks (weight_utils.py:1412-1418): each byte of the checkpoint is
   read once per replica, spread over its pods.
-Either reads only the experts a rank holds with `--enable-ep-weight-filter` (config/parallel.py:
+Safetensors reads only the experts a rank holds with `--enable-ep-weight-filter` (config/parallel.py:
 199-205; default off) under expert parallelism, except with EPLB, whose redundant slots need every
 expert (model_loader/default_loader.py:445-450). The filter skips the packed expert weights of other
-ranks but reads every expert's scales (model_loader/ep_weight_filter.py:68-85); with it instanttensor
-loads per rank instead of collectively (weight_utils.py:1431-1443). The lazy strategy is named
-explicitly under the filter: vLLM otherwise prefetches whole files on NFS and Lustre (weight_utils.py:
-1136-1182), which reads what the filter skips.
+ranks but reads every expert's scales (model_loader/ep_weight_filter.py:68-85). The lazy strategy is
+named explicitly under it: vLLM otherwise prefetches whole files on NFS and Lustre (weight_utils.py:
+1136-1182), which reads what the filter skips. instanttensor never gets the filter: with it, it loads
+per rank with O_DIRECT instead of collectively (weight_utils.py:1431-1443), and O_DIRECT reads share
+no page cache, so each rank would read the dense weights and every expert's scales itself.
 Not chosen: fastsafetensors (no EP filter, and no GPUDirect Storage past one rank: weight_utils.py:
 1340-1343), runai_streamer (no EP filter; only needed for s3:// straight from the engine, and the
 stager stages instead), sharded_state and tensorizer (files per TP and PP rank only, no DP or EP rank:
@@ -116,4 +117,8 @@ def loading(choice: str, vendor: str, layout: Layout, eplb: bool, where: str, *,
         raise PlanningError(INVALID_SPEC, f"{where}: model.loading {name} needs an NVIDIA GPU (vLLM 0.33.0's "
                                           f"instanttensor loader is CUDA-only); use Auto or Safetensors",
                             depends_on_nodes=vendor_from_nodes)
-    return Loading(loader, "auto" if choice == "Auto" else "spec", expert_filter=layout.expert and not eplb)
+    # The filter turns instanttensor's collective load into one O_DIRECT read per rank (weight_utils.py:
+    # 1437-1443), which shares no page cache: every rank of a node then reads the dense weights and
+    # all the expert scales itself, more than the collective load's share. So it goes with safetensors.
+    return Loading(loader, "auto" if choice == "Auto" else "spec",
+                   expert_filter=layout.expert and not eplb and not loader.collective)

@@ -28,9 +28,20 @@ to the scale-up threshold is the hysteresis that keeps a steady load from flappi
 LATENCY_COMFORT = 0.8
 """Latency must be under this share of its target before a replica may go."""
 TREND_WINDOWS = 5
-"""The load's trend is its slope over this many windows: over one, the slope of a rate is mostly
-noise; over five (5 min by default) a burst flattens while a ramp much shorter than a K3 replica's
-cold start still shows."""
+"""The shortest range the load's trend is measured over, in windows (5 min by default)."""
+TREND_SHARE_OF_LEAD = 3
+"""The trend's range is at least a third of the lead it is extrapolated over: the slope of a short
+range, projected half an hour ahead, turns a 60 s average's wobble into whole replicas (a replay of a
+flat, noisy load: five groups added in six hours over 5 min ranges, none over 10 min)."""
+TREND_MAX_SECONDS = 3600
+
+
+def trend_range(lead_seconds: float, window_seconds: int) -> int:
+    """Seconds of each of the two ranges the load's slope is measured over. Twice, over the last
+    range and the one before it, and the smaller slope counts: a step in the load (a new tenant,
+    a burst that stays) lifts the slope of one range only, noise rarely lifts both, a ramp lifts
+    both, so only a ramp is extrapolated over a cold start."""
+    return min(TREND_MAX_SECONDS, max(TREND_WINDOWS * window_seconds, math.ceil(lead_seconds / TREND_SHARE_OF_LEAD)))
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,8 @@ class Observation:
     latency: Mapping[str, float | None]
     """Per latency target name (ttft | itl): the window's p90 in seconds."""
     trend: float | None = None
-    """How fast `load` changes, per second (Prometheus' deriv over TREND_WINDOWS windows)."""
+    """How fast `load` has been changing, per second: the smaller of its slopes (Prometheus' deriv)
+    over the last trend_range() and the one before it."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +88,13 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     and asking for more while some wait would only queue more. `lead_seconds`: how long a replica
     added now takes to be Ready (the role's predicted cold start).
 
-    The lead rule: when the load rises, its value `lead_seconds` from now (load + trend x lead) is
-    what a replica added now will meet. If that needs more replicas than there are, counting those
-    still starting, they are added now, without waiting for the ones on their way: the projection,
-    unlike the load, already counts them, so it does not ask twice (a summed load does not fall
-    when replicas join). While the load is projected above what one replica fewer would carry,
-    none goes."""
+    The lead rule: when the load has been rising steadily (`trend`), its value `lead_seconds` from
+    now (load + trend x lead) is what a replica added now will meet. If that needs more replicas
+    than there are, counting those still starting, one is added, without waiting for the ones on
+    their way: the projection, unlike the load, already counts them (a summed load does not fall
+    when replicas join), and one per decision, after the scale-up cooldown, keeps pace with any
+    ramp a cold start can follow while a wrong slope costs one group, not maxReplicas. While the
+    load is projected above what one replica fewer would carry, none goes."""
     def hold(reason: str, mem: Memory = memory) -> Decision:
         return Decision(current, f"hold: {reason}", mem)
 
@@ -99,9 +112,9 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
         why = f"{scaling.metric} {observed.load:.3g} needs {by_load} replicas at {scaling.target:.3g} each"
     ahead = _ahead(scaling, observed, lead_seconds)
     by_trend = ahead is not None and by_load is not None and ahead[0] > max(current, by_load)
-    if by_trend:
+    if by_trend and want == current:
         assert ahead is not None and observed.load is not None
-        want = ahead[0]
+        want = current + 1
         why = (f"{scaling.metric} {observed.load:.3g} rising {ahead[1]:.3g}/s reaches {ahead[2]:.3g} in "
                f"{lead_seconds:.0f} s, the predicted time to Ready, and needs {ahead[0]} replicas at "
                f"{scaling.target:.3g} each")
@@ -174,10 +187,12 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
 
 def _ahead(scaling: RoleScaling, observed: Observation, lead_seconds: float) -> tuple[int, float, float] | None:
     """(replicas needed, trend, projected load) `lead_seconds` ahead on a rising load; None otherwise."""
-    if observed.load is None or not observed.trend or observed.trend <= 0 or lead_seconds <= 0:
+    load, trend = observed.load, observed.trend
+    if load is None or trend is None or not math.isfinite(load) or not math.isfinite(trend) or trend <= 0 \
+            or lead_seconds <= 0:
         return None
-    projected = observed.load + observed.trend * lead_seconds
-    return math.ceil(projected / scaling.target - 1e-9), observed.trend, projected
+    projected = load + trend * lead_seconds
+    return math.ceil(projected / scaling.target - 1e-9), trend, projected
 
 
 def within_ratio(prefill: int, decode: int, ratio: tuple[float, float] | None) -> tuple[int, str]:

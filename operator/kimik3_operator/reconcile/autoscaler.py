@@ -30,7 +30,7 @@ from ..planner.autoscale import clamp
 from ..planner.capacity import replicas_that_fit
 from ..planner.facts import PoolFacts
 from ..planner.scaling import RoleScaling, ScalingSettings
-from ..planner.slo_scaler import TREND_WINDOWS, Decision, Memory, Observation, decide, within_ratio
+from ..planner.slo_scaler import Decision, Memory, Observation, decide, trend_range, within_ratio
 from ..planner.traps import check_traps
 from ..prometheus import NO_URL, Prometheus, PrometheusError
 from ..render.names import Owner, workload_name
@@ -182,8 +182,9 @@ class SloScaler:
                             timestamps.seconds(previous.calm_since)) if previous else Memory()
             current = int((workload.get("spec") or {}).get("replicas") or 0)
             ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
+            lead = role.cold_start.ready_seconds if role.cold_start else 0.0
             try:
-                observed = self._observe(url, owner, pool.name, role.role, scaling, settings)
+                observed = self._observe(url, owner, pool.name, role.role, scaling, settings, lead)
             except PrometheusError as exc:
                 log.warning("SLO scaler of %s/%s %s: %s", owner.namespace, owner.name, key, exc)
                 SCALER_DECISIONS.labels(owner.namespace, owner.name, pool.name, role.role, "error").inc()
@@ -191,7 +192,7 @@ class SloScaler:
             fits = replicas_that_fit(plan, facts, used, pool.name, role.role, scaling.max_replicas)
             decision = decide(scaling, settings, now=now, current=current, ready=ready, observed=observed,
                               memory=memory, fits=fits, queued=(waiting or {}).get(workload["metadata"]["name"], 0),
-                              lead_seconds=role.cold_start.ready_seconds if role.cold_start else 0.0)
+                              lead_seconds=lead)
             decisions[key] = (decision, current, workload)
         self._balance(plan, decisions, now)
         for (pool_name, role_name), (decision, current, workload) in decisions.items():
@@ -237,7 +238,7 @@ class SloScaler:
                                                decision.capacity_limited), current, workload)
 
     def _observe(self, url: str | None, owner: Owner, pool: str, role: str, scaling: RoleScaling,
-                 settings: ScalingSettings) -> Observation:
+                 settings: ScalingSettings, lead_seconds: float) -> Observation:
         if url is None:
             raise PrometheusError(NO_URL)
         client = self._clients.setdefault(url, Prometheus(url))
@@ -246,8 +247,20 @@ class SloScaler:
         return Observation(
             load=client.scalar(load_query(scaling.metric, matchers, window)),
             latency={name: client.scalar(latency_query(name, matchers, window)) for name, _ in scaling.latency_targets},
-            trend=client.scalar(trend_query(scaling.metric, matchers, window, settings.interval_seconds,
-                                            TREND_WINDOWS)))
+            trend=self._trend(client, scaling, matchers, window, trend_range(lead_seconds, window)))
+
+    @staticmethod
+    def _trend(client: Prometheus, scaling: RoleScaling, matchers: str, window: int, span: int) -> float | None:
+        """The smaller of the load's slopes over the last `span` seconds and the span before
+        (slo_scaler.trend_range); None when either is missing or unreadable: the lead rule then
+        rests, and the load and latency rules decide as before."""
+        try:
+            slopes = [client.scalar(trend_query(scaling.metric, matchers, window, span, earlier=earlier))
+                      for earlier in (False, True)]
+        except PrometheusError as exc:
+            log.info("SLO scaler: no load trend (%s)", exc)
+            return None
+        return None if any(v is None for v in slopes) else min(v for v in slopes if v is not None)
 
     @staticmethod
     def _balance(plan: Plan, decisions: dict[Key, tuple[Decision, int, Mapping[str, Any]]], now: float) -> None:

@@ -172,7 +172,10 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
         if engine.media_fetch_timeout is not None:
             env.append({"name": "VLLM_IMAGE_FETCH_TIMEOUT", "value": str(engine.media_fetch_timeout)})
     if role.loading is not None:
-        env += [{"name": n, "value": v} for n, v in role.loading.loader.env]  # engine.env may override it
+        # engine.env may set these itself (e.g. INSTANTTENSOR_BACKEND=BUFFERED): then only its value,
+        # since a name twice in a container's env is refused by the LeaderWorkerSet's list map.
+        given = {n for n, _ in engine.env}
+        env += [{"name": n, "value": v} for n, v in role.loading.loader.env if n not in given]
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})

@@ -52,11 +52,14 @@ def load_query(metric: ScalingMetric, matchers: str, window_seconds: int) -> str
     }[metric]
 
 
-def trend_query(metric: ScalingMetric, matchers: str, window_seconds: int, step_seconds: int,
-                windows: int) -> str:
-    """How fast the role's load changes, per second: deriv()'s least-squares slope of the load
-    query, evaluated every `step_seconds` over `windows` windows."""
-    return f"deriv(({load_query(metric, matchers, window_seconds)})[{windows * window_seconds}s:{step_seconds}s])"
+def trend_query(metric: ScalingMetric, matchers: str, window_seconds: int, range_seconds: int, *,
+                earlier: bool = False) -> str:
+    """How fast the role's load changed, per second: deriv()'s least-squares slope of the load
+    query over `range_seconds`, evaluated four times a window, ending now or, `earlier`, where
+    that range begins."""
+    offset = f" offset {range_seconds}s" if earlier else ""
+    return (f"deriv(({load_query(metric, matchers, window_seconds)})"
+            f"[{range_seconds}s:{max(5, window_seconds // 4)}s]{offset})")
 
 
 def latency_query(name: str, matchers: str, window_seconds: int) -> str:
