@@ -16,6 +16,7 @@ the pool's free GPUs hold (capacity.py), saying so instead.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
     load is projected above what one replica fewer would carry, none goes."""
     def hold(reason: str, mem: Memory = memory) -> Decision:
         return Decision(current, f"hold: {reason}", mem)
+
+    if observed.load is not None and not math.isfinite(observed.load):
+        observed = dataclasses.replace(observed, load=None)  # Prometheus can answer NaN or +Inf: no data
 
     missed = [(name, seen, want) for name, want in scaling.latency_targets
               if (seen := observed.latency.get(name)) is not None and seen > want]
