@@ -79,6 +79,13 @@ def capture_ceiling(gpu: GpuSpec | None) -> int:
     return 1024 if gpu is not None and gpu.blackwell and gpu.vendor == "nvidia" else 512
 
 
+def graph_ceiling(capture_size: int | None, token_budget: int | None, gpu: GpuSpec | None) -> int:
+    """The largest batch an engine captures a CUDA graph for: its --max-cudagraph-capture-size, else
+    vLLM's default ceiling, never above its token budget (config/vllm.py:2551-2552)."""
+    ceiling = capture_size or capture_ceiling(gpu)
+    return min(ceiling, token_budget) if token_budget else ceiling
+
+
 def capture_grid(tokens: int) -> int:
     """The smallest size vLLM captures a graph for at or above `tokens` (config/vllm.py:2573-2590)."""
     if tokens <= 4:

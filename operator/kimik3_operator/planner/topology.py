@@ -35,7 +35,7 @@ from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, Pool
 from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
 from .scheduling import role_placement
-from .shaping import ShapeOverrides, capture_ceiling, shape
+from .shaping import ShapeOverrides, graph_ceiling, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
 from .timeouts import startup_timeouts
 from .traps import check_traps
@@ -253,20 +253,13 @@ def with_cold_starts(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...]) ->
         eplb = role.shape is not None and role.shape.eplb_redundant_experts is not None
         how = loading(spec.model.loading, pool.vendor, role.layout, eplb, f"pool {pool.name} role {role.role}",
                       vendor_from_nodes=from_nodes[pool.name])
-        ceiling = graph_ceiling(role, CATALOG.get(pool.gpu_product or ""))
+        shape = role.shape
+        ceiling = graph_ceiling(shape.max_cudagraph_capture_size if shape else None,
+                                shape.max_num_batched_tokens if shape else None, CATALOG.get(pool.gpu_product or ""))
         cold = predict_cold_start(how.pod_read_bytes(role.layout, role.gpus_per_pod), ceiling, throughput)
         return dataclasses.replace(role, loading=how, cold_start=cold, timeouts=startup_timeouts(cold))
 
     return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
-
-
-def graph_ceiling(role: RolePlan, gpu: GpuSpec | None) -> int:
-    """The largest batch the role captures a CUDA graph for: its rendered capture size, else vLLM's
-    default ceiling, never above its token budget (config/vllm.py:2551-2552)."""
-    shape = role.shape
-    ceiling = (shape.max_cudagraph_capture_size if shape and shape.max_cudagraph_capture_size
-               else capture_ceiling(gpu))
-    return min(ceiling, shape.max_num_batched_tokens) if shape and shape.max_num_batched_tokens else ceiling
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:

@@ -17,7 +17,7 @@ from ..planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_lab
 from ..planner.cold_start import predict as predict_cold_start
 from ..planner.loading import LOADERS, Loading
 from ..planner.plan import Layout
-from ..planner.shaping import capture_ceiling
+from ..planner.shaping import graph_ceiling
 from .cmdline import ServeArgs
 from .metrics import CACHE_CONFIG_DEFAULTS, EngineMetrics
 from .settings import SettingsError, SimSettings
@@ -166,7 +166,7 @@ def predicted_startup(serve: ServeArgs, gpu: GpuSpec, layout: Layout, budget: in
     the layout, the CUDA-graph sizes. The image is on the node by then, so its pull is not counted."""
     loader = next((row for row in LOADERS.values() if row.load_format == serve.load_format), LOADERS["Safetensors"])
     how = Loading(loader, "spec", expert_filter=serve.ep_weight_filter and layout.expert)
-    ceiling = min(serve.max_cudagraph_capture_size or capture_ceiling(gpu), budget)
+    ceiling = graph_ceiling(serve.max_cudagraph_capture_size, budget, gpu)
     pod_bytes = how.pod_read_bytes(layout, max(1, layout.gpus // max(1, serve.nnodes)))
     cold = predict_cold_start(pod_bytes, ceiling, read_bytes_per_s)
     return float(cold.ready_seconds - cold.image_pull_seconds)
