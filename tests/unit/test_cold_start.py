@@ -12,11 +12,11 @@ from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.api.spec import ModelSource
 from kimik3_operator.kimi_k3 import BF16_WEIGHT_BYTES, ROUTED_EXPERT_BYTES
 from kimik3_operator.planner import plan_deployment
-from kimik3_operator.planner.cold_start import IMAGE_PULL_S, capture_sizes, predict
+from kimik3_operator.planner.cold_start import IMAGE_PULL_S, STORAGE_BYTES_PER_S, capture_sizes, predict
 from kimik3_operator.planner.loading import CHECKPOINT_BYTES, EXPERT_SCALE_BYTES, LOADERS, Loading, loading
 from kimik3_operator.planner.plan import Layout, PlanningError
 from kimik3_operator.planner.shaping import capture_grid
-from kimik3_operator.planner.timeouts import STORAGE_BYTES_PER_S, startup_timeouts
+from kimik3_operator.planner.timeouts import startup_timeouts
 from tests.support.cases import base_deployment
 
 GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimik3_operator.planner.cold_start import predict
+from kimik3_operator.planner.cold_start import STORAGE_BYTES_PER_S, predict
 from kimik3_operator.planner.loading import CHECKPOINT_BYTES, LOADERS, Loading
 from kimik3_operator.planner.plan import Layout
-from kimik3_operator.planner.timeouts import FLOOR_S, POD_START_SKEW_S, STORAGE_BYTES_PER_S, startup_timeouts
+from kimik3_operator.planner.timeouts import FLOOR_S, POD_START_SKEW_S, startup_timeouts
 
 layouts = st.builds(Layout, tensor=st.sampled_from((1, 2, 4, 8, 16)), pipeline=st.sampled_from((1, 2, 4)),
                     data=st.sampled_from((1, 2, 4, 8, 16, 18)), expert=st.booleans())

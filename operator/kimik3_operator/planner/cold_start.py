@@ -26,8 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .timeouts import STORAGE_BYTES_PER_S
-
+STORAGE_BYTES_PER_S = 1.0e9
+"""What one node reads from the weights claim, planned low: the per-client ceiling of the common
+ReadWriteMany network file systems is about 1-1.5 GB/s (an NFS mount over one 10-25 GbE path;
+Amazon EFS's per-client throughput limit, docs.aws.amazon.com/efs/latest/ug/performance.html).
+Parallel file systems (Lustre, Weka, VAST, GPFS) give a client 10+ GB/s; then the budget is loose,
+never short."""
 IMAGE_PULL_S = 120
 """A ~20 GB serving image (CUDA, PyTorch, vLLM, DeepEP) pulled and unpacked on a node that does not
 have it, at ~170 MB/s: a node that ran the image before starts at once, a fresh one does not."""

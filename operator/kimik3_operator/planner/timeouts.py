@@ -30,12 +30,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .cold_start import ColdStart
 
-STORAGE_BYTES_PER_S = 1.0e9
-"""What one node reads from the weights claim, planned low: the per-client ceiling of the common
-ReadWriteMany network file systems is about 1-1.5 GB/s (an NFS mount over one 10-25 GbE path;
-Amazon EFS's per-client throughput limit, docs.aws.amazon.com/efs/latest/ug/performance.html).
-Parallel file systems (Lustre, Weka, VAST, GPFS) give a client 10+ GB/s; then the budget is loose,
-never short."""
 LOAD_MARGIN = 2.0
 """The estimate is a floor; the slowest node of a group (a busy file server, a cold page cache)
 sets the pace."""
