@@ -58,14 +58,13 @@ class Loader:
     """Environment every rank needs for it."""
 
 
-LOADERS = {
+LOADERS = {row.name: row for row in (
     # instanttensor 0.2.2 reads with O_DIRECT through io_uring by default, which registers its
     # pinned staging buffer against RLIMIT_MEMLOCK: a pod without IPC_LOCK (every pod that does no
     # RDMA) fails there, with no fallback. libaio reads the same way without registering it.
-    "InstantTensor": Loader("InstantTensor", "instanttensor", ("nvidia",), collective=True,
-                            env=(("INSTANTTENSOR_BACKEND", "AIO"),)),
-    "Safetensors": Loader("Safetensors", "safetensors", ("nvidia", "amd"), collective=False),
-}
+    Loader("InstantTensor", "instanttensor", ("nvidia",), collective=True, env=(("INSTANTTENSOR_BACKEND", "AIO"),)),
+    Loader("Safetensors", "safetensors", ("nvidia", "amd"), collective=False),
+)}
 AUTO = "Safetensors"
 """What Auto picks: the loader valid on every GPU and every POSIX file system. InstantTensor is
 faster where it works, but it needs O_DIRECT from the cache volume's file system and fails at

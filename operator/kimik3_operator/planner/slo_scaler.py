@@ -191,9 +191,8 @@ def decide(scaling: RoleScaling, settings: ScalingSettings, *, now: float, curre
 
 def _ahead(scaling: RoleScaling, observed: Observation, lead_seconds: float) -> tuple[int, float, float] | None:
     """(replicas needed, trend, projected load) `lead_seconds` ahead on a rising load; None otherwise."""
-    load, trend = observed.load, observed.trend
-    if load is None or trend is None or not math.isfinite(load) or not math.isfinite(trend) or trend <= 0 \
-            or lead_seconds <= 0:
+    load, trend = observed.load, observed.trend  # decide() has made a non-finite load None
+    if load is None or trend is None or not math.isfinite(trend) or trend <= 0 or lead_seconds <= 0:
         return None
     projected = load + trend * lead_seconds
     return math.ceil(projected / scaling.target - 1e-9), trend, projected
