@@ -17,14 +17,13 @@ from functools import lru_cache
 from typing import Any
 
 from kimik3_operator.api.owned_flags import OWNED_FLAGS, owner_of
+from kimik3_operator.api.rust_frontend_flags import RUST_FRONTEND_REFUSED, refused_by_rust_frontend
 from kimik3_operator.render import Owner, render_children
 from tests.fuzz.checks import containers
-from tests.fuzz.corpus import planned
+from tests.fuzz.corpus import CORPUS, planned
 
 from .test_vllm_contract import ROOT, run_check, vllm_python
 from .test_vllm_contract import cases as golden_cases
-
-CORPUS = 1500
 
 
 def _vllm_env(env: list[dict[str, Any]]) -> dict[str, str]:
@@ -79,3 +78,22 @@ def test_owned_flags_cover_every_spelling_vllm_accepts() -> None:
     assert not loose, f"vLLM spellings of settings the operator owns that extraArgs may still use: {loose}"
     over = sorted(o for o, dest in options.items() if dest not in owned_dests and owner_of(o) is not None)
     assert not over, f"vLLM options the extraArgs rule refuses though the operator does not own them: {over}"
+
+
+def test_rust_frontend_refusals_are_what_vllm_rs_exits_on() -> None:
+    """RUST_FRONTEND_REFUSED is every spelling of every setting the wheel's vllm-rs exits on
+    (probed by vllm_rs_refused.py), less the settings the operator owns; no other option is caught."""
+    run = subprocess.run([str(vllm_python()), str(ROOT / "tests" / "contract" / "vllm_rs_refused.py")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    probed: dict[str, list[str]] = json.loads(run.stdout)
+    assert "max_log_len" in probed and "max_num_seqs" not in probed, sorted(probed)
+    options = vllm_options()
+    owned_dests = {dest for o, dest in options.items() if owner_of(o) is not None}
+    expected = {s for dest, spellings in probed.items() if dest not in owned_dests for s in spellings}
+    assert set(RUST_FRONTEND_REFUSED) == expected, (
+        f"missing: {sorted(expected - set(RUST_FRONTEND_REFUSED))}, "
+        f"not refused: {sorted(set(RUST_FRONTEND_REFUSED) - expected)}")
+    over = sorted(o for o, dest in options.items()
+                  if dest not in probed and dest not in owned_dests and refused_by_rust_frontend(o))
+    assert not over, f"vLLM options the Rust-frontend rule refuses though vllm-rs takes them: {over}"

@@ -6,6 +6,8 @@ Derandomized and database-less, so every run and every process gets the same lis
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,6 +19,9 @@ from kimik3_operator.planner import Plan, PlanningError, plan_deployment
 from .fleet import facts_for
 from .strategies import Case, cases
 from .verdict import pydantic_verdict
+
+CORPUS = 1500
+"""How many cases the vLLM contract tests draw (tests/contract/test_vllm_fuzz.py)."""
 
 
 @lru_cache(maxsize=4)
@@ -31,6 +36,12 @@ def generate(count: int) -> tuple[Case, ...]:
 
     collect()
     return tuple(out)
+
+
+def digest(count: int = CORPUS) -> str:
+    """One hash of the bodies `generate(count)` draws (the same in every process, or CI and a
+    developer's run test different specs: tests/fuzz/test_fuzz_pure.py)."""
+    return hashlib.sha256(json.dumps([c.body for c in generate(count)], sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

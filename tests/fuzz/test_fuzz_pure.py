@@ -11,6 +11,9 @@ repeating a flag the operator renders.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -20,7 +23,7 @@ from kimik3_operator.api.crd import openapi_schema
 from kimik3_operator.api.reasons import PLANNING
 from kimik3_operator.planner import PlanningError, plan_deployment
 from kimik3_operator.render import Owner
-from tests.support.cases import INVALID
+from tests.support.cases import INVALID, ROOT
 
 from .checks import check_children
 from .fleet import facts_for
@@ -78,3 +81,18 @@ def test_fuzzed_specs() -> None:
     assert seen["planned"] >= EXAMPLES // 10 and seen["verdict:schema"] >= EXAMPLES // 10
     assert {f"rule:{m}" for m in RULE_MESSAGES} <= set(seen), "a CEL rule was never exercised"
     assert len([k for k in seen if k.startswith("planner:")]) >= 5, "too few planner failure modes reached"
+
+
+
+def test_the_corpus_is_the_same_in_every_process() -> None:
+    """The batch corpus (corpus.py) is what CI's contract tests run; a draw that follows the order
+    of a set of strings would make it differ with PYTHONHASHSEED, so CI would test other specs than
+    a developer's run (a CI failure on main that never reproduced here did exactly that)."""
+    digests = set()
+    for seed in ("1", "2"):
+        run = subprocess.run([sys.executable, "-c", "from tests.fuzz.corpus import digest; print(digest())"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": f"{ROOT / 'operator'}:{ROOT}"})
+        assert run.returncode == 0, run.stderr[-2000:]
+        digests.add(run.stdout.strip())
+    assert len(digests) == 1, digests

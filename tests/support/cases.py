@@ -117,6 +117,9 @@ INVALID["multimodal.allowedMediaDomains and fetchTimeoutSeconds need rustFronten
         f"{spec.VLLM_VERSION}'s Rust frontend refuses --allowed-media-domains at start and applies its own "
         "policy: no media from private, loopback or link-local addresses)"] = _edit(
     lambda d: d["spec"].update(engine={"multimodal": {"allowedMediaDomains": ["images.example.com"]}}))
+INVALID[f"extraArgs sets an option the Rust frontend of vLLM {spec.VLLM_VERSION} does not implement (it exits at "
+        "start on it); remove it or set rustFrontend: false"] = _edit(
+    lambda d: d["spec"].update(engine={"extraArgs": ["--enforce-eager", "--max_log_len=100"]}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
 INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(

@@ -10,6 +10,7 @@ import pytest
 
 from kimik3_operator.api.crd import openapi_schema
 from kimik3_operator.api.owned_flags import owned_flag
+from kimik3_operator.api.rust_frontend_flags import rust_frontend_refuses
 from tests.fuzz.openapi import validate
 from tests.fuzz.verdict import pydantic_verdict
 from tests.support.cases import base_deployment
@@ -73,3 +74,20 @@ def test_owned_flags_are_owned_in_every_spelling_vllm_reads(arg: str) -> None:
 @pytest.mark.parametrize("arg", ["--seed=1", "-dpb", "--max-logprobs", "64", "-1", "--enforce-eager"])
 def test_other_arguments_are_left_alone(arg: str) -> None:
     assert owned_flag([arg]) is None
+
+
+@pytest.mark.parametrize("args", [["--max-log-len=100"], ["--seed=1", "--uvicorn_log_level", "warning"],
+                                  ["--enable-log-outputs"], ["--hf-tok=x"], ["--config=/etc/k3.yaml"]])
+def test_options_the_rust_frontend_refuses_need_the_python_frontend(args: list[str]) -> None:
+    body = base_deployment()
+    body["spec"]["engine"] = {"extraArgs": args}
+    verdict = pydantic_verdict(body)[0]
+    assert len(verdict.rules) == 1 and "Rust frontend" in next(iter(verdict.rules)), verdict.detail
+    body["spec"]["engine"]["rustFrontend"] = False
+    assert pydantic_verdict(body)[0].category == "accepted"
+
+
+@pytest.mark.parametrize("arg", ["--seed=1", "--max-logprobs=5", "--enable-log-requests", "--tokenizer-mode=auto",
+                                 "--disable-log-stats", "--enforce-eager"])
+def test_options_the_rust_frontend_takes_are_left_alone(arg: str) -> None:
+    assert rust_frontend_refuses([arg]) is None

@@ -13,6 +13,8 @@ it, and `-n4` is `-n 4`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 _PARALLELISM = "pools[].<role>.parallelism"
 OWNED_FLAGS: dict[str, str] = {
     "--model": "model.uri", "--served-model-name": "model.servedName", "--host": "fixed: 0.0.0.0",
@@ -80,16 +82,21 @@ def flag_name(arg: str) -> str:
     return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
-def owner_of(name: str) -> str | None:
-    """The owned flag that option `name` sets (itself, the long flag it abbreviates, or the
-    one-letter flag it starts with), or None for a value or a flag we do not own."""
+def option_in(name: str, flags: Collection[str]) -> str | None:
+    """The flag of `flags` that option `name` sets (itself, the long flag it abbreviates, or the
+    one-letter flag it starts with), or None for a value or a flag not in `flags`."""
     if not name.startswith("-"):
         return None
-    if name in OWNED_FLAGS:
+    if name in flags:
         return name
-    if not name.startswith("--") and name[:2] in OWNED_FLAGS:
+    if not name.startswith("--") and name[:2] in flags:
         return name[:2]
-    return next((f for f in OWNED_FLAGS if f.startswith(name)), None)
+    return next((f for f in flags if f.startswith(name)), None)
+
+
+def owner_of(name: str) -> str | None:
+    """The owned flag that option `name` sets, or None for a value or a flag we do not own."""
+    return option_in(name, OWNED_FLAGS)
 
 
 def owned_flag(args: list[str]) -> str | None:
@@ -97,16 +104,21 @@ def owned_flag(args: list[str]) -> str | None:
     return next((flag_name(a) for a in args if owner_of(flag_name(a))), None)
 
 
-def cel_list() -> str:
-    return "[" + ", ".join(f"'{f}'" for f in OWNED_FLAGS) + "]"
+def cel_list(flags: Collection[str] = OWNED_FLAGS) -> str:
+    return "[" + ", ".join(f"'{f}'" for f in flags) + "]"
 
 
 CEL_FLAG_NAME = "a.split('=')[0].split('.')[0].replace('_', '-')"
 """flag_name in CEL, of the list element `a`."""
 
 
+def cel_option_in(n: str, flags: Collection[str]) -> str:
+    """option_in(n, flags) is not None, in CEL."""
+    listed = cel_list(flags)
+    return (f"{n}.startsWith('-') && ((size({n}) > 2 && !{n}.startsWith('--') && {n}.substring(0, 2) in {listed}) "
+            f"|| {listed}.exists(f, f.startsWith({n})))")
+
+
 def cel_owned(n: str) -> str:
     """owner_of(n) is not None, in CEL."""
-    owned = cel_list()
-    return (f"{n}.startsWith('-') && ((size({n}) > 2 && !{n}.startsWith('--') && {n}.substring(0, 2) in {owned}) "
-            f"|| {owned}.exists(f, f.startsWith({n})))")
+    return cel_option_in(n, OWNED_FLAGS)

@@ -18,9 +18,10 @@ from ..gpus import PRODUCTS as GPU_PRODUCTS
 from ..gpus import products_with
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
 from .base import Rule, SpecModel, list_map
-from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_owned, owned_flag, owner_of
+from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_option_in, cel_owned, owned_flag, owner_of
 from .quantity import PATTERN as QUANTITY_PATTERN
 from .quantity import quantity
+from .rust_frontend_flags import RUST_FRONTEND_REFUSED, rust_frontend_refuses
 from .vllm_env import KNOWN_VLLM_ENV, VLLM_VERSION
 
 RoleName = Literal["prefill", "decode", "aggregated"]
@@ -396,6 +397,11 @@ class EnvVar(SpecModel):
     """Literal value (secrets belong in model.authSecretRef, never here)."""
 
 
+_CEL_RUST_REFUSED = cel_option_in("n", RUST_FRONTEND_REFUSED)
+_RUST_REFUSED_MESSAGE = (f"extraArgs sets an option the Rust frontend of vLLM {VLLM_VERSION} does not implement (it "
+                         "exits at start on it); remove it or set rustFrontend: false")
+
+
 class Engine(SpecModel):
     """vLLM engine settings shared by every pool and role."""
 
@@ -463,6 +469,17 @@ class Engine(SpecModel):
             explain=lambda e: (f"extraArgs sets a flag the operator owns: {owned_flag(e.extra_args)} "
                                f"(set by {OWNED_FLAGS.get(owner_of(owned_flag(e.extra_args) or '') or '')})"),
             check=lambda e: owned_flag(e.extra_args) is None,
+            field_path=".extraArgs",
+        ),
+        Rule(
+            cel=(f"!self.rustFrontend || !has(self.extraArgs) || "
+                 f"!self.extraArgs.map(a, {CEL_FLAG_NAME}).exists(n, {_CEL_RUST_REFUSED})"),
+            message=_RUST_REFUSED_MESSAGE,
+            message_expression=(
+                f"'{_RUST_REFUSED_MESSAGE}: ' + "
+                f"self.extraArgs.map(a, {CEL_FLAG_NAME}).filter(n, {_CEL_RUST_REFUSED})[0]"),
+            explain=lambda e: f"{_RUST_REFUSED_MESSAGE}: {rust_frontend_refuses(e.extra_args)}",
+            check=lambda e: not e.rust_frontend or rust_frontend_refuses(e.extra_args) is None,
             field_path=".extraArgs",
         ),
         Rule(

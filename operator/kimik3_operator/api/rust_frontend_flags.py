@@ -1,0 +1,57 @@
+"""`vllm serve` options vLLM 0.33.0's Rust frontend refuses, so `engine.extraArgs` may not set
+them while `engine.rustFrontend` is on.
+
+With VLLM_USE_RUST_FRONTEND=1 the leader's `vllm serve` hands every argument whose value differs
+from its default to the `vllm-rs frontend` binary as JSON (RustFrontendProcessManager,
+v1/utils.py; jsonify_non_default_args, entrypoints/common/startup.py). vllm-rs knows these
+options but does not implement them, and exits at start on any of them ("The following arguments
+are not implemented in Rust frontend yet"): the engine would crash-loop. Options it does not know
+at all it ignores, so they are not listed.
+
+The list is every spelling vLLM's parser has for those settings, found by handing the wheel's
+vllm-rs each setting alone (tests/contract/test_vllm_fuzz.py repeats that probe and fails when
+the list drifts). Left out: the settings RustFrontendProcessManager never hands over
+(--data-parallel-rank, --data-parallel-external-lb, --data-parallel-hybrid-lb, --api-server-count)
+and those the operator owns anyway (--allowed-media-domains, --allowed-local-media-path).
+
+A spelling that sets the default (`--no-enable-log-outputs`, `--uvicorn-log-level info`) is
+refused too: vllm-rs would not see it, but it changes nothing there, and one plain rule (this
+option is not for the Rust frontend) reads better than a table of defaults.
+"""
+
+from __future__ import annotations
+
+from .owned_flags import flag_name, option_in
+
+RUST_FRONTEND_REFUSED: tuple[str, ...] = (
+    "--aggregate-engine-logging", "--collect-detailed-traces", "--config", "--default-mm-loras",
+    "--enable-elastic-ep", "--disable-elastic-ep", "--no-enable-elastic-ep",
+    "--enable-fault-tolerance", "--disable-fault-tolerance", "--no-enable-fault-tolerance",
+    "--enable-force-include-usage", "--disable-force-include-usage", "--no-enable-force-include-usage",
+    "--enable-log-deltas", "--disable-log-deltas", "--no-enable-log-deltas",
+    "--enable-log-outputs", "--disable-log-outputs", "--no-enable-log-outputs",
+    "--enable-offline-docs", "--disable-offline-docs", "--no-enable-offline-docs",
+    "--enable-prompt-embeds", "--disable-prompt-embeds", "--no-enable-prompt-embeds",
+    "--enable-ssl-refresh", "--disable-ssl-refresh", "--no-enable-ssl-refresh",
+    "--enable-tower-connector-lora", "--disable-tower-connector-lora", "--no-enable-tower-connector-lora",
+    "--fingerprint-mode", "--fingerprint-value", "--grpc", "--h11-max-header-count",
+    "--h11-max-incomplete-event-size", "--hf-token", "--io-processor-plugin",
+    "--kv-sharing-fast-prefill", "--no-kv-sharing-fast-prefill", "--log-config-file",
+    "--log-error-stack", "--no-log-error-stack", "--max-log-len", "--max-num-queued-reqs",
+    "--max-num-queued-tokens", "--media-io-kwargs", "--middleware", "--mm-hasher-algorithm",
+    "--mm-ipc-gpu-memory-gb", "--mm-processor-cache-gb", "--mm-processor-cache-type", "--mm-processor-device",
+    "--mm-processor-kwargs", "--mm-tensor-ipc", "--otlp-traces-endpoint", "--override-generation-config",
+    "--reasoning-parser-plugin", "--response-role", "--root-path", "--skip-tokenizer-init",
+    "--no-skip-tokenizer-init", "--tokens-only", "--no-tokens-only", "--tool-parser-plugin", "--tool-server",
+    "--trust-request-mm-kwargs", "--no-trust-request-mm-kwargs", "--uvicorn-log-level",
+)
+
+
+def refused_by_rust_frontend(name: str) -> str | None:
+    """The refused option that option `name` sets (read as owned_flags.option_in reads it), or None."""
+    return option_in(name, RUST_FRONTEND_REFUSED)
+
+
+def rust_frontend_refuses(args: list[str]) -> str | None:
+    """The first argument (as its flag_name) the Rust frontend would exit on, or None."""
+    return next((flag_name(a) for a in args if refused_by_rust_frontend(flag_name(a))), None)
