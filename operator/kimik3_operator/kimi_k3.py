@@ -45,6 +45,11 @@ KDA_CONV_WIDTH = 3
 KDA_CONV_CHANNELS = 3 * KDA_HEADS * KDA_HEAD_DIM
 """The q, k and v projections the convolution runs over (3 x 12,288)."""
 
+VISION_HEADS = 12
+"""Attention heads of K3's vision tower (MoonViT): vLLM 0.33.0's KimiK3 config default,
+vt_num_attention_heads (transformers_utils/configs/kimi_k3.py:23). vLLM shards the tower's heads
+over tensor parallel only when they divide evenly (model_executor/models/vision.py:141-156)."""
+
 MLA_HEADS = 96
 MLA_QK_HEAD_DIM = 192
 """qk_nope 128 + qk_rope 64."""

@@ -378,3 +378,30 @@ def test_a_media_policy_vllm_would_misread_is_refused(multimodal: dict[str, Any]
     body["spec"].setdefault("engine", {}).update(rustFrontend=False, multimodal=multimodal)
     with pytest.raises(ValueError, match="multimodal"):
         KimiK3Deployment.model_validate(body)
+
+
+def _vision(body: dict[str, Any]) -> tuple[list[str], list[str], str]:
+    """The aggregated role's --mm-encoder-tp-mode arguments on leader and worker, and its planned mode."""
+    spec = KimiK3Deployment.model_validate(body).spec
+    plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, NODES) for p in spec.pools})
+    pods = _containers(render_children(OWNER, plan), "k3-pd-gb300-rack-a-aggregated")
+
+    def flag(template: str) -> list[str]:
+        command = pods[template]["command"]
+        return command[command.index("--mm-encoder-tp-mode"):][:2] if "--mm-encoder-tp-mode" in command else []
+    return flag("leaderTemplate"), flag("workerTemplate"), plan.pools[0].roles[0].vision_encoder
+
+
+@pytest.mark.parametrize(("tensor", "data", "images", "expected"), [
+    (4, 2, None, (["--mm-encoder-tp-mode", "data"], ["--mm-encoder-tp-mode", "data"], "data")),
+    (8, 1, None, ([], [], "data")),    # 12 vision heads over 8 ranks: vLLM takes data mode itself
+    (4, 2, 0, ([], [], "off")),         # images off: vLLM never loads the tower
+    (1, 16, None, ([], [], "weights")),  # one GPU per engine: the whole tower on it anyway
+])
+def test_tensor_parallel_roles_run_the_vision_tower_whole_on_every_rank(
+        tensor: int, data: int, images: int | None, expected: tuple[list[str], list[str], str]) -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"]["pools"][0]["aggregated"]["parallelism"] = {"tensor": tensor, "data": data, "expert": True}
+    if images is not None:
+        body["spec"]["engine"]["multimodal"] = {"maxImagesPerPrompt": images}
+    assert _vision(body) == expected

@@ -72,6 +72,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--disable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--safetensors-load-strategy": "model.loading",
     "--model-loader-extra-config": "model.loading (its multithread load would ignore the expert filter)",
+    "--mm-encoder-tp-mode": "the planner: data on tensor-parallel roles (planner/vision.py)",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
 }

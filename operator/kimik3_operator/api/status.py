@@ -156,6 +156,10 @@ class RoleStatus(StatusModel):
     parallelism without EPLB)."""
     cold_start: ColdStartStatus | None = None
     """How long a new replica takes to be Ready, predicted (docs/cold-start.md)."""
+    vision_encoder: Literal["off", "weights", "data"] | None = None
+    """How the engines run K3's vision tower (vLLM's --mm-encoder-tp-mode): data, whole on every
+    tensor-parallel rank with the images split among them; weights, on a single-GPU rank; off,
+    images turned off (multimodal.maxImagesPerPrompt 0), the tower not loaded (docs/multimodal.md)."""
 
 
 class PoolStatus(StatusModel):

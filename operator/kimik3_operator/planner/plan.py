@@ -19,6 +19,7 @@ from .pod_resources import PodResources
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
 from .timeouts import StartupTimeouts
+from .vision import VisionEncoder
 from .weights import WeightsPlan
 
 if TYPE_CHECKING:
@@ -198,6 +199,8 @@ class RolePlan:
     """How its engines read the weights; loading.py."""
     cold_start: ColdStart | None = None
     """Predicted time to Ready of a new replica, and its parts; cold_start.py."""
+    vision_encoder: VisionEncoder = "weights"
+    """How its engines run the vision tower: off | weights | data (vision.py)."""
     timeouts: StartupTimeouts | None = None
     """Start-up and collective deadlines around the cold start; timeouts.py."""
 

@@ -39,6 +39,7 @@ from .shaping import ShapeOverrides, graph_ceiling, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
 from .timeouts import startup_timeouts
 from .traps import check_traps
+from .vision import vision_encoder
 from .weights import weights_plan, with_commits
 
 
@@ -56,7 +57,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
     check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
-    pools = with_cold_starts(spec, with_shapes(spec, engine, pools))
+    pools = with_vision_encoders(engine, with_cold_starts(spec, with_shapes(spec, engine, pools)))
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
                             routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url),
@@ -260,6 +261,14 @@ def with_cold_starts(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...]) ->
         return dataclasses.replace(role, loading=how, cold_start=cold, timeouts=startup_timeouts(cold))
 
     return tuple(dataclasses.replace(pool, roles=tuple(one(pool, r) for r in pool.roles)) for pool in pools)
+
+
+def with_vision_encoders(engine: EngineSettings, pools: tuple[PoolPlan, ...]) -> tuple[PoolPlan, ...]:
+    """Each role's vision-encoder mode (vision.py), from its tensor size and the image limit."""
+    images = dict(engine.mm_limits).get("image")
+    return tuple(dataclasses.replace(pool, roles=tuple(
+        dataclasses.replace(r, vision_encoder=vision_encoder(r.layout.tensor, images)) for r in pool.roles))
+        for pool in pools)
 
 
 def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...]) -> str:

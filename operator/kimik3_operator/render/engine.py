@@ -16,6 +16,7 @@ from typing import Any
 
 from ..planner import EngineSettings, RolePlan
 from ..planner.memory import GPU_MEMORY_UTILIZATION
+from ..planner.vision import encoder_args
 from . import chat_template
 from .engine_shape import shape_args
 from .kubelet import literal, literals
@@ -117,6 +118,7 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
         args += ["--reasoning-parser", "kimi_k3"]
     if engine.mm_limits:
         args += ["--limit-mm-per-prompt", _json(dict(engine.mm_limits))]
+    args += encoder_args(role.vision_encoder, role.layout.tensor)
     if python_frontend(engine, worker=worker):
         args += ["--allowed-media-domains", *(engine.media_domains or (NO_MEDIA_HOST,))]
     if scale_out and not worker:

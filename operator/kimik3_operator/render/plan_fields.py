@@ -48,6 +48,7 @@ ROLE_FIELDS = {
     "load_format": "load_format",
     "expert_weight_filter": "expert_weight_filter",
     "cold_start": "cold_start_fields",
+    "vision_encoder": "vision_encoder",
 }
 """RoleStatus field -> attribute (path) of the RolePlan."""
 
