@@ -17,7 +17,12 @@ from functools import lru_cache
 from typing import Any
 
 from kimik3_operator.api.owned_flags import OWNED_FLAGS, owner_of
-from kimik3_operator.api.rust_frontend_flags import RUST_FRONTEND_REFUSED, refused_by_rust_frontend
+from kimik3_operator.api.rust_frontend_flags import (
+    RUST_FRONTEND_REFUSED,
+    RUST_FRONTEND_VALUES,
+    refused_by_rust_frontend,
+    rust_frontend_refused_value,
+)
 from kimik3_operator.render import Owner, render_children
 from tests.fuzz.checks import containers
 from tests.fuzz.corpus import CORPUS, planned
@@ -97,3 +102,25 @@ def test_rust_frontend_refusals_are_what_vllm_rs_exits_on() -> None:
     over = sorted(o for o, dest in options.items()
                   if dest not in probed and dest not in owned_dests and refused_by_rust_frontend(o))
     assert not over, f"vLLM options the Rust-frontend rule refuses though vllm-rs takes them: {over}"
+
+
+OTHER_VALUES = {"--generation-config": ("/models/k3", "local"), "--tokenizer-mode": ("mistral", "cohere", "slow")}
+"""Values vLLM's parser takes that are not in RUST_FRONTEND_VALUES (a folder, other tokenizer modes)."""
+
+
+def test_values_the_rust_frontend_takes_are_what_vllm_rs_takes() -> None:
+    """Every value RUST_FRONTEND_VALUES lists starts vllm-rs, and others vLLM accepts make it exit,
+    on a golden Rust-frontend leader's command line (vllm_check.py runs vllm-rs as vllm serve would)."""
+    leader = next(c for c in golden_cases() if c["name"].endswith("/leader") and
+                  c["env"].get("VLLM_USE_RUST_FRONTEND") == "1")
+    batch, expected = [], {}
+    for option, values in RUST_FRONTEND_VALUES.items():
+        for value in (*values, *OTHER_VALUES[option]):
+            name = f"{option}={value}"
+            batch.append({**leader, "name": name, "argv": [*leader["argv"], option, value]})
+            expected[name] = value in values
+            assert (rust_frontend_refused_value([option, value]) is None) == expected[name], name
+    verdicts = run_check(batch)
+    parsed = {n: v for n, v in verdicts.items() if not any(e.startswith("parse") for e in v["errors"])}
+    assert {n: v["ok"] for n, v in parsed.items()} == {n: expected[n] for n in parsed}, verdicts
+    assert sum(expected[n] is False for n in parsed) >= 3, f"too few refused values reached vllm-rs: {verdicts}"

@@ -6,7 +6,8 @@ Run with the python of the venv made by scripts/vllm-venv.sh:
     "$(scripts/vllm-venv.sh)/bin/python" tests/contract/vllm_rs_refused.py
     -> {"max_log_len": ["--max-log-len"], ...}
 
-Each setting of the serve parser (except those RustFrontendProcessManager leaves out) is handed to
+Each setting of the serve parser (except those RustFrontendProcessManager leaves out, and those
+whose default is argparse.SUPPRESS, which vllm serve never hands on) is handed to
 `vllm-rs frontend --args-json` alone, as vllm serve hands it a non-default value, with values of a
 few JSON types until one gets past vllm-rs's type check: the setting is refused when vllm-rs names
 it under "not implemented in Rust frontend yet". vllm-rs exits while reading its arguments, before
@@ -54,7 +55,8 @@ def main() -> int:
     serve = next(a for a in top._actions if isinstance(getattr(a, "choices", None), dict)).choices["serve"]
     spellings: dict[str, list[str]] = {}
     for opt, action in serve._option_string_actions.items():
-        if action.dest not in RUST_FRONTEND_EXCLUDED and action.dest != "help":
+        # A SUPPRESS default never reaches vllm-rs: jsonify_non_default_args compares with it.
+        if action.dest not in RUST_FRONTEND_EXCLUDED and action.dest != "help" and action.default != "==SUPPRESS==":
             spellings.setdefault(action.dest, []).append(opt)
     binary = os.path.join(os.path.dirname(vllm.__file__), "vllm-rs")
     with ThreadPoolExecutor(max_workers=4) as pool:

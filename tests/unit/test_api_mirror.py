@@ -63,6 +63,7 @@ def test_pydantic_and_the_crd_schema_agree(what: str, edit: Callable[[dict[str, 
     "--tensor_parallel_size=4", "--tensor-par", "-n4", "-e", "--speculative-config.method=mtp",
     "--kv-transfer-config.kv_role=kv_both", "--device-memory-utilization=0.9", "--disable-expert-parallel",
     "--mamba-ssm-cache-dtype=bfloat16", "--no-fail-on-environ-validation", "--disable-auto-tool-choice",
+    "--language-model-only", "--mm-encoder-tp-mode=weights",
 ])
 def test_owned_flags_are_owned_in_every_spelling_vllm_reads(arg: str) -> None:
     assert owned_flag(["--seed=1", arg]) is not None

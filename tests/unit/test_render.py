@@ -405,3 +405,27 @@ def test_tensor_parallel_roles_run_the_vision_tower_whole_on_every_rank(
     if images is not None:
         body["spec"]["engine"]["multimodal"] = {"maxImagesPerPrompt": images}
     assert _vision(body) == expected
+
+
+@pytest.mark.parametrize("args", [["--generation-config", "/models/k3"], ["--tokenizer_mode=mistral"],
+                                  ["--seed=1", "--generation-config"]])
+def test_a_value_the_rust_frontend_exits_on_is_a_planning_error_naming_the_values_it_takes(args: list[str]) -> None:
+    from kimik3_operator.api.reasons import INVALID_SPEC
+    from kimik3_operator.planner import PlanningError
+
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"]["engine"]["extraArgs"] = args
+    with pytest.raises(PlanningError) as info:
+        _render(body)
+    assert info.value.reason == INVALID_SPEC and "Rust frontend" in info.value.message
+    assert "it takes auto, " in info.value.message and "rustFrontend: false" in info.value.message
+    body["spec"]["engine"]["rustFrontend"] = False
+    assert _render(body)
+
+
+@pytest.mark.parametrize("args", [["--generation-config", "vllm"], ["--tokenizer-mode=kimi_k3"], ["--seed=1"]])
+def test_values_the_rust_frontend_takes_render(args: list[str]) -> None:
+    body = _example("gb300-aggregated-tp8.yaml")
+    body["spec"]["engine"]["extraArgs"] = args
+    leader = _containers(_render(body), "k3-pd-gb300-rack-a-aggregated")["leaderTemplate"]
+    assert leader["command"][-len(args):] == args

@@ -72,6 +72,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--disable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--safetensors-load-strategy": "model.loading",
     "--model-loader-extra-config": "model.loading (its multithread load would ignore the expert filter)",
+    "--language-model-only": "engine.multimodal.maxImagesPerPrompt (0 turns images off)",
+    "--no-language-model-only": "engine.multimodal.maxImagesPerPrompt (0 turns images off)",
     "--mm-encoder-tp-mode": "the planner: data on tensor-parallel roles (planner/vision.py)",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",

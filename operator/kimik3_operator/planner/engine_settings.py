@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..api import KimiK3DeploymentSpec
+from ..api.reasons import INVALID_SPEC
+from ..api.rust_frontend_flags import RUST_FRONTEND_VALUES, rust_frontend_refused_value
 from ..api.spec import Engine, Speculative
+from ..api.vllm_env import VLLM_VERSION
 from .catalog import GpuSpec
-from .plan import EngineSettings
+from .plan import EngineSettings, PlanningError
 from .weights import DRAFT_PATH, MODEL_PATH
 
 
@@ -31,6 +34,7 @@ def default_kv_cache_dtype(gpus: Iterable[GpuSpec]) -> str:
 def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> EngineSettings:
     """`kv_default` is the --kv-cache-dtype when the spec leaves it out (default_kv_cache_dtype)."""
     engine = spec.engine
+    check_rust_frontend_values(engine)
     retention = engine.prefix_caching.retention
     interval = {"Interval": retention.interval_tokens, "Selective": 0, "Dense": None}[retention.policy]
     draft = DRAFT_PATH if engine.speculative and engine.speculative.method == "DSpark" else None
@@ -57,6 +61,18 @@ def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> Eng
         env=tuple((e.name, e.value) for e in engine.env),
         chat_template=(engine.chat_template.name, engine.chat_template.key) if engine.chat_template else None,
     )
+
+
+def check_rust_frontend_values(engine: Engine) -> None:
+    """A value the Rust frontend would exit on (api/rust_frontend_flags.py, RUST_FRONTEND_VALUES):
+    refused here, since admission's CEL cannot read a value that is the next item of extraArgs."""
+    refused = rust_frontend_refused_value(list(engine.extra_args)) if engine.rust_frontend else None
+    if refused is not None:
+        option, value = refused
+        raise PlanningError(INVALID_SPEC, (
+            f"engine.extraArgs: {option} {value!r} is not implemented by the Rust frontend of vLLM {VLLM_VERSION} "
+            f"(it exits at start; it takes {', '.join(RUST_FRONTEND_VALUES[option])}): change the value or set "
+            "engine.rustFrontend: false"))
 
 
 def mm_limits(engine: Engine) -> tuple[tuple[str, int], ...]:
