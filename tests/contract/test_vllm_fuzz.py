@@ -16,11 +16,10 @@ import subprocess
 from functools import lru_cache
 from typing import Any
 
-from kimik3_operator.api.owned_flags import OWNED_FLAGS, owner_of
+from kimik3_operator.api.owned_flags import OWNED_FLAGS, option_in, owner_of
 from kimik3_operator.api.rust_frontend_flags import (
     RUST_FRONTEND_REFUSED,
     RUST_FRONTEND_VALUES,
-    refused_by_rust_frontend,
     rust_frontend_refused_value,
 )
 from kimik3_operator.render import Owner, render_children
@@ -100,7 +99,7 @@ def test_rust_frontend_refusals_are_what_vllm_rs_exits_on() -> None:
         f"missing: {sorted(expected - set(RUST_FRONTEND_REFUSED))}, "
         f"not refused: {sorted(set(RUST_FRONTEND_REFUSED) - expected)}")
     over = sorted(o for o, dest in options.items()
-                  if dest not in probed and dest not in owned_dests and refused_by_rust_frontend(o))
+                  if dest not in probed and dest not in owned_dests and option_in(o, RUST_FRONTEND_REFUSED))
     assert not over, f"vLLM options the Rust-frontend rule refuses though vllm-rs takes them: {over}"
 
 

@@ -102,9 +102,14 @@ def owner_of(name: str) -> str | None:
     return option_in(name, OWNED_FLAGS)
 
 
+def first_option_in(args: list[str], flags: Collection[str]) -> str | None:
+    """The first argument that sets a flag of `flags` (as its flag_name), or None."""
+    return next((flag_name(a) for a in args if option_in(flag_name(a), flags)), None)
+
+
 def owned_flag(args: list[str]) -> str | None:
     """The first argument that sets an owned flag (as its flag_name), or None."""
-    return next((flag_name(a) for a in args if owner_of(flag_name(a))), None)
+    return first_option_in(args, OWNED_FLAGS)
 
 
 def cel_list(flags: Collection[str] = OWNED_FLAGS) -> str:

@@ -28,7 +28,7 @@ refuses those with a status condition (InvalidSpec) naming the values it takes.
 
 from __future__ import annotations
 
-from .owned_flags import flag_name, option_in
+from .owned_flags import first_option_in, flag_name, option_in
 
 RUST_FRONTEND_REFUSED: tuple[str, ...] = (
     "--aggregate-engine-logging", "--collect-detailed-traces", "--config", "--default-mm-loras",
@@ -64,14 +64,9 @@ RUST_FRONTEND_VALUES: dict[str, tuple[str, ...]] = {
 A folder for --generation-config and vLLM's other tokenizer modes (mistral, cohere, ...) are such."""
 
 
-def refused_by_rust_frontend(name: str) -> str | None:
-    """The refused option that option `name` sets (read as owned_flags.option_in reads it), or None."""
-    return option_in(name, RUST_FRONTEND_REFUSED)
-
-
 def rust_frontend_refuses(args: list[str]) -> str | None:
     """The first argument (as its flag_name) the Rust frontend would exit on, or None."""
-    return next((flag_name(a) for a in args if refused_by_rust_frontend(flag_name(a))), None)
+    return first_option_in(args, RUST_FRONTEND_REFUSED)
 
 
 def rust_frontend_refused_value(args: list[str]) -> tuple[str, str] | None:
