@@ -27,8 +27,21 @@ one at a time, sent straight to one prefill and one decode engine with the two-s
 the router makes (vllm-router 0.1.17 routers/http/vllm_pd_router.rs, build_prefill_kv_transfer_params),
 against the same through the router: what the router adds to TTFT.
 
-Runs against the demo cluster (`scripts/demo.sh`, which leaves it up; `bench/traffic.sh` does both).
-Loopback only; every loop is bounded in count and time.
+Then `policies`: per pair of router policies (prefill/decode; the routers roll onto each), what the
+router adds to TTFT, and the prefill prefix-hit rate of the trace through it: vllm-router 0.1.17's
+cache_aware tokenizes every prompt on every engine before it picks one, round_robin asks nothing
+and keeps no affinity, consistent_hash asks nothing and keeps a conversation (its X-Session-ID
+header) on one engine (docs/vllm-facts.md §8).
+
+Two traces (`--trace`): `shared`, one long system prompt in every request (the prefix any engine
+holds after a few requests), and `history`, a short system prompt per conversation and long turns
+(tool outputs), where what a prefill can reuse is the conversation's own history, held only by the
+engine that served its last turn: the trace that shows what prefix affinity buys, and what a router
+restart (its prefix tree lost) costs. `--prefill-replicas` adds prefill engines first.
+
+Runs against the demo cluster (`scripts/demo.sh`, which leaves it up; `bench/traffic.sh` does both;
+CI runs `--quick --trace history` against its demo's deployment after the tests). Loopback only;
+every loop is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -53,7 +66,7 @@ from e2e.tests.kube import is_ready, kubectl  # noqa: E402
 from e2e.tests.pod_runner import free_port, router_venv  # noqa: E402
 from e2e.tests.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
 from kimik3_operator.render.names import LABEL_COMPAT  # noqa: E402
-from kimik3_operator.render.router import LABEL_REVISION  # noqa: E402
+from kimik3_operator.render.router import LABEL_REVISION, POLICY_FLAG  # noqa: E402
 
 COMPONENT = "app.kubernetes.io/component"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -135,7 +148,7 @@ class Static:
         self.stop = threading.Event()
         pods = cluster.pods()
         router = next(p for p in cluster.routers(pods) if not p["metadata"].get("deletionTimestamp"))
-        (container,) = router["spec"]["containers"]
+        container = next(c for c in router["spec"]["containers"] if c["name"] == "router")  # not the front
         self.base = _without(container.get("args") or [], DISCOVERY_FLAGS)
         threading.Thread(target=self._follow, daemon=True).start()
 
@@ -246,7 +259,9 @@ class Load:
     def __init__(self, design: str, endpoint: Any, args: argparse.Namespace) -> None:
         self.design, self.endpoint, self.args = design, endpoint, args
         system = prompt(args.system_words, f"{design}-agent-")
-        self.conversations = [Conversation(system, f"{design}-c{i}-") for i in range(args.conversations)]
+        self.conversations = [
+            Conversation(prompt(args.system_words, f"{design}-agent{i}-") if args.trace == "history" else system,
+                         f"{design}-c{i}-") for i in range(args.conversations)]
         self.phase = "steady"
         self.outcomes: list[Outcome] = []
         self.stop = threading.Event()
@@ -277,8 +292,12 @@ class Load:
         if url is None:
             answer = Answer(0, "", error="no endpoint: no router to send to")
         else:
+            # X-Session-ID names the conversation: ConsistentHash keys on it (vllm-router 0.1.17
+            # policies/hash_key.rs). Not the body's `user`: the router finds only the first `"user"`
+            # in the text, which in a chat request is a message's role (docs/vllm-facts.md §8).
             answer = post(url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "stream": True,
-                                                        "max_tokens": self.args.max_tokens}, timeout=60)
+                                                        "max_tokens": self.args.max_tokens}, timeout=60,
+                          headers={"X-Session-ID": conversation.tag})
         with self._lock:
             if answer.status == 200 and answer.done:
                 conversation.messages += [messages[-1], {"role": "assistant", "content": answer.text}]
@@ -331,15 +350,11 @@ def _wait(what: str, done: Any, timeout: float) -> float:
     raise SystemExit(f"bench/traffic.py: {what} did not happen within {timeout:.0f} s")
 
 
-def _decode_pool(cr: dict[str, Any]) -> int:
-    return next(i for i, pool in enumerate(cr["spec"]["pools"]) if pool.get("decode"))
-
-
-def _scale(cluster: Cluster, replicas: int) -> None:
+def _scale(cluster: Cluster, replicas: int, role: str = "decode") -> None:
+    """The first pool with `role` to `replicas`."""
     cr = cluster.get()
-    index = _decode_pool(cr)
     pools = cr["spec"]["pools"]
-    pools[index]["decode"]["replicas"] = replicas
+    next(pool for pool in pools if pool.get(role))[role]["replicas"] = replicas
     cluster.patch({"spec": {"pools": pools}})
 
 
@@ -400,7 +415,8 @@ def run_design(design: str, endpoint: Any, cluster: Cluster, args: argparse.Name
 
     for name, body in (("steady", steady), ("scale-up", scale_up), ("scale-down", scale_down),
                        ("after-scale", steady), ("rollout", rollout), ("after-rollout", steady)):
-        phase(name, body)
+        if name in args.phases:
+            phase(name, body)
     load.stop.set()
     thread.join(90)
     return load
@@ -431,22 +447,74 @@ def direct_pair(prefill: str, decode: str, body: dict[str, Any]) -> Answer:
     return second
 
 
-def compare_direct(cluster: Cluster, discovery: Discovery, args: argparse.Namespace) -> dict[str, list[Answer]]:
+def compare_direct(cluster: Cluster, discovery: Discovery, args: argparse.Namespace,
+                   tag: str = "direct") -> dict[str, list[Answer]]:
     pods = cluster.pods()
     prefill = next(p for p in cluster.leaders(pods, "prefill") if _ready(p))
     decode = next(p for p in cluster.leaders(pods, "decode") if _ready(p))
     pre, dec = (f"http://{p['status']['podIP']}:{ENGINE_PORT}" for p in (prefill, decode))
     out: dict[str, list[Answer]] = {"direct": [], "router": []}
-    system = prompt(args.system_words, "direct-agent-")
+    system = prompt(args.direct_words, f"{tag}-agent-")
     for i in range(args.direct_requests):
         for way in ("direct", "router"):
             body = {"model": MODEL, "stream": True, "max_tokens": args.max_tokens, "messages": [
                 {"role": "system", "content": system},
-                {"role": "user", "content": prompt(args.user_words, f"{way}{i}-")}]}
+                {"role": "user", "content": prompt(40, f"{tag}{way}{i}-")}]}
             if way == "direct":
                 out[way].append(direct_pair(pre, dec, body))
             elif (url := discovery.endpoint()) is not None:
                 out[way].append(post(url, "/v1/chat/completions", body, timeout=60))
+    return out
+
+
+# -- router policies: what prefix affinity costs and buys ------------------------------------------
+
+def _policies_of(pod: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(prefill, decode) policy flags on a router pod's command line."""
+    args = next(c for c in pod["spec"]["containers"] if c["name"] == "router").get("args") or []
+    value = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag in ("--prefill-policy", "--decode-policy")}
+    return value.get("--prefill-policy"), value.get("--decode-policy")
+
+
+def _set_policies(cluster: Cluster, prefill: str, decode: str) -> float:
+    """spec.router's two policies; returns once every router pod left runs them and is Ready."""
+    cluster.patch({"spec": {"router": {"prefillPolicy": prefill, "decodePolicy": decode}}})
+    wanted = (POLICY_FLAG[prefill], POLICY_FLAG[decode])
+
+    def rolled() -> bool:
+        routers = cluster.routers(cluster.pods())
+        return bool(routers) and all(_ready(p) and _policies_of(p) == wanted for p in routers)
+    return _wait(f"the routers on {prefill}/{decode}", rolled, 240)
+
+
+@dataclass
+class PolicyRun:
+    policies: str
+    direct: dict[str, list[Answer]]
+    load: Load
+    window: tuple[float, float]
+
+
+def run_policies(cluster: Cluster, discovery: Discovery, args: argparse.Namespace) -> list[PolicyRun]:
+    """Per (prefill, decode) policy pair: the routers rolled onto it, then what the router adds to
+    TTFT (compare_direct) and the prefill prefix-hit rate of the trace through it (open loop,
+    --policy-seconds). vllm-router 0.1.17's cache_aware asks every engine of the role to tokenize the
+    prompt before it picks one (routers/http/pd_router.rs, prepare_http_token_inputs); round_robin
+    asks none and keeps no affinity; consistent_hash hashes the conversation's X-Session-ID onto a
+    ring of the engines (policies/consistent_hash.rs): affinity without a tokenizer call."""
+    out = []
+    for pair in args.policies.split(","):
+        prefill, decode = pair.split("/")
+        print(f"== policies {pair}: routers rolled in {_set_policies(cluster, prefill, decode):.0f} s", flush=True)
+        direct = compare_direct(cluster, discovery, args, tag=f"policy-{prefill}-{decode}")
+        load = Load(f"{prefill}/{decode}", discovery.endpoint, args)
+        thread = threading.Thread(target=load.run, daemon=True)
+        start = time.monotonic()
+        thread.start()
+        time.sleep(args.policy_seconds)
+        load.stop.set()
+        thread.join(90)
+        out.append(PolicyRun(pair, direct, load, (start, time.monotonic())))
     return out
 
 
@@ -464,66 +532,134 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
 
+def _first_tokens(direct: dict[str, list[Answer]]) -> dict[str, list[float]]:
+    """Per way (direct, router): the TTFTs of the requests that completed."""
+    return {way: [a.ttft for a in answers if a.ttft is not None and a.done] for way, answers in direct.items()}
+
+
+def _added(direct: dict[str, list[Answer]]) -> float | None:
+    """Router minus direct, TTFT p50, in seconds."""
+    first = _first_tokens(direct)
+    return statistics.median(first["router"]) - statistics.median(first["direct"]) \
+        if first["direct"] and first["router"] else None
+
+
+def _direct_line(direct: dict[str, list[Answer]]) -> str:
+    first = _first_tokens(direct)
+    between = {way: [g for a in answers if a.done for g in a.gaps] for way, answers in direct.items()}
+    served = {way: sum(1 for a in answers if a.done) for way, answers in direct.items()}
+    return (f"direct vs router, one request at a time ({served['direct']} and {served['router']} served of "
+            f"{len(direct['direct'])} and {len(direct['router'])}): "
+            f"TTFT p50 {_ms(_pct(first['direct'], 50))} vs {_ms(_pct(first['router'], 50))} ms, p99 "
+            f"{_ms(_pct(first['direct'], 99))} vs {_ms(_pct(first['router'], 99))} ms; gap p50 "
+            f"{_ms(_pct(between['direct'], 50))} vs {_ms(_pct(between['router'], 50))} ms")
+
+
+def _outcomes(answers: list[Answer]) -> tuple[list[Answer], str, list[float]]:
+    """(failed, failures by kind, TTFTs of the served)."""
+    failed = [a for a in answers if not (a.status == 200 and a.done)]
+    kinds = ", ".join(f"{k} {n}" for k, n in failure_kinds(failed).items()) or "-"
+    return failed, kinds, [a.ttft for a in answers if a.status == 200 and a.done and a.ttft is not None]
+
+
 def report(loads: list[Load], records: PrefixRecords, marks: dict[str, tuple[float, float]],
-           starts: dict[str, int], direct: dict[str, list[Answer]]) -> str:
-    lines = ["| design | phase | sent | failed | failures | prefix hit | TTFT p50/p99 ms | gap p50/p99 ms |",
+           starts: dict[str, int], direct: dict[str, list[Answer]], policies: list[PolicyRun],
+           args: argparse.Namespace) -> str:
+    lines = [f"trace: {args.trace} ({args.conversations} conversations, system prompt {args.system_words} words"
+             f"{' each' if args.trace == 'history' else ' shared'}, turns of {args.user_words} words, "
+             f"{args.max_tokens} tokens out, a request every {args.interval} s); prefill replicas: "
+             f"{args.prefill_replicas or 'as deployed'}", "",
+             "| design | phase | sent | failed | failures | prefix hit | TTFT p50/p99 ms | gap p50/p99 ms |",
              "|---|---|---|---|---|---|---|---|"]
     for load in loads:
-        for phase in ("steady", "scale-up", "scale-down", "after-scale", "rollout", "after-rollout"):
+        for phase in args.phases:
             start, end = marks[f"{load.design}/{phase}"]
             answers = [o.answer for o in load.outcomes if o.phase == phase]
-            failed = [a for a in answers if not (a.status == 200 and a.done)]
-            ok = [a for a in answers if a.status == 200 and a.done]
-            ttft = [a.ttft for a in ok if a.ttft is not None]
-            gaps = [g for a in ok for g in a.gaps]
+            failed, kinds, ttft = _outcomes(answers)
+            gaps = [g for a in answers if a.status == 200 and a.done for g in a.gaps]
             rate = records.hit_rate(start, end)
-            kinds = ", ".join(f"{k} {n}" for k, n in failure_kinds(failed).items()) or "-"
             lines.append(f"| {load.design} | {phase} | {len(answers)} | {len(failed)} | {kinds} | "
                          f"{'-' if rate is None else f'{rate:.3f}'} | {_ms(_pct(ttft, 50))} / {_ms(_pct(ttft, 99))} | "
                          f"{_ms(_pct(gaps, 50))} / {_ms(_pct(gaps, 99))} |")
     lines.append("")
     lines.append("router starts during the run (restarts of the static router; router pods created "
                  "for discovery): " + ", ".join(f"{d} {n}" for d, n in starts.items()))
-    first = {way: [a.ttft for a in answers if a.ttft is not None and a.done] for way, answers in direct.items()}
-    between = {way: [g for a in answers if a.done for g in a.gaps] for way, answers in direct.items()}
-    served = {way: sum(1 for a in answers if a.done) for way, answers in direct.items()}
-    lines.append(f"direct vs router, one request at a time ({served['direct']} and {served['router']} served of "
-                 f"{len(direct['direct'])} and {len(direct['router'])}): "
-                 f"TTFT p50 {_ms(_pct(first['direct'], 50))} vs {_ms(_pct(first['router'], 50))} ms, p99 "
-                 f"{_ms(_pct(first['direct'], 99))} vs {_ms(_pct(first['router'], 99))} ms; gap p50 "
-                 f"{_ms(_pct(between['direct'], 50))} vs {_ms(_pct(between['router'], 50))} ms")
-    if first["direct"] and first["router"]:
-        added = statistics.median(first["router"]) - statistics.median(first["direct"])
+    lines.append(_direct_line(direct))
+    if (added := _added(direct)) is not None:
         lines.append(f"router-added TTFT p50: {added * 1000:.1f} ms")
+    if policies:
+        lines += ["", f"router policies (prefill/decode): router-added TTFT p50 over {args.direct_requests} "
+                      f"requests of {args.direct_words} words one at a time, then the trace for "
+                      f"{args.policy_seconds:.0f} s", "",
+                  "| policies | router-added TTFT p50 ms | router TTFT p50/p99 ms | trace sent | failed | "
+                  "trace TTFT p50/p99 ms | prefix hit |", "|---|---|---|---|---|---|---|"]
+        for run in policies:
+            alone = _first_tokens(run.direct)["router"]
+            failed, kinds, ttft = _outcomes([o.answer for o in run.load.outcomes])
+            rate = records.hit_rate(*run.window)
+            lines.append(f"| {run.policies} | {_ms(_added(run.direct))} | {_ms(_pct(alone, 50))} / "
+                         f"{_ms(_pct(alone, 99))} | {len(run.load.outcomes)} | {len(failed)} ({kinds}) | "
+                         f"{_ms(_pct(ttft, 50))} / {_ms(_pct(ttft, 99))} | {'-' if rate is None else f'{rate:.3f}'} |")
     return "\n".join(lines)
+
+
+PHASES = ("steady", "scale-up", "scale-down", "after-scale", "rollout", "after-rollout")
+QUICK = {"steady": 4.0, "direct_requests": 12, "policy_seconds": 10.0}
+"""--quick (CI): short phases and samples; the same scenarios."""
+TRACES = {"shared": {"system_words": 3000, "user_words": 40},
+          "history": {"system_words": 150, "user_words": 600}}
+"""shared: one long system prompt dominates every prompt (agents on one tool set). history: each
+conversation its own short system prompt and long turns (tool outputs), so what a prefill can reuse
+is the conversation's own history, which only the engine that served its last turn holds."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--namespace", default="inference")
     parser.add_argument("--name", default="k3-pd")
+    parser.add_argument("--trace", choices=sorted(TRACES), default="shared")
     parser.add_argument("--interval", type=float, default=0.4, help="seconds between requests (open loop)")
     parser.add_argument("--steady", type=float, default=20, help="seconds of each steady phase")
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--turns", type=int, default=10, help="turns before a conversation starts again")
-    parser.add_argument("--system-words", type=int, default=3000,
-                        help="the shared system prompt; several KV blocks long, or no prefix can hit")
-    parser.add_argument("--user-words", type=int, default=40)
+    parser.add_argument("--system-words", type=int, help="the system prompt (default: the trace's)")
+    parser.add_argument("--user-words", type=int, help="each user turn (default: the trace's)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-requests", type=int, default=2000, help="per design")
+    parser.add_argument("--prefill-replicas", type=int, default=0,
+                        help="scale the prefill role to this many replicas first (0: as deployed)")
     parser.add_argument("--direct-requests", type=int, default=30)
+    parser.add_argument("--direct-words", type=int, default=3000, help="the system prompt of the direct comparison")
     parser.add_argument("--designs", default="static,discovery")
+    parser.add_argument("--phases", type=lambda text: [p for p in PHASES if p in text.split(",")],
+                        default=list(PHASES), help=f"the phases to run, of {','.join(PHASES)} (a rollout needs "
+                        "room for a surge group of each role beside its replicas)")
+    parser.add_argument("--policies", default="CacheAware/RoundRobin,ConsistentHash/RoundRobin,RoundRobin/RoundRobin,"
+                                              "CacheAware/CacheAware",
+                        help="prefill/decode policy pairs to compare, comma-separated ('' for none); the "
+                             "last one stays")
+    parser.add_argument("--policy-seconds", type=float, default=30)
+    parser.add_argument("--quick", action="store_true", help=f"CI: {QUICK}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "traffic.md")
     args = parser.parse_args()
+    for key, value in (QUICK.items() if args.quick else ()):
+        setattr(args, key, value)
+    for key, value in TRACES[args.trace].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
     cluster = Cluster(args.namespace, args.name)
+    if args.prefill_replicas:
+        _scale(cluster, args.prefill_replicas, "prefill")
+        _wait("the prefill replicas", lambda: _replicas(cluster, "prefill") == args.prefill_replicas
+              and not any(p["metadata"].get("deletionTimestamp") for p in cluster.routers(cluster.pods())), 300)
     logs = Path(tempfile.mkdtemp(prefix="kimik3-traffic-"))
     records = PrefixRecords(cluster)
     discovery = Discovery(cluster)
     time.sleep(1.5)
     marks: dict[str, tuple[float, float]] = {}
     loads, starts = [], {}
-    for design in args.designs.split(","):
+    for design in filter(None, args.designs.split(",")):
         print(f"== {design}", flush=True)
         if design == "static":
             static = Static(cluster, logs)
@@ -537,13 +673,15 @@ def main() -> None:
             starts[design] = discovery.starts(uids)
     print("== direct against the router", flush=True)
     direct = compare_direct(cluster, discovery, args)
+    policies = run_policies(cluster, discovery, args) if args.policies else []
     discovery.stop.set()
     time.sleep(1.5)
     records.stop.set()
-    text = report(loads, records, marks, starts, direct)
+    text = report(loads, records, marks, starts, direct, policies, args)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"# bench/traffic.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{text}\n")
+    args.out.write_text(f"# bench/traffic.py {' '.join(sys.argv[1:])}, "
+                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{text}\n")
 
 
 if __name__ == "__main__":

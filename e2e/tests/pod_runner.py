@@ -80,6 +80,9 @@ PLAYED = "kwok.kimik3.dev/played"
 """On each pod this runner plays, from its admission (e2e/cluster/played-pods.yaml): kwok then leaves
 its readiness and its deletion to this runner, as to a kubelet."""
 PROBE_SECONDS = 1.0
+STOP_GRACE_SECONDS = 10.0
+"""When the runner itself stops: how long each process played may drain before SIGKILL (all at
+once, inside the 30 s scripts/demo.sh gives the runner)."""
 PREDICTED = "predicted"
 COLD_START_TIME_SCALE = "0.003"
 """A Kimi K3 replica's predicted quarter of an hour to half an hour (planner/cold_start.py) in 3 to 5 s:
@@ -264,11 +267,19 @@ class PodRunner:
         return self
 
     def stop(self) -> None:
+        """Every process played ends with the runner, those in their preStop pause included (a
+        process left behind would hold its pod IP's port, and the next cluster to hand that address
+        out would route to it): all of them at once, SIGKILL after STOP_GRACE_SECONDS."""
         self._stop.set()
         self._thread.join(30)
         with self._lock:
-            for proc in [*self.procs.values(), *self.leaving]:
-                self._terminate(proc)
+            procs = [*self.procs.values(), *self.leaving]
+            stoppers = [threading.Thread(target=self._terminate, args=(proc, STOP_GRACE_SECONDS), daemon=True)
+                        for proc in procs]
+            for thread in stoppers:
+                thread.start()
+            for thread in stoppers:
+                thread.join(STOP_GRACE_SECONDS + 20)
             self.procs.clear()
             self._write_map()
             if self.targets is not None:
@@ -487,11 +498,11 @@ class PodRunner:
         listener and lets what it is serving finish, and the new pod starts once the old process
         has exited."""
         def run() -> None:
+            deadline = time.monotonic() + proc.pre_stop
+            while time.monotonic() < deadline and not proc.cut.is_set():
+                if self._stop.wait(0.1):
+                    return  # the runner itself stops: stop() ends it, and it stays on `leaving` till then
             try:
-                deadline = time.monotonic() + proc.pre_stop
-                while time.monotonic() < deadline and not proc.cut.is_set():
-                    if self._stop.wait(0.1):
-                        return  # the runner itself stops: stop() ends it at once
                 self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
                 if proc.deleted:
                     # Should it fail, the loop removes the pod once this one is off `leaving`.

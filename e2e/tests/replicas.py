@@ -148,9 +148,14 @@ class Replicas:
             return ""
         return str((json.loads(lease.stdout).get("spec") or {}).get("holderIdentity") or "")
 
-    def leader(self, timeout: float = 60) -> Replica:
-        """The replica that holds the Lease and says it leads (waits for one)."""
+    def leader(self, timeout: float = 60, kubelet: list[Exit] | None = None) -> Replica:
+        """The replica that holds the Lease and says it leads (waits for one). With `kubelet`, the
+        kubelet's part is played meanwhile: a replica whose process ends (its Lease lost in an
+        outage, or killed) is started again, as `restartPolicy: Always` would, and its end is added
+        to that list; without, a replica that ended stays down."""
         def find() -> Replica | None:
+            if kubelet is not None:
+                kubelet.extend(self.restart_exited())
             holder = self.holder()
             for replica in self.slots.values():
                 if replica.identity == holder and replica.alive() and (replica.health() or {}).get("role") == "leader":

@@ -200,8 +200,8 @@ def main() -> None:
     answer = post(url, "/v1/chat/completions", {"model": "kimi-k3", "stream": True, "max_tokens": 48,
                                                 "stream_options": {"include_usage": True},
                                                 "messages": [{"role": "user", "content": question}]})
-    if answer.status != 200 or not answer.done:
-        raise SystemExit(f"the request failed: HTTP {answer.status} {answer.error}")
+    if answer.status != 200 or not answer.done or answer.error or answer.ttft is None:
+        raise SystemExit(f"the request failed: HTTP {answer.status} {answer.error or 'no token came'}")
     print(f"Q: {question}\nA: {answer.text.strip()}")
     print(f"TTFT {answer.ttft * 1000:.0f} ms, {len(answer.gaps) + 1} chunks, "
           f"usage {answer.usage or 'n/a'} (router {url})")

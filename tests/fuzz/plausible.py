@@ -314,6 +314,7 @@ def _model(draw: Draw) -> dict[str, Any]:
 
 ROUTER_POLICIES = ("CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoaded", "Random")
 ROUTER_AMOUNTS = ("250m", "1", "1.5", "4", "512Mi", "1Gi", "3Gi")
+REQUEST_BYTES = ("512Ki", "1Mi", "30Mi", "40Mi", "512Mi", "513Mi")
 
 
 def _router_settings(draw: Draw) -> dict[str, Any]:
@@ -330,6 +331,8 @@ def _router_settings(draw: Draw) -> dict[str, Any]:
         router["admission"] = {k: draw(st.integers(lo, hi)) for k, lo, hi in (
             ("maxConcurrentRequests", 1, 4096), ("queueSize", 0, 1024), ("queueTimeoutSeconds", 1, 600))
             if maybe(draw, 60)}
+        if maybe(draw, 30):  # the front's body limit, its bounds (1Mi, 512Mi) straddled
+            router["admission"]["maxRequestBytes"] = draw(st.sampled_from(REQUEST_BYTES))
     if maybe(draw, 15):
         router["apiKey"] = {"name": "clients", **({"key": "key"} if maybe(draw, 50) else {})}
     return router

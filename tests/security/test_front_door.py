@@ -233,7 +233,7 @@ def test_no_upgrade_reaches_the_router(front: Callable[..., Front]) -> None:
 
 def test_a_slow_body_takes_no_router_slot(front: Callable[..., Front]) -> None:
     """A client that sends its headers and then its body a byte at a time holds a connection of the
-    front, not one of the router's admitted slots (`option http-buffer-request`)."""
+    front, not one of the router's admitted slots (`http-request wait-for-body`)."""
     f = front(FrontPlan(max_concurrent=1, queue_size=0))
     host, port = urlsplit(f.url).netloc.split(":")
     slow = [socket.create_connection((host, int(port)), timeout=15) for _ in range(3)]
@@ -261,6 +261,36 @@ def test_oversized_headers_and_slow_clients_are_cut_before_the_router(front: Cal
     slow = f.raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
     assert slow.split(b" ", 2)[1] == b"408" and time.monotonic() - started < 15
     assert f.router.seen == []
+
+
+def test_a_body_over_the_limit_is_refused_before_the_router_reads_it(front: Callable[..., Front]) -> None:
+    """maxRequestBytes at the front: a body one byte over gets a JSON 413 from its Content-Length,
+    without the front waiting for the body (a client that announces 100 MB and sends nothing is
+    answered at once) and without the router seeing it; a body of exactly the limit passes whole."""
+    limit = 1024 * 1024
+    f = front(FrontPlan(max_request_bytes=limit))
+    filler = b'{"prompt": "' + b"x" * (limit - 15) + b'"}'
+    assert len(filler) == limit - 1
+    for body, status in ((filler + b" ", 200), (filler + b"  ", 413)):
+        answer = f.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        assert answer.startswith(b"HTTP/1.1 %d" % status), answer[:300]
+    assert f.router.bodies == [filler + b" "]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == 413 and str(limit) in error["message"]
+    started = time.monotonic()
+    announced = f.raw(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000000\r\nConnection: close\r\n\r\n{")
+    assert announced.startswith(b"HTTP/1.1 413") and time.monotonic() - started < 5
+    assert len(f.router.seen) == 1
+
+
+def test_an_oversized_body_without_the_key_is_told_about_the_key(front: Callable[..., Front]) -> None:
+    """The key is checked first: a client without it learns nothing of the endpoint's limits."""
+    f = front(FrontPlan(api_key=("s", "k"), max_request_bytes=1024 * 1024), api_key="secret")
+    answer = f.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n"
+                   b"Connection: close\r\n\r\n{")
+    assert answer.startswith(b"HTTP/1.1 401") and f.router.seen == []
 
 
 def test_the_api_key_is_asked_compared_and_not_passed_on(front: Callable[..., Front]) -> None:

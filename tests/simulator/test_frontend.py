@@ -270,3 +270,16 @@ def test_the_rust_frontend_keeps_its_own_policy_and_refuses_the_flag() -> None:
     tokens, _ = frontend.prompt({"messages": [{"role": "user", "content": [_image("https://images.example.com/a")]}]},
                                 chat=True)
     assert tokens.count(IMAGE_TOKEN) == IMAGE_TOKENS
+
+
+def test_the_rust_frontend_caps_a_body_where_its_variable_says(tmp_path: Path) -> None:
+    """VLLM_HTTP_MAX_REQUEST_BODY_SIZE, as vllm-rs reads it: 413 above it, the same request served
+    under it; vLLM's 32 MiB when unset; the Python frontend reads it nowhere."""
+    assert settings_from_env({"VLLM_USE_RUST_FRONTEND": "1"}).max_body_bytes == 32 * 1024 * 1024
+    assert settings_from_env({"VLLM_HTTP_MAX_REQUEST_BODY_SIZE": "1000"}).max_body_bytes is None
+    env = {**_env(AGG, rust=True), "VLLM_HTTP_MAX_REQUEST_BODY_SIZE": "4096"}
+    with simulator(AGG["command"], tmp_path, env) as sim:
+        body = {"model": "kimi-k3", "prompt": "a b c", "max_tokens": 2}
+        assert sim.post("/v1/completions", body).status_code == 200
+        refused = sim.post("/v1/completions", {**body, "prompt": "word " * 1000})
+        assert refused.status_code == 413

@@ -130,6 +130,8 @@ INVALID["endpoint must be https:// (set allowInsecureEndpoint to allow plain htt
     lambda d: d["spec"]["model"].update(endpoint="http://hf-mirror.internal"))
 INVALID["readThroughput is bytes per second a node reads the weights at: from 10M to 10T "
         "(1G is an NFS-class share)"] = _edit(lambda d: d["spec"]["model"].update(readThroughput="1"))
+INVALID["maxRequestBytes is the largest request body a router pod takes: from 1Mi to 512Mi"] = _edit(
+    lambda d: d["spec"].update(router={"admission": {"maxRequestBytes": "1Gi"}}))
 INVALID["servedName is the model's name, not a flag: it must not start with '-'"] = _edit(
     lambda d: d["spec"]["model"].update(servedName="--trust-remote-code"))
 INVALID["revision is a branch, tag or commit, not a flag: it must not start with '-'"] = _edit(

@@ -101,3 +101,20 @@ def test_a_thousand_free_nodes_are_not_each_looked_at_to_place_one_replica() -> 
     # n0 is full, the first free nodes take the replicas; each placement looks from the first node again
     needed = plan.pools[0].roles[0].nodes_per_replica * 2
     assert set(used.looked) == {f"n{i}" for i in range(needed + 1)} and len(used.looked) <= 2 * (needed + 1)
+
+
+def test_a_held_rollout_without_room_for_its_surge_group_says_so() -> None:
+    """Two DEP16 prefill replicas take all four B200 nodes: the plan fits, but a held rollout
+    (maxSurge 1) starts a third group beside them, which has nowhere to go."""
+    plan, facts = _setup([{"name": "b", "nodeSelector": B200, "prefill": {
+        "replicas": 2, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
+        {"name": "g", "nodeSelector": GB300, "decode": {"replicas": 2}}], b200_nodes(4) + gb300_rack())
+    assert shortfalls(plan, facts, {}) == []
+    (message,) = shortfalls(plan, facts, {}, {("b", "prefill"): 1, ("g", "decode"): 1})
+    assert message.startswith("pool b role prefill: the rollout needs room for 1 new group(s) beside its 2 "
+                              "serving and the nodes hold 0; each needs 2 node(s) with 8 free GPUs")
+    assert "set spec.rollout.maxSurge: 0 and maxUnavailable: 1" in message
+    plan, facts = _setup([{"name": "b", "nodeSelector": B200, "prefill": {
+        "replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
+        {"name": "g", "nodeSelector": GB300, "decode": {"replicas": 2}}], b200_nodes(4) + gb300_rack())
+    assert shortfalls(plan, facts, {}, {("b", "prefill"): 1}) == []  # one replica: room for its surge group

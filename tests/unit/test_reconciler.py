@@ -10,6 +10,7 @@ import pytest
 from kimik3_operator.api.reasons import (
     APPLY_REJECTED,
     CHAT_TEMPLATE_INVALID,
+    INSUFFICIENT_CAPACITY,
     INSUFFICIENT_MEMORY,
     INVALID_SPEC,
     MISSING_DEPENDENCY,
@@ -452,3 +453,28 @@ def test_in_the_reconciler_adding_a_decode_pool_with_a_hash_change_keeps_the_old
     assert f"k3-router-{old[:10]}" in _routers(cluster)  # main: deleted, only the unready new router is left
 
 
+
+
+def test_a_rollout_with_no_room_for_its_surge_group_says_why_and_keeps_the_old_revision_whole() -> None:
+    """Two B200 nodes hold the one DEP16 prefill replica and nothing beside it: the held rollout's
+    surge group cannot be placed, so the rollout cannot move. The status says so, with the way out,
+    and the old revision keeps all its groups."""
+    pods: list[dict[str, Any]] = []
+    cluster = staged(MemoryCluster(pd_body(), [n for n in NODES if "b200" not in n["metadata"]["name"]]
+                                   + b200_nodes(2)))
+    cluster.active = pods
+    reconcile(cluster, "ns", "k3")
+    old = _compat(cluster)
+    pods += [_leader("b200", "prefill", "10.0.0.5", old), _leader("gb300", "decode", "10.0.1.5", old),
+             _leader("gb300", "decode", "10.0.1.6", old), _router_pod(old, "10.0.9.1")]
+    reconcile(cluster, "ns", "k3")
+    assert not any("rollout" in c["message"] for c in cluster.deployment["status"]["conditions"])
+    cluster.deployment["spec"]["engine"] = {"kvCacheDtype": "auto"}
+    reconcile(cluster, "ns", "k3")
+    assert (_partition(cluster, "k3-b200-prefill"), _partition(cluster, "k3-gb300-decode")) == (1, 2)
+    degraded = next(c for c in cluster.deployment["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == INSUFFICIENT_CAPACITY
+    assert degraded["message"].startswith("pool b200 role prefill: the rollout needs room for 1 new group(s) "
+                                          "beside its 1 serving and the nodes hold 0")
+    assert "gb300" not in degraded["message"]  # the decode's surge group fits
+    assert cluster.deployment["status"]["routableCapacityPercent"] == 100

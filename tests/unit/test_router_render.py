@@ -295,3 +295,43 @@ def test_router_pods_run_where_the_spec_places_them_and_nowhere_in_particular_by
     serving = [o for o in render_serving(OWNER, placed) if o["kind"] == "LeaderWorkerSet"]
     assert serving and all(o["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"].get("nodeSelector")
                            != {"pool": "cpu"} for o in serving)
+
+
+def _engine_env(plan: Plan) -> list[dict[str, dict[str, str]]]:
+    """Per LeaderWorkerSet: its leader's and its workers' env, by name."""
+    out = []
+    for lws in (o for o in render_serving(OWNER, plan) if o["kind"] == "LeaderWorkerSet"):
+        template = lws["spec"]["leaderWorkerTemplate"]
+        pods = [template.get("leaderTemplate") or template["workerTemplate"], template["workerTemplate"]]
+        out += [{e["name"]: e for e in pod["spec"]["containers"][0]["env"]} for pod in pods]
+    return out
+
+
+@pytest.mark.parametrize(("limit", "engine"), [
+    (None, None),  # the default 30Mi: the engines keep vLLM's 32 MiB, their templates untouched
+    ("30Mi", None),
+    ("64Mi", str(66 * 2**20)),  # the front's figure plus what the router adds
+    ("1Mi", None),
+])
+def test_one_body_limit_at_the_front_the_router_and_the_engines(limit: str | None, engine: str | None) -> None:
+    plan = _plan(PD, **({"admission": {"maxRequestBytes": limit}} if limit else {}))
+    expected = str((int(limit[:-2]) if limit else 30) * 2**20)
+    (deployment,) = _routers(plan).values()
+    assert _values(_container(deployment)["args"], "--max-payload-size") == [expected]
+    config = next(e["value"] for e in _front(deployment)["env"] if e["name"] == "KIMIK3_FRONT_CONFIG")
+    assert f"if {{ req.hdr_val(content-length) gt {expected} }}" in config
+    # the refusal comes before the front waits for the body, and the wait before a router slot
+    assert config.index("status 413") < config.index("wait-for-body") < config.index("default_backend router")
+    given = [env.get("VLLM_HTTP_MAX_REQUEST_BODY_SIZE", {}).get("value") for env in _engine_env(plan)
+             if "VLLM_USE_RUST_FRONTEND" in env]
+    assert given and set(given) == {engine}
+    workers = [env for env in _engine_env(plan) if "VLLM_USE_RUST_FRONTEND" not in env]
+    assert all("VLLM_HTTP_MAX_REQUEST_BODY_SIZE" not in env for env in workers)
+
+
+def test_the_engines_body_limit_is_the_users_where_engine_env_sets_it() -> None:
+    body = copy.deepcopy(PD)
+    body["spec"].setdefault("engine", {})["env"] = [{"name": "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", "value": "1000"}]
+    plan = _plan(body, admission={"maxRequestBytes": "64Mi"})
+    leaders = [env for env in _engine_env(plan) if "VLLM_USE_RUST_FRONTEND" in env]
+    assert leaders and all(env["VLLM_HTTP_MAX_REQUEST_BODY_SIZE"]["value"] == "1000" for env in leaders)

@@ -873,6 +873,13 @@ class RouterResources(SpecModel):
     )
 
 
+DEFAULT_MAX_REQUEST_BYTES = "30Mi"
+MIN_REQUEST_BYTES = "1Mi"
+MAX_REQUEST_BYTES = "512Mi"
+"""vllm-router 0.1.17's own cap (--max-payload-size default, src/config/types.rs): above it the
+router refuses whatever the front lets through."""
+
+
 class RouterAdmission(SpecModel):
     """How many requests each router pod carries at once, and what the rest get: enforced by the
     pod's front (HAProxy), before the router. A request over the limit waits in a queue; one more
@@ -885,6 +892,23 @@ class RouterAdmission(SpecModel):
     """Requests that may wait for a slot per router pod (with maxConcurrentRequests); 0 refuses at once."""
     queue_timeout_seconds: Annotated[int, Field(ge=1, le=600)] = 30
     """How long a request may wait for a slot."""
+    max_request_bytes: ResourceQuantity = DEFAULT_MAX_REQUEST_BYTES
+    """The largest request body a router pod takes, inline (base64) images included: a larger one gets
+    413 at the front, before the router holds it in memory (its own cap is 512 MiB). The engines
+    behind it take at least this much plus what the router adds (docs/front-door.md). From 1Mi to
+    512Mi; 30Mi by default, so a request the front takes is one vLLM's Rust frontend takes (32 MiB)."""
+
+    rules = (
+        Rule(
+            cel=(f"!has(self.maxRequestBytes) "
+                 f"|| (quantity(self.maxRequestBytes).compareTo(quantity('{MIN_REQUEST_BYTES}')) >= 0 "
+                 f"&& quantity(self.maxRequestBytes).compareTo(quantity('{MAX_REQUEST_BYTES}')) <= 0)"),
+            message=f"maxRequestBytes is the largest request body a router pod takes: from {MIN_REQUEST_BYTES} "
+                    f"to {MAX_REQUEST_BYTES}",
+            field_path=".maxRequestBytes",
+            check=lambda a: quantity(MIN_REQUEST_BYTES) <= quantity(a.max_request_bytes) <= quantity(MAX_REQUEST_BYTES),
+        ),
+    )
 
 
 GatewayHostname = Annotated[str, Field(min_length=1, max_length=253,
@@ -920,9 +944,10 @@ class Router(SpecModel):
     prefill/decode roles do not disaggregate (a decode engine prefills every prompt itself)."""
     policy: RouterPolicy = "CacheAware"
     """How the aggregated router picks an engine: CacheAware (the engine that already holds the
-    longest prefix of the prompt, unless the load is too uneven) | RoundRobin | ConsistentHash (by
-    the X-Session-ID, X-User-ID, ... header) | StickyLeastLoaded (a session stays on the engine it
-    started on; new sessions go to the least loaded) | Random."""
+    longest prefix of the prompt, unless the load is too uneven; it asks every engine to tokenize the
+    prompt first) | RoundRobin | ConsistentHash (by the session: the X-Session-ID, X-User-ID, ...
+    header; no tokenizer call; a request without one lands anywhere) | StickyLeastLoaded (a session
+    stays on the engine it started on; new sessions go to the least loaded) | Random."""
     prefill_policy: RouterPolicy = "CacheAware"
     """How the prefill/decode router picks a prefill engine (the values of policy)."""
     decode_policy: RouterPolicy = "CacheAware"

@@ -10,6 +10,10 @@ equal to the wheel's own list; regenerate it from there when the pinned vLLM cha
 from __future__ import annotations
 
 VLLM_VERSION = "0.33.0"
+RUST_FRONTEND_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body vLLM's Rust frontend takes unless VLLM_HTTP_MAX_REQUEST_BODY_SIZE says
+otherwise (envs.py:111; the only size setting vllm-rs reads). The Python frontend reads it nowhere
+and caps no body."""
 KNOWN_VLLM_ENV: frozenset[str] = frozenset((
     "VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN", "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE",
     "VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_ALLOW_RUNTIME_LORA_UPDATING",

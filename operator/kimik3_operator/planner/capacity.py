@@ -92,8 +92,11 @@ class _Free:
         return node.gpus - self.used.get(node.name, 0) - self.taken[node.name]
 
 
-def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int]) -> list[str]:
-    """One message per role whose replicas cannot all be placed now."""
+def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int],
+               surge: Mapping[tuple[str, str], int] | None = None) -> list[str]:
+    """One message per role whose replicas cannot all be placed now. `surge`: per (pool, role) that
+    rolls with its old groups held (reconcile/rollout.py), the surge groups LeaderWorkerSet starts
+    beside them: without room for those the rollout cannot move, while everything keeps serving."""
     free = _Free(used)
     messages = []
     for pool in plan.pools:
@@ -101,14 +104,19 @@ def shortfalls(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, in
         if not nodes:
             continue  # planned ahead of its nodes: nothing to place on yet
         for role in pool.roles:
+            extra = (surge or {}).get((pool.name, role.role), 0)
             placed = 0
-            for _ in range(role.replicas):
+            for _ in range(role.replicas + extra):
                 if not _place(nodes, free, role.nodes_per_replica, role.gpus_per_pod, bool(role.group_topology_key)):
                     break
                 placed += 1
             if placed < role.replicas:
                 messages.append(_message(pool.name, role.role, placed, role.replicas, role.nodes_per_replica,
                                          role.gpus_per_pod, bool(role.group_topology_key), nodes, free))
+            elif placed < role.replicas + extra:
+                messages.append(_surge_message(pool.name, role.role, placed - role.replicas, extra, role.replicas,
+                                               role.nodes_per_replica, role.gpus_per_pod,
+                                               bool(role.group_topology_key), nodes, free))
     return messages
 
 
@@ -131,13 +139,26 @@ def _place(nodes: tuple[Any, ...], free: _Free, count: int, gpus: int, by_clique
     return False
 
 
-def _message(pool: str, role: str, placed: int, replicas: int, count: int, gpus: int, by_clique: bool,
-             nodes: tuple[Any, ...], free: _Free) -> str:
+def _room(count: int, gpus: int, by_clique: bool, nodes: tuple[Any, ...], free: _Free) -> str:
+    """What one group needs, and what the nodes have left for it."""
     where = "in one NVLink clique" if by_clique else "in the pool"
     available = ", ".join(f"{clique or 'pool'}: {sum(1 for n in members if free(n) >= gpus)}"
                           for clique, members in sorted(_groups(nodes, by_clique).items()))
-    return (f"pool {pool} role {role}: {replicas - placed} of {replicas} replicas do not fit now; each needs "
-            f"{count} node(s) with {gpus} free GPUs {where}; nodes left with {gpus} free GPUs ({available})")
+    return f"each needs {count} node(s) with {gpus} free GPUs {where}; nodes left with {gpus} free GPUs ({available})"
+
+
+def _message(pool: str, role: str, placed: int, replicas: int, count: int, gpus: int, by_clique: bool,
+             nodes: tuple[Any, ...], free: _Free) -> str:
+    return (f"pool {pool} role {role}: {replicas - placed} of {replicas} replicas do not fit now; "
+            + _room(count, gpus, by_clique, nodes, free))
+
+
+def _surge_message(pool: str, role: str, placed: int, surge: int, replicas: int, count: int, gpus: int,
+                   by_clique: bool, nodes: tuple[Any, ...], free: _Free) -> str:
+    return (f"pool {pool} role {role}: the rollout needs room for {surge} new group(s) beside its {replicas} "
+            f"serving and the nodes hold {placed}; {_room(count, gpus, by_clique, nodes, free)}. The old revision "
+            "serves whole until there is room; to replace groups in place instead (one group fewer while each "
+            "restarts), set spec.rollout.maxSurge: 0 and maxUnavailable: 1")
 
 
 def replicas_that_fit(plan: Plan, facts: Mapping[str, PoolFacts], used: Mapping[str, int], pool_name: str,

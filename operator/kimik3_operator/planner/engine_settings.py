@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..api import KimiK3DeploymentSpec
+from ..api.quantity import quantity
 from ..api.reasons import INVALID_SPEC
 from ..api.rust_frontend_flags import RUST_FRONTEND_VALUES, rust_frontend_refused_value
 from ..api.spec import Engine, Speculative
-from ..api.vllm_env import VLLM_VERSION
+from ..api.vllm_env import RUST_FRONTEND_BODY_BYTES, VLLM_VERSION
 from .catalog import GpuSpec
 from .plan import EngineSettings, PlanningError
 from .weights import DRAFT_PATH, MODEL_PATH
@@ -56,11 +57,27 @@ def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> Eng
         mm_limits=mm_limits(engine),
         media_domains=tuple(engine.multimodal.allowed_media_domains) if engine.multimodal else (),
         media_fetch_timeout=engine.multimodal.fetch_timeout_seconds if engine.multimodal else None,
+        max_request_body=max_request_body(spec),
         shutdown_timeout=engine.shutdown_timeout_seconds,
         extra_args=tuple(engine.extra_args),
         env=tuple((e.name, e.value) for e in engine.env),
         chat_template=(engine.chat_template.name, engine.chat_template.key) if engine.chat_template else None,
     )
+
+
+ROUTER_ADDS_BYTES = 2 * 1024 * 1024
+"""Room for what the router adds to a body it passes on (kv_transfer_params, re-serialized JSON)."""
+
+
+def max_request_body(spec: KimiK3DeploymentSpec) -> int | None:
+    """VLLM_HTTP_MAX_REQUEST_BODY_SIZE for the Rust frontend's leaders, when the body the routers'
+    fronts take (spec.router.admission.maxRequestBytes) plus what the router adds is more than vLLM's
+    own cap: the engines must take every request the endpoint took. None keeps vLLM's default (and
+    the pod template of every deployment at the default 30Mi)."""
+    if not spec.engine.rust_frontend or spec.router.replicas == 0:
+        return None
+    needed = int(quantity(spec.router.admission.max_request_bytes)) + ROUTER_ADDS_BYTES
+    return needed if needed > RUST_FRONTEND_BODY_BYTES else None
 
 
 def check_rust_frontend_values(engine: Engine) -> None:

@@ -85,6 +85,8 @@ class EngineSettings:
     """Hosts an engine may fetch image URLs from; none: no URL is fetched."""
     media_fetch_timeout: int | None = None
     """Seconds an engine waits for one image URL (vLLM's default when None)."""
+    max_request_body: int | None = None
+    """Bytes of request body the Rust frontend takes (vLLM's 32 MiB when None)."""
     shutdown_timeout: int = 300
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()

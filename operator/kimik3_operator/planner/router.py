@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
-from ..api.spec import RouterMode
+from ..api.quantity import quantity
+from ..api.spec import DEFAULT_MAX_REQUEST_BYTES, RouterMode
 from .placement import Placement, placement
 
 
@@ -25,6 +26,8 @@ class FrontPlan:
     queue_timeout_seconds: int = 30
     api_key: tuple[str, str] | None = None
     """(Secret, key) of the API key clients must send; None: none asked."""
+    max_request_bytes: int = int(quantity(DEFAULT_MAX_REQUEST_BYTES))
+    """The largest request body the front passes (413 above it), and the router's own cap."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
     admission, key = router.admission, router.api_key
     front = FrontPlan(max_concurrent=admission.max_concurrent_requests, queue_size=admission.queue_size,
                       queue_timeout_seconds=admission.queue_timeout_seconds,
-                      api_key=(key.name, key.key) if key else None)
+                      api_key=(key.name, key.key) if key else None,
+                      max_request_bytes=int(quantity(admission.max_request_bytes)))
     gateway = (GatewayPlan(name=router.gateway.name, namespace=router.gateway.namespace,
                            section_name=router.gateway.section_name, hostnames=tuple(router.gateway.hostnames))
                if router.gateway else None)

@@ -128,6 +128,7 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     used = memo.usage.used_except(seen.active_pods, seen.active_pods_revision, deployment_mark, (namespace, mine))
     live = {_key(o): o for o in seen.children}
     current: dict[tuple[str, str], dict[str, Any]] = {}
+    held: dict[tuple[str, str], int] = {}
     try:
         # Weights first: nothing new serves until its checkpoints are staged at a known commit.
         desired = render_weights(owner, plan, tools_image)
@@ -188,8 +189,8 @@ def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str
     scaling = autoscaling_statuses(owner, plan, scaling)
     _write_status(cluster, pace, owner, previous, outcome, compute_status(
         owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used), weights=weights, endpoints=endpoints,
-        pairs=pairs,
+        workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used, {k: plan.max_surge for k in held}),
+        weights=weights, endpoints=endpoints, pairs=pairs,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
         disaggregating=probe.verdict(owner, plan) if probe is not None and workloads else None,
         admission=admission))

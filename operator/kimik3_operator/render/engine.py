@@ -155,6 +155,9 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
     if engine.rust_frontend and not worker:
         # Headless workers serve no HTTP, so the Rust frontend applies to leaders only.
         env.append({"name": "VLLM_USE_RUST_FRONTEND", "value": "1"})
+        if engine.max_request_body is not None and "VLLM_HTTP_MAX_REQUEST_BODY_SIZE" not in dict(engine.env):
+            # The engines take every body the routers' fronts took (engine.env's own value wins).
+            env.append({"name": "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", "value": str(engine.max_request_body)})
     if engine.speculative_config is not None and engine.speculative_config.get("method") == "dspark":
         env.append({"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"})  # DSpark runs only on Model Runner V2
     if role.role in KV_ROLE:

@@ -16,8 +16,11 @@ What else the front does, each because the router cannot (docs/front-door.md):
   `--max-concurrent-requests` is a token bucket refilled per second, src/middleware.rs, so it
   limits a rate, not what is in flight), a bounded queue (429 with Retry-After when full) and a
   queue timeout (503 with Retry-After);
+- oversized requests: a body larger than maxRequestBytes (its Content-Length) gets 413 before the
+  router reads any of it (the router buffers whole bodies; its own cap, the same figure, catches a
+  chunked one);
 - slow or oversized clients: the request headers, and the body up to BUFFER_BYTES, must arrive
-  within HEADERS_SECONDS (`option http-buffer-request`; else 408), headers must fit the buffer (else
+  within HEADERS_SECONDS (`http-request wait-for-body`; else 408), headers must fit the buffer (else
   400), and CONNECTIONS bounds what the front holds (its memory limit covers that many full buffers):
   a slow client holds a connection of the front, not a slot of the router (a body larger than the
   buffer is passed on as it comes);
@@ -86,6 +89,10 @@ def _error(status: int, kind: str, message: str, retry: bool = False) -> str:
     return f"status {status} content-type application/json string '{body}'{headers}"
 
 
+def _too_large(plan: FrontPlan) -> str:
+    return f"the request body is larger than this endpoint takes ({plan.max_request_bytes} bytes)"
+
+
 def front_config(plan: FrontPlan, drain_seconds: int) -> str:
     """haproxy.cfg for one router pod (checked by `haproxy -c` in the tests)."""
     acls = [f"acl route_{i} path {path}" for i, (_, path) in enumerate(ROUTES)]
@@ -104,7 +111,6 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
         "    option httplog",
         "    option dontlog-normal",  # errors and refusals only; never a header (no key in the logs)
         "    option dontlognull",  # nor a connection that sent nothing
-        "    option http-buffer-request",
         # Tokens go out as they come: without it HAProxy holds small chunks back for more (MSG_MORE)
         # and a stream arrives in bursts.
         "    option http-no-delay",
@@ -133,6 +139,14 @@ def front_config(plan: FrontPlan, drain_seconds: int) -> str:
             " hdr WWW-Authenticate Bearer unless probe || key_set key_ok",
             "    http-request del-header authorization",
         ]
+    # A larger body is refused from its headers, before the router holds any of it (it reads a whole
+    # body into memory, src/server.rs); a chunked one meets the router's own cap, the same figure.
+    lines.append(f"    http-request return {_error(413, 'invalid_request_error', _too_large(plan))}"
+                 f" if {{ req.hdr_val(content-length) gt {plan.max_request_bytes} }}")
+    # Then the body, up to a buffer, must arrive within HEADERS_SECONDS before the request takes a
+    # router slot (what `option http-buffer-request` does, but after the refusals above: that option
+    # waits before any rule, so a client announcing a huge body would hold the answer for 10 s).
+    lines.append(f"    http-request wait-for-body time {HEADERS_SECONDS}s")
     if plan.max_concurrent is not None:
         lines += [
             # Full when every slot is taken and the queue holds queue_size (0: no queue at all).

@@ -177,7 +177,9 @@ def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
     args = ["--host", "127.0.0.1", "--port", str(ROUTER_LOOPBACK_PORT),
             "--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT),
             "--service-discovery", "--service-discovery-namespace", owner.namespace,
-            "--service-discovery-port", str(HTTP_PORT), *ROUTER_ARGS]
+            "--service-discovery-port", str(HTTP_PORT), *ROUTER_ARGS,
+            # The front refuses a larger body by its Content-Length; this catches a chunked one.
+            "--max-payload-size", str(targets.plan.front.max_request_bytes)]
     if targets.plan.mode == "PrefillDecode":
         return [*args, "--vllm-pd-disaggregation", "--kv-connector", "nixl",
                 "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"],

@@ -31,6 +31,7 @@ from .text import Answer, PromptError, chat_answer, prompt_seed
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
+"""The simulator's own guard where vLLM has no cap (the Python frontend)."""
 
 
 def _error(message: str, status: int, kind: str, param: str | None = None) -> web.Response:
@@ -55,7 +56,7 @@ class Simulator:
     # ---- plumbing -----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=self.config.settings.max_body_bytes or MAX_BODY_BYTES)
         app.add_routes([
             web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),

@@ -46,7 +46,10 @@ labels); tests set them directly. Every variable is optional.
 vLLM's own VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT are read as vLLM reads them: they are what a prefill
 engine advertises in its kv_transfer_params. VLLM_USE_RUST_FRONTEND (an integer, 0 or unset: the
 Python frontend; envs.py:1456-1458 of vLLM 0.33.0) picks which of vLLM's two HTTP frontends the
-simulator answers as (frontend.py); the operator renders it on leader pods.
+simulator answers as (frontend.py); the operator renders it on leader pods. With the Rust frontend,
+VLLM_HTTP_MAX_REQUEST_BODY_SIZE caps a request body as vllm-rs caps it (413 above it; 32 MiB when
+unset, envs.py:111); the Python frontend caps none, and the simulator then keeps a guard of its own
+(server.py, MAX_BODY_BYTES).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..api.vllm_env import RUST_FRONTEND_BODY_BYTES
 from ..kimi_k3 import PUBLISHED
 
 DEFAULT_GPU = "GB300"
@@ -89,6 +93,8 @@ class SimSettings:
     side_channel_host: str = "localhost"
     side_channel_port: int = 5600
     rust_frontend: bool = False
+    max_body_bytes: int | None = None
+    """The Rust frontend's VLLM_HTTP_MAX_REQUEST_BODY_SIZE; None: no cap of vLLM's."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
@@ -152,4 +158,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or "localhost",
         side_channel_port=int(_number(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600, 1, 65535)),
         rust_frontend=_vllm_bool(env, "VLLM_USE_RUST_FRONTEND"),
+        max_body_bytes=(int(_number(env, "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", RUST_FRONTEND_BODY_BYTES, 1, 1 << 40))
+                        if _vllm_bool(env, "VLLM_USE_RUST_FRONTEND") else None),
     )
