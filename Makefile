@@ -21,7 +21,7 @@ ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 ifeq ($(origin VENV),undefined)
 VENV = $(eval VENV := $$(shell "$(ROOT)/scripts/venv.sh"))$(VENV)
 endif
-RUN = PATH="$(VENV)/bin:$$PATH" PYTHONPATH="$(ROOT)/operator$${PYTHONPATH:+:$$PYTHONPATH}"
+RUN = PATH="$(VENV)/bin:$$PATH" PYTHONPATH="$(ROOT)/operator:$(ROOT)/simulator$${PYTHONPATH:+:$$PYTHONPATH}"
 
 # helm for manifests/install.yaml: on PATH, else the one e2e/cluster/build.sh builds.
 KIMIK3_CACHE ?= $(HOME)/.cache/kimik3-e2e

@@ -11,6 +11,9 @@
 # reason on any failure (a half-built venv is removed and redone on the next run).
 #   PYTHON=python3.11   interpreter for the venv (default python3); the lock is for Python 3.11
 set -euo pipefail
+# Built from the lock alone: the caller's PYTHONPATH (`make` puts this checkout's operator/ and
+# simulator/ on it, with their egg-info) would show pip check distributions the lock does not hold.
+unset PYTHONPATH
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 PY="${PYTHON:-python3}"

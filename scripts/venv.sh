@@ -9,7 +9,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 PY="${PYTHON:-python3}"
 deps="$("$PY" -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; print(p["dependencies"], p["optional-dependencies"])' "$ROOT/pyproject.toml")"
-key="$( (cat "$ROOT/constraints.txt"; echo "$deps") | sha256sum | cut -c1-12)"
+sim_deps="$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"])' "$ROOT/simulator/pyproject.toml")"
+key="$( (cat "$ROOT/constraints.txt"; echo "$deps"; echo "$sim_deps") | sha256sum | cut -c1-12)"
 # KIMIK3_VENV: a venv of your own, e.g. for a second checkout (git worktree) whose editable install
 # must not re-point the shared one; it is not re-created when the pins change.
 VENV="${KIMIK3_VENV:-$CACHE/venv/$key}"
@@ -20,5 +21,7 @@ if [[ ! -x "$VENV/bin/python" || ! -f "$VENV/.complete" ]]; then
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" setuptools -e "${ROOT}[test]" >&2
   touch "$VENV/.complete"
 fi
-"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
+# The engine simulator is a distribution of its own (simulator/pyproject.toml): its dependencies are
+# the operator's, so it goes in without resolving anything.
+"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" -e "$ROOT/simulator" >&2
 echo "$VENV"

@@ -1,7 +1,7 @@
 """The kubelet's part for serving and router pods, which kwok cannot play: run each pod's own command.
 
 kwok marks pods Running and runs nothing. For every Running leader pod of a serving role this starts
-the Kimi K3 engine simulator (`python -m kimik3_operator.simulator`) with the pod's rendered command
+the Kimi K3 engine simulator (`python -m kimik3_simulator`) with the pod's rendered command
 and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
 status); for every Running router pod it starts the real `vllm-router` (from the router image's own
 hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args, and its front: Debian's
@@ -421,7 +421,7 @@ class PodRunner:
         }
         # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
         proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
-                                [sys.executable, "-m", "kimik3_operator.simulator", *argv, "--host", ip], sim_env)
+                                [sys.executable, "-m", "kimik3_simulator", *argv, "--host", ip], sim_env)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
                     labels=dict(meta["labels"]), **_kubelet_view(pod, container))

@@ -31,7 +31,7 @@ from kimik3_operator.api.reasons import (
     NO_KV_TRANSFERS,
     PROMPTS_TRANSFERRED,
 )
-from kimik3_operator.simulator.text import IMAGE_TOKENS
+from kimik3_simulator.text import IMAGE_TOKENS
 
 from .children import planned
 from .conftest import REPORT

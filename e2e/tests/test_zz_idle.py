@@ -1,9 +1,10 @@
 """Zero idle writes, measured in the audit log: an operator with the periodic reconcile at 5 s that
 has converged a few deployments (aggregated GB300; prefill/decode on B200 and GB300; one whose
 spec cannot be planned, so a Failed status exists) makes no create, update, patch or delete for
-KIMIK3_IDLE_SECONDS (150 by default: 30 resync rounds of every deployment). No-op applies and Events count as writes; Leases do not
-(leader election renews one). Reads are counted per minute and printed: passes read the informers'
-stores, so the reads left are watches re-opened (and their bookmarks), none per pass.
+KIMIK3_IDLE_SECONDS (150 by default: 30 resync rounds of every deployment). No-op applies and
+Events count as writes; Leases do not (leader election renews one). Reads are counted per minute
+and printed: passes read the informers' stores, so the reads left are watches re-opened (and their
+bookmarks), none per pass.
 
 The test runs replicas of its own (leader and standby, as the chart runs them) with
 KIMIK3_RESYNC_SECONDS=5. The session replicas are stopped meanwhile, since their

@@ -21,9 +21,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kimik3_operator.render.report import plan_report
-from kimik3_operator.simulator.cmdline import SIMULATOR_OPTIONS, parse_serve
-from kimik3_operator.simulator.config import engine_config, engine_metrics
-from kimik3_operator.simulator.settings import SimSettings
+from kimik3_simulator.cmdline import SIMULATOR_OPTIONS, parse_serve
+from kimik3_simulator.config import engine_config, engine_metrics
+from kimik3_simulator.settings import SimSettings
 from tests.golden.scenarios import SCENARIOS
 from tests.golden.test_golden import plan_scenario
 

@@ -11,10 +11,10 @@ from functools import lru_cache
 from typing import Any
 
 from kimik3_operator.render.report import plan_report
-from kimik3_operator.simulator.cmdline import parse_serve
-from kimik3_operator.simulator.config import engine_config
-from kimik3_operator.simulator.frontend import Frontend
-from kimik3_operator.simulator.settings import SimSettings
+from kimik3_simulator.cmdline import parse_serve
+from kimik3_simulator.config import engine_config
+from kimik3_simulator.frontend import Frontend
+from kimik3_simulator.settings import SimSettings
 from tests.golden.scenarios import SCENARIOS
 from tests.golden.test_golden import plan_scenario
 

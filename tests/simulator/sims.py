@@ -124,7 +124,7 @@ def start(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Sim:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "operator"), **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kimik3_operator.simulator", *expand(argv),
+            [sys.executable, "-m", "kimik3_simulator", *expand(argv),
              "--host", "127.0.0.1", "--port", str(port)],
             env=full_env, stdout=out, stderr=subprocess.STDOUT)
     return Sim(f"http://127.0.0.1:{port}", process, log)

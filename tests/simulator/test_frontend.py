@@ -18,13 +18,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kimik3_operator.render.engine import NO_MEDIA_HOST
-from kimik3_operator.simulator.cmdline import parse_serve
-from kimik3_operator.simulator.config import engine_config
-from kimik3_operator.simulator.frontend import SCALE_OUT_DISABLED, Frontend
-from kimik3_operator.simulator.openai_format import BadRequest
-from kimik3_operator.simulator.settings import SettingsError, SimSettings, settings_from_env
-from kimik3_operator.simulator.text import IMAGE_TOKEN, IMAGE_TOKENS, PromptError
-from kimik3_operator.simulator.vocab import Vocabulary, token_id
+from kimik3_simulator.cmdline import parse_serve
+from kimik3_simulator.config import engine_config
+from kimik3_simulator.frontend import SCALE_OUT_DISABLED, Frontend
+from kimik3_simulator.openai_format import BadRequest
+from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
+from kimik3_simulator.text import IMAGE_TOKEN, IMAGE_TOKENS, PromptError
+from kimik3_simulator.vocab import Vocabulary, token_id
 
 from .sims import Sim, role_report, simulator, words
 

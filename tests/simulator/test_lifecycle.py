@@ -84,10 +84,10 @@ def test_a_headless_worker_serves_nothing_and_stops_on_sigterm(tmp_path: Path) -
 
 
 def test_a_command_that_is_not_vllm_serve_exits_2() -> None:
-    run = subprocess.run([sys.executable, "-m", "kimik3_operator.simulator", "sleep", "10"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "kimik3_simulator", "sleep", "10"], capture_output=True,
                          text=True, timeout=30, env={"PYTHONPATH": str(ROOT / "operator")})
     assert run.returncode == 2 and "no `vllm serve`" in run.stderr
-    bad = subprocess.run([sys.executable, "-m", "kimik3_operator.simulator", *expand(AGG["command"])],
+    bad = subprocess.run([sys.executable, "-m", "kimik3_simulator", *expand(AGG["command"])],
                          capture_output=True, text=True, timeout=30,
                          env={"PYTHONPATH": str(ROOT / "operator"), "K3SIM_GPU_PRODUCT": "NVIDIA-T4"})
     assert bad.returncode == 2 and "K3SIM_GPU_PRODUCT" in bad.stderr

@@ -11,13 +11,13 @@ import pytest
 from kimik3_operator.planner.catalog import CATALOG
 from kimik3_operator.planner.perf import decode_batch1, decode_step_ms, prefill_seconds
 from kimik3_operator.planner.plan import Layout
-from kimik3_operator.simulator.cmdline import CommandLineError, human_int, parse_serve
-from kimik3_operator.simulator.config import PREFILL_BACKOFF, engine_config
-from kimik3_operator.simulator.nixl import CONSUME, NONE, PRODUCE, Handshakes, classify, produced_params
-from kimik3_operator.simulator.prefix_cache import PrefixCache, block_hashes
-from kimik3_operator.simulator.settings import SettingsError, SimSettings, settings_from_env
-from kimik3_operator.simulator.text import chat_answer, chat_prompt, completion_prompt
-from kimik3_operator.simulator.timing import PerfModel
+from kimik3_simulator.cmdline import CommandLineError, human_int, parse_serve
+from kimik3_simulator.config import PREFILL_BACKOFF, engine_config
+from kimik3_simulator.nixl import CONSUME, NONE, PRODUCE, Handshakes, classify, produced_params
+from kimik3_simulator.prefix_cache import PrefixCache, block_hashes
+from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
+from kimik3_simulator.text import chat_answer, chat_prompt, completion_prompt
+from kimik3_simulator.timing import PerfModel
 
 from .sims import expand, role_report
 

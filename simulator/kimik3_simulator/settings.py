@@ -58,8 +58,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..api.vllm_env import RUST_FRONTEND_BODY_BYTES
-from ..kimi_k3 import PUBLISHED
+from kimik3_operator.api.vllm_env import RUST_FRONTEND_BODY_BYTES
+from kimik3_operator.kimi_k3 import PUBLISHED
 
 DEFAULT_GPU = "GB300"
 DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]

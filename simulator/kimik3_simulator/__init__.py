@@ -9,7 +9,7 @@ Python) answers them (frontend.py, vocab.py). Its timing comes from the planner'
 model (timing.py) through a continuous-batching step loop (engine.py), so TTFT, inter-token
 latency, DSpark's tokens per step and prefix-cache hits are the ones the planner predicts.
 `/sim/stats` tells tests which requests were prefilled where. Entry point:
-`python -m kimik3_operator.simulator vllm serve ...`.
+`python -m kimik3_simulator vllm serve ...`.
 
 It imports only the pure layers (kimi_k3, planner, api, contract), never kopf, the Kubernetes
 client or the renderer (import-linter contract).

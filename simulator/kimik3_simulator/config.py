@@ -11,13 +11,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
-from ..planner.blocks import block_size as k3_block_size
-from ..planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_label
-from ..planner.cold_start import predict as predict_cold_start
-from ..planner.loading import LOADERS, Loading
-from ..planner.plan import Layout
-from ..planner.shaping import graph_ceiling
+from kimik3_operator.kimi_k3 import GB, MAX_MODEL_LEN, kv_cache_family, ssm_cache_dtype
+from kimik3_operator.planner.blocks import block_size as k3_block_size
+from kimik3_operator.planner.catalog import CATALOG, GpuSpec, closest_labels, product_from_label
+from kimik3_operator.planner.cold_start import predict as predict_cold_start
+from kimik3_operator.planner.loading import LOADERS, Loading
+from kimik3_operator.planner.plan import Layout
+from kimik3_operator.planner.shaping import graph_ceiling
+
 from .cmdline import ServeArgs
 from .metrics import CACHE_CONFIG_DEFAULTS, EngineMetrics
 from .settings import SettingsError, SimSettings

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kimi_k3 import KDA_LAYERS, MLA_LAYERS, kda_state_bytes
-from ..planner.catalog import GpuSpec
-from ..planner.memory import kv_cache_bytes, memory_fit, sequence_bytes
-from ..planner.perf import decode_step_ms, prefill_latency_seconds
-from ..planner.plan import Layout
+from kimik3_operator.kimi_k3 import KDA_LAYERS, MLA_LAYERS, kda_state_bytes
+from kimik3_operator.planner.catalog import GpuSpec
+from kimik3_operator.planner.memory import kv_cache_bytes, memory_fit, sequence_bytes
+from kimik3_operator.planner.perf import decode_step_ms, prefill_latency_seconds
+from kimik3_operator.planner.plan import Layout
 
 KV_POST_SECONDS = 0.0005
 """NIXL post plus completion notification per hand-off: a prior (RDMA round trips), not measured."""

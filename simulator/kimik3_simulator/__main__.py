@@ -1,4 +1,4 @@
-"""``python -m kimik3_operator.simulator vllm serve MODEL [flags...]``: a Kimi K3 vLLM engine stand-in.
+"""``python -m kimik3_simulator vllm serve MODEL [flags...]``: a Kimi K3 vLLM engine stand-in.
 
 Give it the command a serving pod would run (plain or wrapped in `sh -c`); append
 `--host 127.0.0.1 --port N` to move it onto loopback. K3SIM_* variables (settings.py) say what the
@@ -26,7 +26,7 @@ from .server import Simulator, drain
 from .settings import SettingsError, settings_from_env
 from .stats import SimStats
 
-log = logging.getLogger("kimik3_operator.simulator")
+log = logging.getLogger("kimik3_simulator")
 
 
 async def _until_signalled() -> None:
