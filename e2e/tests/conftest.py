@@ -28,6 +28,17 @@ REPORT: list[str] = []
 summary so that they appear even with -q and output capture."""
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `after_suite(N)` judge or end what the whole run did (RBAC against every request
+    the suite made, the uninstall of the session's chart): they run after every other test, in the
+    order of N, whatever their files are called or however the rest is ordered. Every other test
+    stands alone. Hand-written (a stable sort on the marker) rather than a plugin: four lines."""
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("after_suite")
+        return int(marker.args[0]) if marker else 0
+    items.sort(key=rank)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if REPORT:
         terminalreporter.section("kimik3 e2e figures")

@@ -4,7 +4,7 @@ kind that went) fails here, long before an e2e run shows a 403. The child rules
 (files/child-rules.yaml) are part of the ClusterRole when every namespace is watched, and a Role
 in each namespace of `watchNamespaces` otherwise: never cluster-wide then.
 
-e2e/tests/test_zz_rbac.py measures the same ClusterRole against the audit log of a whole run."""
+e2e/tests/test_rbac.py measures the same ClusterRole against the audit log of a whole run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Last in the suite: uninstalling the chart removes the operator's objects and keeps the CRD
+"""Last in the suite (`after_suite`): uninstalling the chart removes the operator's objects and keeps the CRD
 (crds.keep), so deployments and their GPUs survive an operator uninstall."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from .conftest import CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_CERT_SECRET, helm
 from .kube import kubectl, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.after_suite(2)]
 
 
 def test_uninstall_keeps_the_crd(chart: str) -> None:

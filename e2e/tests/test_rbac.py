@@ -2,7 +2,7 @@
 resource, verb) triples the audit log shows the operator using while the e2e suite ran as the
 chart's ServiceAccount, and so do the Role in the release namespace (the leader election
 Lease) and the webhook certificate's Role and ClusterRole (its Secret, the caBundle). Runs after
-the other e2e tests (file order), before the uninstall."""
+every other e2e test (`after_suite`), before the uninstall."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from .conftest import CHART_NAMESPACE, SERVICE_ACCOUNT
 from .kube import get_json
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.after_suite(1)]
 
 USER = f"system:serviceaccount:{CHART_NAMESPACE}:{SERVICE_ACCOUNT}"
 

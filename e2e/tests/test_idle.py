@@ -7,9 +7,11 @@ and printed: passes read the informers' stores, so the reads left are watches re
 bookmarks), none per pass.
 
 The test runs replicas of its own (leader and standby, as the chart runs them) with
-KIMIK3_RESYNC_SECONDS=5. The session replicas are stopped meanwhile, since their
-requests carry the same ServiceAccount and would be counted too, and started again afterwards. Runs late (file order) so
-the other tests' leftovers are gone, but before the RBAC and uninstall tests.
+KIMIK3_RESYNC_SECONDS=5, watching only the test's namespace (`kimik3 run --namespace`, the chart's
+`watchNamespaces`): what other tests left behind elsewhere (namespaces still terminating, groups
+still converging) is not theirs to reconcile, so the test runs anywhere in the suite. The session
+replicas are stopped meanwhile, since their requests carry the same ServiceAccount and would be
+counted too, and started again afterwards.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ IDLE_SECONDS = float(os.environ.get("KIMIK3_IDLE_SECONDS", "150"))
 
 
 @pytest.fixture
-def idle_operator(replicas: Replicas, tmp_path: Path) -> Iterator[Replicas]:
+def idle_operator(replicas: Replicas, namespace: str, tmp_path: Path) -> Iterator[Replicas]:
     replicas.stop_all()
     env = {**replicas.env, "KIMIK3_RESYNC_SECONDS": str(RESYNC_SECONDS), "KIMIK3_RETRY_SECONDS": "10"}
-    own = Replicas(tmp_path, replicas.kubeconfig, LEASE, CHART_NAMESPACE, env, free_port)
+    own = Replicas(tmp_path, replicas.kubeconfig, LEASE, CHART_NAMESPACE, env, free_port,
+                   extra_args={slot: ["--namespace", namespace] for slot in OPERATOR_PODS})
     try:
         own.start_all(OPERATOR_PODS)
         yield own
