@@ -82,10 +82,14 @@ def lease_holder() -> str:
     return str(lease["spec"].get("holderIdentity") or "")
 
 
-def leader(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod whose name the Lease's holder starts with (kopf's identity: pod name + suffix)."""
-    holder = lease_holder()
+def pod_of(holder: str, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod whose name a Lease holder's identity starts with (k8s/identity.py: pod name + suffix)."""
     return next((p for p in pods if holder.startswith(p["metadata"]["name"])), None)
+
+
+def leader(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod that holds the Lease now."""
+    return pod_of(lease_holder(), pods)
 
 
 @pytest.fixture(scope="module")
@@ -144,16 +148,18 @@ def test_a_crashed_leader_is_restarted_by_the_kubelet_and_the_lease_passes_on(re
     standby pod, or the restarted container, which is a new candidate (k8s/identity.py: one
     identity per process, not per pod). What must never happen is the dead identity holding on."""
     pods = wait_for("two Ready operator pods", ready_pods, timeout=120)
-    old = wait_for("a leader", lambda: leader(pods), timeout=60)
+    # One read gives both the identity that will die and its pod.
+    dead = wait_for("a leader", lambda: (h := lease_holder()) and pod_of(h, pods) and h, timeout=60)
+    old = pod_of(dead, pods)
+    assert old is not None
     name = old["metadata"]["name"]
-    dead = lease_holder()
     container = old["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     # SIGKILL from outside, through containerd: no handler runs, the Lease is not released.
     subprocess.run(["ctr", "--address", os.environ["KIMIK3_CONTAINERD"], "-n", "k8s.io", "tasks", "kill",
                     "--signal", "SIGKILL", container], check=True, capture_output=True, text=True)
     new_holder = wait_for("a live process holding the Lease",
                           lambda: (h := lease_holder()) and h != dead and h, timeout=90)
-    successor = next((p["metadata"]["name"] for p in pods if new_holder.startswith(p["metadata"]["name"])), None)
+    successor = pod_of(new_holder, pods)
     assert successor, f"the Lease went to {new_holder}, not one of {[p['metadata']['name'] for p in pods]}"
 
     def restarted() -> dict[str, Any] | None:
@@ -162,8 +168,8 @@ def test_a_crashed_leader_is_restarted_by_the_kubelet_and_the_lease_passes_on(re
 
     back = wait_for("the killed container restarted in place and Ready", restarted, timeout=120)
     assert lease_holder() != dead
-    REPORT.append(f"real node: leader {name} SIGKILLed; Lease to "
-                  f"{'the restarted container' if successor == name else 'the standby'} ({new_holder}); "
+    heir = "the restarted container" if successor["metadata"]["name"] == name else "the standby"
+    REPORT.append(f"real node: leader {name} SIGKILLed; Lease to {heir} ({new_holder}); "
                   f"restarts {back['status']['containerStatuses'][0]['restartCount']}")
 
 
