@@ -109,31 +109,11 @@ ADAPTER_RULES="$ROOT/charts/kimik3-operator/files/prometheus-adapter-rules.yaml"
 KEDA_NAMESPACE=keda
 ADAPTER_NAMESPACE=monitoring # prometheus-adapter's own manifests (deploy/manifests) use this one
 
-# Start order; `down` stops in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-manager kueue-manager
-  compute-domain-controller prometheus keda-operator prometheus-adapter keda-metrics-apiserver registry containerd kubelet service-proxy)
-# What each process runs: a binary, or for the ComputeDomain controller the script the project venv's
-# Python runs (pid_of checks argv[0] or argv[1] against it).
-declare -A BINARY=(
-  [etcd]="$BIN_ETCD/etcd"
-  [kube-apiserver]="$BIN_K8S/kube-apiserver"
-  [kube-controller-manager]="$BIN_K8S/kube-controller-manager"
-  [kube-scheduler]="$BIN_K8S/kube-scheduler"
-  [kwok]="$BIN_KWOK/kwok"
-  [lws-manager]="$BIN_LWS/lws-manager"
-  [kueue-manager]="$BIN_KUEUE/kueue-manager"
-  [compute-domain-controller]="$HERE/compute_domain_controller.py"
-  [prometheus]="$BIN_PROMETHEUS/prometheus"
-  [keda-operator]="$BIN_KEDA/keda"
-  [keda-metrics-apiserver]="$BIN_KEDA/keda-adapter"
-  [prometheus-adapter]="$BIN_PROMETHEUS_ADAPTER/prometheus-adapter"
-  [registry]=/usr/bin/docker-registry
-  [containerd]=/usr/bin/containerd
-  [kubelet]="$BIN_K8S/kubelet"
-  [service-proxy]="$HERE/service_proxy.py"
-)
+# The components (binary, command line, ports, environment, health check, what each needs) are rows of
+# components.py; supervisor.py runs them and derives every order from the rows. Its verbs run as `sup`.
+SUPERVISOR="$HERE/supervisor.py"
 # The venv Python that runs compute_domain_controller.py, as scripts/venv.sh printed it (see
-# resolve_python); recorded so that later `up`s and `status` need not run venv.sh.
+# begin_python); recorded so that later `up`s and `status` need not run venv.sh.
 VENV_PYTHON_FILE="$RUN/venv-python"
 PY=""
 # The ComputeDomain fixtures and the hash of what `up` last applied from them.
@@ -142,20 +122,8 @@ CD_STAMP="$STATE/compute-domain.applied"
 CD_DRIVER="compute-domain.nvidia.com"
 # Components to restart because a file they read at start changed (filled by write_file).
 declare -A STALE=()
-# What a component reads from its environment rather than from flags: KEDA, where it runs
-# (POD_NAMESPACE; KEDA_CLUSTER_OBJECT_NAMESPACE for the Secrets of cluster-wide trigger
-# authentications) and which namespaces it watches (WATCH_NAMESPACE empty: all). start() sets it;
-# write_configs records it, so that a change restarts the component.
-KEDA_ENV="WATCH_NAMESPACE= POD_NAMESPACE=$KEDA_NAMESPACE KEDA_CLUSTER_OBJECT_NAMESPACE=$KEDA_NAMESPACE"
-# containerd pulls only from the loopback registry (node.sh's hosts.toml for it and for ghcr.io); any
-# other registry name goes to a proxy address nothing listens on and fails here, never off the machine.
-CONTAINERD_ENV="HTTP_PROXY=http://127.0.0.1:1 HTTPS_PROXY=http://127.0.0.1:1 NO_PROXY=127.0.0.1,localhost"
-# Kueue: where it runs (its Configuration's namespace is used for its own objects only) and where
-# its metrics server's certificate is (build.sh makes that path an environment variable).
+# Where Kueue runs (its Configuration's namespace is used for its own objects only).
 KUEUE_NAMESPACE=kueue-system
-KUEUE_ENV="KUEUE_METRICS_CERT_DIR=$STATE/pki/kueue-webhook"
-declare -A ENVIRONMENT=([keda-operator]=$KEDA_ENV [keda-metrics-apiserver]=$KEDA_ENV [containerd]=$CONTAINERD_ENV
-  [kueue-manager]=$KUEUE_ENV)
 
 FAKE_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 # The aggregator's client certificate (front-proxy CA): the only name the API server and the
@@ -248,28 +216,6 @@ record_ports() {
   write_file "$PORTS_FILE" 644 < <(for key in "${PORT_KEYS[@]}"; do printf '%s=%s\n' "$key" "${PORT[$key]}"; done)
 }
 
-component_ports() { # the ports a component listens on, for port-clash checks and `status`
-  case $1 in
-    etcd) echo "${PORT[ETCD_PORT]} ${PORT[ETCD_PEER_PORT]}" ;;
-    kube-apiserver) echo "${PORT[APISERVER_PORT]}" ;;
-    kube-controller-manager) echo "${PORT[KCM_PORT]}" ;;
-    kube-scheduler) echo "${PORT[SCHEDULER_PORT]}" ;;
-    kwok) echo "" ;; # no server: --server-address/--node-port stay unset
-    lws-manager) echo "${PORT[LWS_WEBHOOK_PORT]} ${PORT[LWS_HEALTH_PORT]}" ;;
-    kueue-manager) echo "${PORT[KUEUE_WEBHOOK_PORT]} ${PORT[KUEUE_HEALTH_PORT]}" ;;
-    compute-domain-controller) echo "" ;; # a client only; its health is a ready file
-    prometheus) echo "${PORT[PROMETHEUS_PORT]}" ;;
-    keda-operator) echo "${PORT[KEDA_GRPC_PORT]} ${PORT[KEDA_HEALTH_PORT]}" ;;
-    keda-metrics-apiserver) echo "${PORT[KEDA_METRICS_API_PORT]} ${PORT[KEDA_METRICS_API_METRICS_PORT]}" ;;
-    prometheus-adapter) echo "${PORT[PROMETHEUS_ADAPTER_PORT]}" ;;
-    registry) echo "${PORT[REGISTRY_PORT]}" ;;
-    containerd) echo "" ;; # a unix socket
-    kubelet) echo "${PORT[KUBELET_HEALTHZ_PORT]}" ;; # and KUBELET_PORT on the node address
-    service-proxy) echo "" ;; # a client only; its health is a ready file
-  esac
-}
-
-port_in_use() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # ---------------------------------------------------------------------------------------------
 # Files
@@ -518,7 +464,7 @@ EOF
 
   # Its command line does not change when the script does; this hash does, and restarts it.
   write_file "$RUN/compute-domain-controller.sha256" 644 compute-domain-controller \
-    < <(sha256sum <"${BINARY[compute-domain-controller]}")
+    < <(sha256sum <"$HERE/compute_domain_controller.py")
 
   # Every second, as tests need an autoscaler to react within seconds; the targets are whatever
   # files others drop into $PROM_TARGETS (file_sd also watches the folder, so a new file counts at once).
@@ -546,21 +492,34 @@ EOF
     write_file "$PKI/$c-certs/ca.crt" 644 "$c" <"$PKI/ca.crt"
     write_file "$PKI/$c-certs/tls.crt" 644 "$c" <"$PKI/$c.crt"
     write_file "$PKI/$c-certs/tls.key" 600 "$c" <"$PKI/$c.key"
-    write_file "$RUN/$c.env" 644 "$c" <<<"${ENVIRONMENT[$c]}"
   done
   mkdir -p "$PKI/keda-ca"
   write_file "$PKI/keda-ca/ca.crt" 644 keda-operator <"$PKI/ca.crt"
 }
 
-# The project venv's Python for compute_domain_controller.py. scripts/venv.sh takes ~2 s even when
-# warm (it reinstalls the project), so it runs once per cluster life: later `up`s reuse the path it
-# printed while that still exists, and `down` forgets it.
-resolve_python() {
+# The project venv's Python for the two script components (compute_domain_controller.py,
+# service_proxy.py). scripts/venv.sh takes ~2 s even when warm (it reinstalls the project), so it runs
+# once per cluster life, in the background from the start of `up` (step python collects it); later
+# `up`s reuse the path it printed while that still exists, and `down` forgets it.
+begin_python() {
   PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
   [[ -n $PY && -x $PY ]] && return 0
-  PY="$("$ROOT/scripts/venv.sh" | tail -n 1)/bin/python"
-  [[ -x $PY ]] || die "no Python at $PY (from scripts/venv.sh)"
-  write_file "$VENV_PYTHON_FILE" 644 compute-domain-controller <<<"$PY"
+  PY=""
+  VENV_OUT="$(mktemp)"
+  "$ROOT/scripts/venv.sh" >"$VENV_OUT" 2>&1 3>&- 8>&- &
+  VENV_PID=$!
+}
+
+step_python() {
+  if [[ -n ${VENV_PID:-} ]]; then
+    wait "$VENV_PID" || { cat "$VENV_OUT" >&2; die "scripts/venv.sh failed"; }
+    PY="$(tail -n 1 "$VENV_OUT")/bin/python"
+    rm -f "$VENV_OUT"
+    VENV_PID=""
+    [[ -x $PY ]] || die "no Python at $PY (from scripts/venv.sh)"
+  fi
+  write_file "$VENV_PYTHON_FILE" 644 <<<"$PY"
+  export K3E_PYTHON="$PY"
 }
 
 # shellcheck source=../debian-packages.sh
@@ -571,299 +530,66 @@ source "$HERE/node.sh"
 # ---------------------------------------------------------------------------------------------
 # Processes
 
-# The full command line of a component; `up` compares it with /proc/PID/cmdline to decide
-# whether a running process is current.
-command_of() {
-  local kc="$STATE/kubeconfigs/$1.kubeconfig"
-  # KCM and the scheduler serve /healthz with our serving cert, so health checks verify TLS.
-  local secure=(
-    --bind-address=127.0.0.1 --tls-cert-file="$PKI/admin.crt" --tls-private-key-file="$PKI/admin.key"
-    --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
-    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
-  )
-  case $1 in
-    etcd)
-      CMD=("${BINARY[etcd]}" --name=kimik3-e2e --data-dir="$STATE/etcd"
-        --listen-client-urls="http://127.0.0.1:${PORT[ETCD_PORT]}"
-        --advertise-client-urls="http://127.0.0.1:${PORT[ETCD_PORT]}"
-        --listen-peer-urls="http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
-        --initial-advertise-peer-urls="http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
-        --initial-cluster="kimik3-e2e=http://127.0.0.1:${PORT[ETCD_PEER_PORT]}"
-        --unsafe-no-fsync=true --quota-backend-bytes=4294967296 --log-level=warn)
-      ;;
-    kube-apiserver)
-      # --endpoint-reconciler-type=none: Endpoints validation rejects the loopback address.
-      # --shutdown-watch-termination-grace-period: on TERM, end open watches after 2 s; without it
-      # the server holds them until the 60 s request timeout before it exits (restart, down).
-      # Service and pod CIDRs are labels only: nothing routes them, never connect to them.
-      # The aggregation layer (README-aggregated-apis.md): the aggregator calls the metrics API
-      # servers with the front-proxy client certificate and the user in X-Remote-* headers, which the
-      # API server publishes in kube-system/extension-apiserver-authentication for them to trust;
-      # --enable-aggregator-routing=false (the default, stated because the loopback trick needs it)
-      # resolves an APIService's ExternalName Service to https://localhost:<APIService port>.
-      CMD=("${BINARY[kube-apiserver]}" --etcd-servers="http://127.0.0.1:${PORT[ETCD_PORT]}"
-        --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${PORT[APISERVER_PORT]}"
-        --cert-dir="$STATE/apiserver"
-        --tls-cert-file="$PKI/admin.crt" --tls-private-key-file="$PKI/admin.key"
-        --client-ca-file="$PKI/ca.crt" --authorization-mode=RBAC
-        --service-account-issuer=https://kubernetes.default.svc.cluster.local
-        --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key"
-        --service-cluster-ip-range="$(service_cidr)" --allow-privileged=true
-        --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key"
-        --kubelet-preferred-address-types=InternalIP
-        --endpoint-reconciler-type=none --profiling=false
-        --audit-policy-file="$CONF/audit-policy.yaml" --audit-log-path="$AUDIT_LOG"
-        --audit-log-format=json --audit-log-mode=blocking
-        --audit-log-maxsize=200 --audit-log-maxbackup=5 --shutdown-watch-termination-grace-period=2s
-        --requestheader-client-ca-file="$PKI/front-proxy-ca.crt"
-        --requestheader-allowed-names="$FRONT_PROXY_CLIENT"
-        --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group
-        --requestheader-extra-headers-prefix=X-Remote-Extra-
-        --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key"
-        --enable-aggregator-routing=false)
-      ;;
-    kube-controller-manager)
-      # Leader election off: a restarted process would otherwise wait for its old lease.
-      # The HPA controller (on by default) syncs every 5 s, not 15 s, and scales down after 15 s of
-      # lower recommendations, not 5 min, so autoscaling tests take seconds.
-      CMD=("${BINARY[kube-controller-manager]}" --kubeconfig="$kc" "${secure[@]}"
-        --secure-port="${PORT[KCM_PORT]}" --leader-elect=false --cluster-name=kimik3-e2e
-        --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key"
-        --use-service-account-credentials=false
-        --horizontal-pod-autoscaler-sync-period=5s --horizontal-pod-autoscaler-downscale-stabilization=15s
-        ${KIMIK3_NODE_GRACE_SECONDS:+--node-monitor-grace-period=${KIMIK3_NODE_GRACE_SECONDS}s})
-      ;;
-    kube-scheduler)
-      CMD=("${BINARY[kube-scheduler]}" --kubeconfig="$kc" "${secure[@]}"
-        --secure-port="${PORT[SCHEDULER_PORT]}" --leader-elect=false)
-      ;;
-    kwok)
-      # The lease duration makes kwok renew node Leases (the heartbeat-with-lease stage relies on
-      # them; without leases KCM marks nodes NotReady after ~50 s). The pod CIDR must not overlap
-      # the service CIDR. No --node-ip: nothing ever tries to reach a fake kubelet.
-      CMD=("${BINARY[kwok]}" --kubeconfig="$kc" --config="$CONF/kwok.yaml"
-        --manage-all-nodes=false --manage-nodes-with-annotation-selector="$FAKE_NODE_ANNOTATION"
-        --cidr="$(pod_cidr)" --node-lease-duration-seconds=40)
-      ;;
-    lws-manager)
-      CMD=("${BINARY[lws-manager]}" --kubeconfig="$kc" --config="$CONF/lws.yaml" --zap-log-level=info)
-      ;;
-    kueue-manager)
-      CMD=("${BINARY[kueue-manager]}" --kubeconfig="$kc" --config="$CONF/kueue.yaml" --zap-log-level=info)
-      ;;
-    compute-domain-controller)
-      [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
-      CMD=("${PY:-python3}" "${BINARY[compute-domain-controller]}" "$kc" "$RUN/compute-domain-controller.ready")
-      ;;
-    registry) CMD=("${BINARY[registry]}" serve "$CONF/registry.yml") ;;
-    containerd) CMD=("${BINARY[containerd]}" --config="$CONF/containerd.toml") ;;
-    kubelet)
-      CMD=("${BINARY[kubelet]}" --config="$CONF/kubelet.yaml" --kubeconfig="$kc" --root-dir="$NODE_DIR/kubelet"
-        --hostname-override="$NODE_NAME" --node-ip="$(node_ip)" --node-labels=kimik3.dev/e2e-node=real)
-      ;;
-    service-proxy)
-      [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
-      CMD=("${PY:-python3}" "${BINARY[service-proxy]}" --kubeconfig="$kc" --chain="$(node_nat_chain)"
-        --kubernetes-ip="$(kubernetes_service_ip)" --apiserver="127.0.0.1:${PORT[APISERVER_PORT]}"
-        --pod-subnet="$(node_subnet)"
-        --ready-file="$RUN/service-proxy.ready")
-      ;;
-    prometheus)
-      # The web UI's assets are not unpacked (other Debian packages); the HTTP API is all we use.
-      CMD=("${BINARY[prometheus]}" --config.file="$CONF/prometheus.yml" --storage.tsdb.path="$PROM_DIR/data"
-        --storage.tsdb.retention.time=1d --web.listen-address="127.0.0.1:${PORT[PROMETHEUS_PORT]}"
-        --log.level=warn)
-      ;;
-    keda-operator)
-      # As KEDA's config/manager, minus leader election, certificate rotation (our CA signs its
-      # pair) and the APIService/webhook patching that goes with it. Its controller-runtime metrics
-      # are off ("0"); health and the gRPC metrics service the metrics API server calls on loopback.
-      CMD=("${BINARY[keda-operator]}" --kubeconfig="$kc" --leader-elect=false --zap-log-level=info
-        --zap-encoder=console --zap-time-encoding=rfc3339 --metrics-bind-address=0
-        --health-probe-bind-address="127.0.0.1:${PORT[KEDA_HEALTH_PORT]}"
-        --metrics-service-bind-address="127.0.0.1:${PORT[KEDA_GRPC_PORT]}"
-        --cert-dir="$PKI/keda-operator-certs" --ca-dir="$PKI/keda-ca" --enable-cert-rotation=false
-        --enable-webhook-patching=false --enable-apiservice-patching=false)
-      ;;
-    keda-metrics-apiserver)
-      # As KEDA's config/metrics-server, on loopback: the aggregator reaches it through the
-      # ExternalName Service keda/keda-metrics-apiserver (ensure_metrics_apiservices). Callers are
-      # authenticated and authorized by the API server (the delegating kubeconfigs); --port is its
-      # own /metrics, which build.sh binds to 127.0.0.1 (KEDA binds it to all interfaces).
-      local certs="$PKI/keda-metrics-apiserver-certs"
-      CMD=("${BINARY[keda-metrics-apiserver]}" --kubeconfig="$kc" --lister-kubeconfig="$kc"
-        --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
-        --bind-address=127.0.0.1 --secure-port="${PORT[KEDA_METRICS_API_PORT]}"
-        --cert-dir="$certs" --tls-cert-file="$certs/tls.crt" --tls-private-key-file="$certs/tls.key"
-        --metrics-service-address="127.0.0.1:${PORT[KEDA_GRPC_PORT]}"
-        --port="${PORT[KEDA_METRICS_API_METRICS_PORT]}" --zap-log-level=info)
-      ;;
-    prometheus-adapter)
-      # Custom metrics only (the rules file has no resource or external rules: KEDA owns
-      # external.metrics.k8s.io). It relists Prometheus' series every 5 s (default 10 min) so a
-      # new pod's metrics are served within seconds; max age covers a relist plus a few scrapes.
-      CMD=("${BINARY[prometheus-adapter]}" --lister-kubeconfig="$kc"
-        --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc"
-        --bind-address=127.0.0.1 --secure-port="${PORT[PROMETHEUS_ADAPTER_PORT]}"
-        --tls-cert-file="$PKI/prometheus-adapter.crt" --tls-private-key-file="$PKI/prometheus-adapter.key"
-        --prometheus-url="http://127.0.0.1:${PORT[PROMETHEUS_PORT]}/"
-        --config="$CONF/prometheus-adapter-rules.yaml" --metrics-relist-interval=5s --metrics-max-age=10s)
-      ;;
+# ---------------------------------------------------------------------------------------------
+# Processes (supervisor.py) and the table's steps
+
+# What components.py builds command lines and probes from: paths, ports and addresses, decided here.
+export_layout() {
+  local key
+  export K3E_HERE="$HERE" K3E_STATE="$STATE" K3E_PKI="$PKI" K3E_CONF="$CONF" K3E_RUN="$RUN" K3E_LOGS="$LOGS"
+  export K3E_PROM_DIR="$PROM_DIR" K3E_AUDIT_LOG="$AUDIT_LOG" K3E_BIN_K8S="$BIN_K8S" K3E_BIN_ETCD="$BIN_ETCD"
+  export K3E_BIN_KWOK="$BIN_KWOK" K3E_BIN_LWS="$BIN_LWS" K3E_BIN_KUEUE="$BIN_KUEUE"
+  export K3E_BIN_PROMETHEUS="$BIN_PROMETHEUS" K3E_BIN_KEDA="$BIN_KEDA" K3E_BIN_PROMETHEUS_ADAPTER="$BIN_PROMETHEUS_ADAPTER"
+  for key in "${PORT_KEYS[@]}"; do export "K3E_PORT_$key=${PORT[$key]}"; done
+  K3E_SERVICE_CIDR="$(service_cidr)" K3E_POD_CIDR="$(pod_cidr)" K3E_KUBERNETES_IP="$(kubernetes_service_ip)"
+  K3E_NODE_IP="$(node_ip)" K3E_NODE_CHAIN="$(node_nat_chain)" K3E_NODE_SUBNET="$(node_subnet)"
+  K3E_REGISTRY="$(registry_host)"
+  export K3E_SERVICE_CIDR K3E_POD_CIDR K3E_KUBERNETES_IP K3E_NODE_IP K3E_NODE_CHAIN K3E_NODE_SUBNET K3E_REGISTRY
+  export K3E_NODE_NAME="$NODE_NAME" K3E_NODE_DIR="$NODE_DIR"
+  export K3E_CONTAINERD_SOCK="$CONTAINERD_SOCK" K3E_KEDA_NAMESPACE="$KEDA_NAMESPACE"
+  export K3E_FAKE_NODE_ANNOTATION="$FAKE_NODE_ANNOTATION" K3E_FRONT_PROXY_CLIENT="$FRONT_PROXY_CLIENT"
+  export K3E_NODE_GRACE_SECONDS="${KIMIK3_NODE_GRACE_SECONDS:-}"
+  [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
+  [[ -x $PY ]] || PY=""
+  export K3E_PYTHON="$PY"
+}
+
+sup() { python3 -S "$SUPERVISOR" "$@" || die "supervisor.py $1 failed"; }
+
+STARTED=()
+
+# run_plan PLAN [--tolerant]: the lines of `supervisor.py plan ...`, in order. Tolerant (down): a line
+# that fails is logged and the rest still runs (a half-done `down` would leave the control plane
+# running); the function then fails.
+run_plan() {
+  local plan=$1 tolerant=${2:-} verb rest failed=0 line
+  local -a lines words
+  mapfile -t lines <<<"$plan"
+  for line in "${lines[@]}"; do
+    [[ -n $line ]] || continue
+    read -r verb rest <<<"$line"
+    read -ra words <<<"$rest"
+    case $verb in
+      step | undo) declare -F "${verb}_${rest//-/_}" >/dev/null || die "cluster.sh has no ${verb}_${rest//-/_} (components.py names it)" ;;
+    esac
+    if [[ -n $tolerant ]]; then
+      (run_line "$verb" "${words[@]}") || { log "could not $line"; failed=1; }
+    else
+      run_line "$verb" "${words[@]}"
+    fi
+  done
+  return "$failed"
+}
+
+run_line() {
+  local verb=$1
+  shift
+  case $verb in
+    step | undo) "${verb}_${1//-/_}" ;;
+    start) sup start "$@"; STARTED+=("$@") ;;
+    wait | stop | crash) sup "$verb" "$@" ;;
+    *) die "unknown plan line: $verb $*" ;;
   esac
-}
-
-pid_of() { # pid_of NAME: the pid of our running process, or fail
-  local pidfile="$RUN/$1.pid" pid argv=()
-  [[ -s $pidfile ]] || return 1
-  pid="$(<"$pidfile")"
-  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  # The pid must still be our binary or script (pids are reused); a zombie has an empty cmdline.
-  mapfile -d '' -n 2 -t argv <"/proc/$pid/cmdline" 2>/dev/null || true
-  [[ ${argv[0]:-} == "${BINARY[$1]}" || ${argv[1]:-} == "${BINARY[$1]}" ]] || return 1
-  echo "$pid"
-}
-
-is_current() { # is_current NAME: running with exactly the command line `up` would use
-  local pid want have
-  pid="$(pid_of "$1")" || return 1
-  command_of "$1"
-  want="$(printf '%s\n' "${CMD[@]}")"
-  have="$(tr '\0' '\n' <"/proc/$pid/cmdline")"
-  [[ $want == "$have" ]]
-}
-
-start() { # start NAME: detached (own session), so it outlives the calling shell and its job control
-  local name=$1 port
-  command_of "$name"
-  for port in $(component_ports "$name"); do
-    port_in_use "$port" && die "port $port (for $name) is in use by another process; choose ports with KIMIK3_PORT_BASE"
-  done
-  [[ -f $LOGS/$name.log ]] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev"
-  rm -f "$RUN/$name.pid" "$RUN/$name.ready"
-  # The child closes every inherited descriptor above 2 (our lock, the caller's stdout kept on
-  # fd 3, pipes of whoever called us: a daemon holding them would make `$(cluster.sh up)` or the
-  # next `up` hang), writes its own pid (right even if setsid forks), then becomes the binary.
-  # KWOK_WORKDIR keeps kwok from reading a user's ~/.kwok/kwok.yaml.
-  local environment=()
-  read -ra environment <<<"${ENVIRONMENT[$name]:-}"
-  # shellcheck disable=SC2016 # expanded by the child shell
-  env KWOK_WORKDIR="$STATE/kwok" "${environment[@]}" setsid bash -c '
-    for fd in /proc/$$/fd/*; do fd=${fd##*/}; ((fd > 2)) && eval "exec $fd>&-"; done
-    echo $$ >"$0"; exec "$@"' "$RUN/$name.pid" "${CMD[@]}" </dev/null >"$LOGS/$name.log" 2>&1 &
-  # Wait until the pid is the binary (after exec), so a later pid_of failure means it died.
-  local i pid=""
-  for i in $(seq 100); do
-    pid="$(pid_of "$name")" && break
-    sleep 0.02
-  done
-  [[ -n $pid ]] || { tail -n 20 "$LOGS/$name.log" >&2; die "$name did not start"; }
-  log "started $name (pid $pid, log $LOGS/$name.log)"
-}
-
-stop() { # stop NAME...: TERM, wait, then KILL what is left; only pids from our pidfiles
-  local name pid left=() i
-  for name in "$@"; do
-    if pid="$(pid_of "$name")"; then
-      kill -TERM "$pid" 2>/dev/null || true
-      left+=("$name")
-    fi
-  done
-  for i in $(seq 100); do # up to 20 s
-    local still=()
-    for name in "${left[@]}"; do pid_of "$name" >/dev/null && still+=("$name"); done
-    left=("${still[@]}")
-    ((${#left[@]})) || break
-    if ((i == 75)); then
-      for name in "${left[@]}"; do
-        log "$name did not stop after 15 s, killing it"
-        kill -KILL "$(pid_of "$name")" 2>/dev/null || true
-      done
-    fi
-    sleep 0.2
-  done
-  ((${#left[@]} == 0)) || die "could not stop: ${left[*]}"
-  for name in "$@"; do rm -f "$RUN/$name.pid" "$RUN/$name.ready"; done
-}
-
-crash() { # crash NAME...: SIGKILL, as a crashed process would end; wait until it and its ports are gone
-  local name pid i port
-  for name in "$@"; do
-    pid="$(pid_of "$name")" || continue
-    kill -KILL "$pid" 2>/dev/null || true
-    for i in $(seq 100); do # the cmdline empties before the sockets close: wait for /proc/PID itself
-      [[ -e /proc/$pid && $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || break
-      sleep 0.1
-    done
-    ! pid_of "$name" >/dev/null || die "$name survived SIGKILL"
-    for port in $(component_ports "$name"); do
-      for i in $(seq 100); do port_in_use "$port" || break; sleep 0.1; done
-    done
-    rm -f "$RUN/$name.pid" "$RUN/$name.ready"
-  done
-}
-
-CURL=(curl -sS --noproxy '*' --max-time 3)
-
-healthy() { # healthy NAME: the component answers its health endpoint
-  case $1 in
-    etcd) "${CURL[@]}" -f "http://127.0.0.1:${PORT[ETCD_PORT]}/health" 2>/dev/null | grep -q '"health":"true"' ;;
-    kube-apiserver)
-      "${CURL[@]}" -f --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
-        "https://127.0.0.1:${PORT[APISERVER_PORT]}/readyz" >/dev/null 2>&1 ;;
-    kube-controller-manager)
-      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[KCM_PORT]}/healthz" >/dev/null 2>&1 ;;
-    kube-scheduler)
-      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[SCHEDULER_PORT]}/healthz" >/dev/null 2>&1 ;;
-    kwok) pid_of kwok >/dev/null ;; # no server; its work shows as Ready nodes
-    lws-manager)
-      # readyz is a plain ping in LWS; the webhooks register later, so also ask the webhook
-      # server: 404 means the handlers are not there yet.
-      "${CURL[@]}" -f "http://127.0.0.1:${PORT[LWS_HEALTH_PORT]}/readyz" >/dev/null 2>&1 || return 1
-      local code
-      code="$("${CURL[@]}" -o /dev/null -w '%{http_code}' --cacert "$PKI/ca.crt" -X POST \
-        -H 'Content-Type: application/json' -d '{}' \
-        "https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
-      [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
-    kueue-manager)
-      # As LWS: readyz pings, then the webhook server must know the LeaderWorkerSet handler.
-      "${CURL[@]}" -f "http://127.0.0.1:${PORT[KUEUE_HEALTH_PORT]}/readyz" >/dev/null 2>&1 || return 1
-      local code
-      code="$("${CURL[@]}" -o /dev/null -w '%{http_code}' --cacert "$PKI/ca.crt" -X POST \
-        -H 'Content-Type: application/json' -d '{}' \
-        "https://127.0.0.1:${PORT[KUEUE_WEBHOOK_PORT]}/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset" 2>/dev/null)" || true
-      [[ $code =~ ^[1-5][0-9][0-9]$ && $code != 404 ]] ;;
-    # It creates this file after each successful list of ComputeDomains and removes it on errors.
-    compute-domain-controller) pid_of compute-domain-controller >/dev/null && [[ -e $RUN/compute-domain-controller.ready ]] ;;
-    prometheus) "${CURL[@]}" -f "http://127.0.0.1:${PORT[PROMETHEUS_PORT]}/-/ready" >/dev/null 2>&1 ;;
-    # readyz is a plain ping; the gRPC metrics service starts with the manager, a moment later.
-    keda-operator)
-      "${CURL[@]}" -f "http://127.0.0.1:${PORT[KEDA_HEALTH_PORT]}/readyz" >/dev/null 2>&1 &&
-        port_in_use "${PORT[KEDA_GRPC_PORT]}" ;;
-    keda-metrics-apiserver)
-      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[KEDA_METRICS_API_PORT]}/readyz" >/dev/null 2>&1 ;;
-    prometheus-adapter)
-      "${CURL[@]}" -f --cacert "$PKI/ca.crt" "https://127.0.0.1:${PORT[PROMETHEUS_ADAPTER_PORT]}/readyz" >/dev/null 2>&1 ;;
-    registry) "${CURL[@]}" -f "http://$(registry_host)/v2/" >/dev/null 2>&1 ;;
-    containerd) [[ -S $CONTAINERD_SOCK ]] && ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 ;;
-    kubelet) "${CURL[@]}" -f "http://127.0.0.1:${PORT[KUBELET_HEALTHZ_PORT]}/healthz" >/dev/null 2>&1 ;;
-    service-proxy) pid_of service-proxy >/dev/null && [[ -e $RUN/service-proxy.ready ]] ;;
-  esac
-}
-
-wait_healthy() { # wait_healthy NAME TIMEOUT_S
-  local name=$1 deadline=$(($(date +%s) + $2))
-  until healthy "$name"; do
-    if ! pid_of "$name" >/dev/null; then
-      log "$name exited; last lines of $LOGS/$name.log:"
-      tail -n 30 "$LOGS/$name.log" >&2 || true
-      die "$name failed to start"
-    fi
-    if (($(date +%s) >= deadline)); then
-      tail -n 30 "$LOGS/$name.log" >&2 || true
-      die "$name not healthy after $2 s"
-    fi
-    sleep 0.2
-  done
 }
 
 wait_until() { # wait_until TIMEOUT_S WHAT CMD...: poll CMD until it succeeds
@@ -876,29 +602,41 @@ wait_until() { # wait_until TIMEOUT_S WHAT CMD...: poll CMD until it succeeds
   done
 }
 
-STARTED=()
+# The steps components.py names (step_NAME before what needs it; undo_NAME in `down`).
+step_node_network() { ensure_node_network; } # before the API server: it calls webhook Services by address
+undo_node_network() { remove_node_network; } # last: while the API server ran, its calls had to meet the guards
+step_node_state() { ensure_node_cgroups; }
+undo_node_state() { remove_node_state; }
+step_pause_image() { ensure_pause_image; }
+undo_pause_image() { remove_node_pods; } # the kubelet is gone (no pod starts again); containerd still runs
+step_crds() {
+  ensure_crds lws "$LWS_SRC/config/crd/bases"
+  # Kueue's bases serve v1beta1 and v1beta2 without conversion (its kustomized CRDs convert through
+  # its webhook Service); everything here speaks v1beta2, the stored version.
+  ensure_crds kueue "$KUEUE_SRC/config/components/crd/bases"
+  ensure_crds keda "$KEDA_SRC/config/crd/bases"
+  ensure_crds gateway-api "$GATEWAY_API_CRDS"
+  ensure_compute_domain_fixtures
+}
+step_cluster_objects() {
+  ensure_storage_class
+  ensure_played_pods_policy
+  ensure_nodes
+}
+step_lws_webhooks() { ensure_lws_webhooks; }
+step_kueue_webhooks() { ensure_kueue_webhooks; }
+step_metrics_services() { apply_hashed metrics-services < <(metrics_services_yaml); }
+step_metrics_apiservices() { ensure_metrics_apiservices; }
 
 # Each kwok process holds the node Leases under a new random identity, and a new process waits for
 # its predecessor's Leases to expire (~40 s) before it handles any node or pod. The predecessor is
-# gone when we start kwok, and no real kubelet exists here, so hand all node Leases over at once.
-release_node_leases() {
-  healthy kube-apiserver || return 0
-  [[ -n $(kc -n kube-node-lease get leases -o name 2>/dev/null) ]] || return 0
-  kc -n kube-node-lease delete leases --all --wait=false >/dev/null
-}
-
-ensure_running() { # ensure_running NAME: start unless it runs current; restart if stale
-  local name=$1
-  if pid_of "$name" >/dev/null; then
-    if is_current "$name" && [[ -z ${STALE[$name]:-} ]]; then
-      return 0
-    fi
-    log "$name runs with an old command line or config; restarting it"
-    stop "$name"
-  fi
-  [[ $name == kwok ]] && release_node_leases
-  start "$name"
-  STARTED+=("$name")
+# gone when kwok starts, and no real kubelet holds these, so hand all fake node Leases over at once.
+step_release_node_leases() {
+  local leases
+  leases="$(kc -n kube-node-lease get leases -o name 2>/dev/null | grep -v "/$NODE_NAME\$")" || return 0
+  [[ -n $leases ]] || return 0
+  # shellcheck disable=SC2086 # one name per word
+  kc -n kube-node-lease delete $leases --wait=false >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -996,12 +734,14 @@ EOF
 
 # LWS's, with the DisaggregatedSet validation its manager serves too.
 ensure_lws_webhooks() {
-  local extra="- name: vdisaggregatedset.kb.io
+  local extra ca
+  ca="$(base64 -w0 <"$PKI/ca.crt")"
+  extra="- name: vdisaggregatedset.kb.io
   admissionReviewVersions: [v1]
   sideEffects: None
   failurePolicy: Fail
   timeoutSeconds: 10
-  clientConfig: {url: \"https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset\", caBundle: \"$(base64 -w0 <"$PKI/ca.crt")\"}
+  clientConfig: {url: \"https://127.0.0.1:${PORT[LWS_WEBHOOK_PORT]}/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset\", caBundle: \"$ca\"}
   rules: [{apiGroups: [disaggregatedset.x-k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [disaggregatedsets]}]"
   apply_hashed lws-webhooks < <(workload_webhooks_yaml lws "${PORT[LWS_WEBHOOK_PORT]}" "" "$extra")
 }
@@ -1154,7 +894,7 @@ sys.exit(0 if ready >= int(sys.argv[1]) else 1)
 wait_nodes_ready() { # like wait_until, but a dead kwok fails at once with its log
   local deadline=$(($(date +%s) + $1))
   until nodes_ready 2>/dev/null; do
-    if ! pid_of kwok >/dev/null; then
+    if ! python3 -S "$SUPERVISOR" running kwok; then
       tail -n 30 "$LOGS/kwok.log" >&2 || true
       die "kwok exited"
     fi
@@ -1167,20 +907,18 @@ wait_nodes_ready() { # like wait_until, but a dead kwok fails at once with its l
 # Subcommands
 
 cmd_up() {
-  local t0 name
+  local t0
   t0="$(now_ms)"
   "$HERE/build.sh"
   mkdir -p "$LOGS"
   ensure_node_packages # the real node's binaries are Debian's
-  for name in "${COMPONENTS[@]}"; do
-    [[ $name == compute-domain-controller || $name == service-proxy ]] && continue
-    [[ -x ${BINARY[$name]} ]] || die "${BINARY[$name]} missing after build.sh"
-  done
   [[ -x $KUBECTL ]] || die "$KUBECTL missing after build.sh"
 
   mkdir -p "$STATE"
   exec 8>"$STATE/.lock"
   flock 8 # one up/down at a time
+  mkdir -p "$RUN"
+  begin_python
   resolve_ports
   ensure_pki
   write_configs
@@ -1188,66 +926,11 @@ cmd_up() {
   pod_cidr | write_file "$STATE/pod-cidr" 644
   service_cidr | write_file "$STATE/service-cidr" 644
 
-  # The real node's addresses and guards before the API server: it calls webhook Services by their
-  # address, which must never reach the default route.
-  ensure_node_network
-  ensure_running etcd
-  wait_healthy etcd 30
-  ensure_running kube-apiserver
-  wait_healthy kube-apiserver 120
-  # The CRDs before KCM: its garbage collector discovers resource types when it starts and then
-  # only every 30 s, so objects owned by a LeaderWorkerSet, ComputeDomain or ScaledObject (KEDA's
-  # HPAs) whose CRD came later would outlive their owner by up to 30 s.
-  ensure_crds lws "$LWS_SRC/config/crd/bases"
-  # Kueue's bases serve v1beta1 and v1beta2 without conversion (its kustomized CRDs convert through
-  # its webhook Service); everything here speaks v1beta2, the stored version.
-  ensure_crds kueue "$KUEUE_SRC/config/components/crd/bases"
-  ensure_crds keda "$KEDA_SRC/config/crd/bases"
-  ensure_crds gateway-api "$GATEWAY_API_CRDS"
-  ensure_compute_domain_fixtures
-  # These three only need the API server; start them together and wait for them later.
-  ensure_running kube-controller-manager
-  ensure_running kube-scheduler
-  ensure_running kwok
-  ensure_running prometheus # needs nothing but its config; waited for before the adapter starts
-  # The real node: its registry (with the pause image) before containerd, the bridge before the
-  # kubelet (which serves on the bridge's address), the Service rules beside them.
-  ensure_running registry
-  ensure_node_cgroups
-  ensure_running containerd
-
-  ensure_running lws-manager # after its CRDs: it fails on unknown kinds
-  resolve_python
-  ensure_running compute-domain-controller # after its CRD
-  ensure_running service-proxy
-  ensure_storage_class
-  ensure_played_pods_policy
-  ensure_nodes
-  wait_healthy lws-manager 60
-  ensure_lws_webhooks # only now: the manager serves them
-  ensure_running kueue-manager # after the LWS CRDs and webhooks: it manages LeaderWorkerSets
-  wait_healthy kueue-manager 60
-  ensure_kueue_webhooks
-
-  apply_hashed metrics-services < <(metrics_services_yaml)
-  ensure_running keda-operator # after its CRDs
-  wait_healthy prometheus 60
-  ensure_running prometheus-adapter # once Prometheus answers: it lists the series at start
-  wait_healthy keda-operator 60
-  ensure_running keda-metrics-apiserver # once the operator's gRPC metrics service answers
-  wait_healthy keda-metrics-apiserver 60
-  wait_healthy prometheus-adapter 60
-  ensure_metrics_apiservices # only now: their servers answer
-
-  wait_healthy kube-controller-manager 60
-  wait_healthy kube-scheduler 60
-  wait_healthy compute-domain-controller 30
-  wait_healthy registry 30
-  ensure_pause_image
-  wait_healthy containerd 30
-  ensure_running kubelet
-  wait_healthy service-proxy 30
-  wait_healthy kubelet 60
+  export_layout
+  local stale plan
+  stale="$(IFS=,; echo "${!STALE[*]}")"
+  plan="$(python3 -S "$SUPERVISOR" plan up --stale="$stale")" || die "supervisor.py plan up failed"
+  run_plan "$plan"
   wait_until 120 "the real node $NODE_NAME Ready" node_ready
   wait_nodes_ready 120
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
@@ -1271,19 +954,12 @@ cmd_down() {
   flock 8
   log "stopping"
   resolve_ports
-  # The real node first: its pods go with it (remove_node_pods), containerd once nothing runs. A
-  # step that fails is logged and the rest still runs: a half-done `down` would leave the control
-  # plane running.
-  stop kubelet service-proxy || log "could not stop the kubelet or the service proxy"
-  remove_node_pods || log "could not remove every pod of the real node"
-  stop containerd registry || log "could not stop containerd or the registry"
-  remove_node_state || log "could not remove the real node's state"
-  stop prometheus-adapter keda-metrics-apiserver keda-operator prometheus \
-    compute-domain-controller kueue-manager lws-manager kwok kube-scheduler kube-controller-manager
-  stop kube-apiserver
-  stop etcd
-  # Last: while the API server ran, its calls to Service addresses had to meet the guards.
-  remove_node_network || log "could not remove the real node's network"
+  export_layout
+  # In the reverse of the start order: the real node first (its pods go with the kubelet, containerd
+  # once nothing runs), the API server and etcd last, the node's network after everything.
+  local plan
+  plan="$(python3 -S "$SUPERVISOR" plan down)" || die "supervisor.py plan down failed"
+  run_plan "$plan" tolerant || die "down did not finish; the cluster's data is kept"
   # The next `up` starts from an empty cluster; the audit log and the metrics belong to this
   # cluster's life. PKI, kubeconfigs and component logs stay (reused, and useful after a failed
   # run), and so do the scrape targets: their writers (pod runners) remove their own files.
@@ -1296,58 +972,32 @@ cmd_down() {
 # Stop and start components of a running cluster with the command line `up` uses, so a later `up`
 # finds them current and leaves them alone. Only running components: a stopped one is `up`'s job.
 cmd_restart() {
-  local name t0 dt how=stop
+  local name t0 dt kill=() how=stop plan
   if [[ ${1:-} == --kill ]]; then
-    how=crash
+    kill=(--kill) how=crash
     shift
   fi
-  (($#)) || die "usage: cluster.sh restart [--kill] COMPONENT... (of: ${COMPONENTS[*]})"
-  for name in "$@"; do
-    [[ " ${COMPONENTS[*]} " == *" $name "* ]] || die "unknown component $name (of: ${COMPONENTS[*]})"
-  done
+  plan="$(python3 -S "$SUPERVISOR" plan "${kill[@]}" restart "$@")" || exit 1
   mkdir -p "$STATE"
   exec 8>"$STATE/.lock"
   flock 8
   resolve_ports
+  export_layout
   for name in "$@"; do
-    pid_of "$name" >/dev/null || die "$name is not running; start the cluster with 'up'"
+    python3 -S "$SUPERVISOR" running "$name" || die "$name is not running; start the cluster with 'up'"
   done
   t0="$(now_ms)"
-  "$how" "$@"
-  for name in "${COMPONENTS[@]}"; do # start order, whatever order the arguments came in
-    if [[ " $* " == *" $name "* ]]; then
-      if [[ $name == kwok ]]; then release_node_leases; fi
-      start "$name"
-    fi
-  done
-  for name in "${COMPONENTS[@]}"; do
-    if [[ " $* " == *" $name "* ]]; then wait_healthy "$name" 120; fi
-  done
+  run_plan "$plan"
   dt=$(($(now_ms) - t0))
   log "restarted $* ($how) in $((dt / 1000)).$(printf '%03d' $((dt % 1000)))s"
 }
 
 cmd_status() {
   resolve_ports
-  local name pid state all=0
-  printf '%-26s %-8s %-12s %s\n' COMPONENT PID PORTS STATE
-  for name in "${COMPONENTS[@]}"; do
-    if pid="$(pid_of "$name")"; then
-      if ! healthy "$name"; then
-        state="running, not healthy"; all=1
-      elif ! is_current "$name"; then
-        state="healthy (old command line: next up restarts it)"
-      else
-        state="healthy"
-      fi
-    else
-      pid="-"; state="stopped"; all=1
-    fi
-    local ports
-    ports="$(component_ports "$name")"
-    printf '%-26s %-8s %-12s %s\n' "$name" "$pid" "${ports// /,}" "$state"
-  done
-  if healthy kube-apiserver; then
+  export_layout
+  local all=0
+  python3 -S "$SUPERVISOR" status || all=1
+  if python3 -S "$SUPERVISOR" running kube-apiserver && kc get --raw=/readyz >/dev/null 2>&1; then
     local total ready=0
     total="$(kc get nodes -l type=kwok -o name 2>/dev/null | wc -l)"
     ready="$(kc get nodes -l type=kwok --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)"

@@ -56,7 +56,6 @@ write_node_configs() {
   issue kubelet "/O=system:masters/CN=system:node:$NODE_NAME" serving "$NODE_NAME" "IP:$(node_ip)"
   write_file "$STATE/kubeconfigs/kubelet.kubeconfig" 600 kubelet < <(kubeconfig kubelet)
   write_file "$STATE/kubeconfigs/service-proxy.kubeconfig" 600 service-proxy < <(kubeconfig service-proxy)
-  write_file "$RUN/containerd.env" 644 containerd <<<"${ENVIRONMENT[containerd]}"
 
   write_file "$CONF/registry.yml" 644 registry <<EOF
 version: 0.1
