@@ -271,13 +271,30 @@ tmp.rename(out)
 PY
 }
 
+# Two lanes, each one component after another, balanced by their cold build times (k8s and KEDA, the
+# two longest, in different lanes). Each `go build` keeps both cores busy while it compiles, but a
+# cold build also spends minutes on module downloads and on single-threaded steps (`go mod tidy`,
+# linking, Debian and proxy fetches); the other lane fills those.
+LANES=("k8s helm etcd kwok gateway_api prometheus" "keda kueue lws prometheus_adapter")
+
+lane() { # lane COMPONENT...: build them in order; the first failure ends the lane (set -e)
+  local c
+  for c in "$@"; do timed "$c" "build_$c"; done
+}
+
 main() {
   # One builder at a time: a second caller waits for the first and then finds everything cached.
   exec 9>"$CACHE/.build.lock"
   flock 9
-  local c t0=$SECONDS
-  (($#)) || set -- etcd kwok lws helm k8s prometheus prometheus_adapter keda gateway_api kueue
-  for c in "$@"; do timed "$c" "build_$c"; done
+  local t0=$SECONDS pids=() failed=() i
+  if (($#)); then
+    lane "$@"
+  else
+    # shellcheck disable=SC2086 # a lane is a list of words
+    for i in "${!LANES[@]}"; do lane ${LANES[$i]} & pids[i]=$!; done
+    for i in "${!LANES[@]}"; do wait "${pids[$i]}" || failed+=("(${LANES[$i]})"); done
+    ((${#failed[@]} == 0)) || { log "FAILED: the lanes that build ${failed[*]} stopped (their errors are above)"; exit 1; }
+  fi
   log "all components ready in $((SECONDS - t0))s under $BIN"
 }
 

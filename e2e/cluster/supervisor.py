@@ -65,8 +65,9 @@ def needs_of(row: Row) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*row.needs, *extra]))
 
 
-def check_table(rows: Sequence[Row] = COMPONENTS) -> None:
+def check_table() -> None:
     """Unique names, known needs and hooks, no cycle, no port claimed twice."""
+    rows = COMPONENTS
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise Failed(f"a name appears twice in the table: {sorted(n for n in names if names.count(n) > 1)}")
@@ -304,11 +305,16 @@ def start(layout: Layout, name: str) -> None:
         logs.replace(logs.with_suffix(".log.prev"))
     for kind in ("pid", "ready"):
         _files(layout, name, kind).unlink(missing_ok=True)
-    # KWOK_WORKDIR keeps kwok from reading a user's ~/.kwok/kwok.yaml.
-    env = {**os.environ, "KWOK_WORKDIR": f"{layout.state}/kwok", **row.env(layout)}
-    with logs.open("wb") as out:
-        process = subprocess.Popen(row.argv(layout), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True, close_fds=True)
+    # The caller's environment without the layout (K3E_*: ours, not the component's); KWOK_WORKDIR
+    # keeps kwok from reading a user's ~/.kwok/kwok.yaml.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K3E_")}
+    env |= {"KWOK_WORKDIR": f"{layout.state}/kwok", **row.env(layout)}
+    try:
+        with logs.open("wb") as out:
+            process = subprocess.Popen(row.argv(layout), stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+    except OSError as error:
+        raise Failed(f"{name} cannot run {row.argv(layout)[0]}: {error} (did build.sh run?)") from None
     _files(layout, name, "pid").write_text(f"{process.pid}\n")
     _files(layout, name, "env").write_text(_env_text(layout, row))
     deadline = time.monotonic() + 2  # /proc/PID/cmdline is the new program's a moment after exec

@@ -115,15 +115,19 @@ def test_restart_stops_what_it_names_and_starts_it_in_start_order() -> None:
         supervisor.plan_restart([], kill=False)
 
 
-def test_a_cycle_or_an_unknown_need_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = (Step("a", needs=("b",)), Step("b", needs=("a",)))
+@pytest.mark.parametrize(("rows", "error"), [
+    ((Step("a", needs=("b",)), Step("b", needs=("a",))), "cycle"),
+    ((Step("a", needs=("nothing",)),), "a needs nothing"),
+    ((Step("a"), Step("a")), "twice"),
+    ((Component("x", str, list, before_start=("y",)), Component("y", str, list)), "not a step"),
+    ((Component("x", str, list, ports=("P",)), Component("y", str, list, ports=("P",))), "port is claimed twice"),
+])
+def test_a_table_that_cannot_be_run_is_refused(rows: tuple[Component | Step, ...], error: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor, "COMPONENTS", rows)
     monkeypatch.setattr(supervisor, "ROWS", {r.name: r for r in rows})
-    with pytest.raises(supervisor.Failed, match="cycle"):
-        supervisor.check_table(rows)
-    unknown = (Step("a", needs=("nothing",)),)
-    with pytest.raises(supervisor.Failed, match="a needs nothing"):
-        supervisor.check_table(unknown)
+    with pytest.raises(supervisor.Failed, match=error):
+        supervisor.check_table()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,3 +193,11 @@ def test_a_process_that_never_turns_healthy_times_out(sleeper: tuple[Layout, Com
     with pytest.raises(supervisor.Failed, match="not healthy after 1 s"):
         supervisor.wait(lay, ["sleeper"], 1)
     assert time.monotonic() - started < 3
+
+
+def test_a_component_whose_binary_is_missing_fails_with_what_to_do(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    row = Component("absent", lambda _: str(tmp_path / "no-such-binary"), lambda _: [])
+    monkeypatch.setattr(supervisor, "ROWS", {**supervisor.ROWS, "absent": row})
+    with pytest.raises(supervisor.Failed, match="absent cannot run .*no-such-binary.*build.sh"):
+        supervisor.start(layout(tmp_path), "absent")
