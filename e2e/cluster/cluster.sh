@@ -528,9 +528,6 @@ source "$HERE/../debian-packages.sh"
 source "$HERE/node.sh"
 
 # ---------------------------------------------------------------------------------------------
-# Processes
-
-# ---------------------------------------------------------------------------------------------
 # Processes (supervisor.py) and the table's steps
 
 # What components.py builds command lines and probes from: paths, ports and addresses, decided here.
@@ -558,7 +555,7 @@ sup() { python3 -S "$SUPERVISOR" "$@" || die "supervisor.py $1 failed"; }
 
 STARTED=()
 
-# run_plan PLAN [--tolerant]: the lines of `supervisor.py plan ...`, in order. Tolerant (down): a line
+# run_plan PLAN [tolerant]: the lines of `supervisor.py plan ...`, in order. Tolerant (down): a line
 # that fails is logged and the rest still runs (a half-done `down` would leave the control plane
 # running); the function then fails.
 run_plan() {
@@ -602,7 +599,8 @@ wait_until() { # wait_until TIMEOUT_S WHAT CMD...: poll CMD until it succeeds
   done
 }
 
-# The steps components.py names (step_NAME before what needs it; undo_NAME in `down`).
+# The steps components.py names (step_NAME before what needs it; undo_NAME in `down`); step_python is
+# with begin_python above.
 step_node_network() { ensure_node_network; } # before the API server: it calls webhook Services by address
 undo_node_network() { remove_node_network; } # last: while the API server ran, its calls had to meet the guards
 step_node_state() { ensure_node_cgroups; }
@@ -630,7 +628,8 @@ step_metrics_apiservices() { ensure_metrics_apiservices; }
 
 # Each kwok process holds the node Leases under a new random identity, and a new process waits for
 # its predecessor's Leases to expire (~40 s) before it handles any node or pod. The predecessor is
-# gone when kwok starts, and no real kubelet holds these, so hand all fake node Leases over at once.
+# gone when kwok starts, so hand every fake node's Lease over at once (the real node's kubelet keeps
+# its own).
 step_release_node_leases() {
   local leases
   leases="$(kc -n kube-node-lease get leases -o name 2>/dev/null | grep -v "/$NODE_NAME\$")" || return 0
