@@ -4,7 +4,9 @@
 # shared venv's editable install: scripts/venv.sh). PYTHONPATH puts this checkout's code first
 # whichever venv runs it.
 #
-#   make check      lint, types, import contracts, unit/golden/contract tests (the fast loop)
+#   make check      lint, types, import contracts, unit and golden tests: the fast loop (under a minute)
+#   make test       every suite under tests/ (also contract, security, fuzz, mutation, images,
+#                   simulator, e2e_infra): what scripts/test.sh runs before its cluster (~9 min)
 #   make generate   regenerate everything generated: CRD + chart copy, chart README values,
 #                   manifests/install.yaml, golden manifests
 #   make verify     generate, then fail if that changed anything tracked
@@ -31,7 +33,7 @@ HELM_DIR := $(KIMIK3_CACHE)/bin/helm-v$(HELM_VERSION)
 # What `generate` writes (and `verify` holds to the committed copies).
 GENERATED := crds charts/kimik3-operator manifests/install.yaml tests/golden
 
-.PHONY: help venv check lint test generate crd chart-readme install-yaml goldens verify contract e2e
+.PHONY: help venv check lint unit test generate crd chart-readme install-yaml goldens verify contract e2e
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' "$(ROOT)/Makefile"
@@ -39,12 +41,15 @@ help:
 venv:
 	@test -x "$(VENV)/bin/python" || { echo "no venv at '$(VENV)' (scripts/venv.sh failed?)" >&2; exit 1; }
 
-check: lint test
+check: lint unit
 
 lint: venv
 	cd "$(ROOT)" && $(RUN) ruff check .
 	cd "$(ROOT)" && $(RUN) mypy
 	cd "$(ROOT)" && $(RUN) lint-imports
+
+unit: venv
+	cd "$(ROOT)" && $(RUN) python -m pytest tests/unit tests/golden -q $(ARGS)
 
 test: venv
 	cd "$(ROOT)" && $(RUN) python -m pytest tests -q $(ARGS)
