@@ -51,8 +51,9 @@ lint: venv
 unit: venv
 	cd "$(ROOT)" && $(RUN) python -m pytest tests/unit tests/golden -q $(ARGS)
 
+# NONE_OK (scripts/test.sh, when it passes a -k): no collected test is not a failure (pytest's exit 5).
 test: venv
-	cd "$(ROOT)" && $(RUN) python -m pytest tests -q $(ARGS)
+	cd "$(ROOT)" && { $(RUN) python -m pytest tests -q $(ARGS) || { rc=$$?; [[ $$rc == 5 && "$(NONE_OK)" =~ ^[1-9] ]] || exit $$rc; }; }
 
 generate: crd chart-readme install-yaml goldens
 

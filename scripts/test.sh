@@ -31,15 +31,16 @@ images_pid=$!
 VENV="$("$ROOT/scripts/venv.sh")"
 export PATH="$VENV/bin:$PATH"
 
-echo "== lint (ruff), types (mypy: strict on api, planner, render, contract, kimi_k3), import contracts"
-ruff check .
-mypy
-lint-imports
-echo "== unit, schema and render tests"
 # The router pods' front is Debian's HAProxy; the security tests run it (tests/security/test_front_door.py).
+# make runs the developer targets this script shares with CONTRIBUTING.md.
 source "$ROOT/e2e/debian-packages.sh"
-ensure_debian_packages "$CACHE/apt.log" haproxy
-python -m pytest tests -q "$@" || { rc=$?; [[ $rc == 5 && $# -gt 0 ]] || exit "$rc"; }
+ensure_debian_packages "$CACHE/apt.log" haproxy make
+echo "== make lint: ruff, types (mypy: strict on api, planner, render, contract, kimi_k3), import contracts"
+make --no-print-directory lint VENV="$VENV"
+echo "== make test: unit, schema, render, contract, security, fuzz and the other suites under tests/"
+# Extra arguments pass to pytest quoted as given (-k 'a and b'); a -k that selects none of these
+# tests (pytest's exit 5) is fine here, as the e2e run below may hold the ones it names.
+make --no-print-directory test VENV="$VENV" ARGS="$(printf '%q ' "$@")" NONE_OK="$#"
 
 await_build() { # await_build PID LOG TAG WHAT: a background build's end, its summary, or FAILED
   local pid=$1 log=$2 tag=$3 what=$4
