@@ -40,7 +40,9 @@ make --no-print-directory lint VENV="$VENV"
 echo "== make test: unit, schema, render, contract, security, fuzz and the other suites under tests/"
 # Extra arguments pass to pytest quoted as given (-k 'a and b'); a -k that selects none of these
 # tests (pytest's exit 5) is fine here, as the e2e run below may hold the ones it names.
-make --no-print-directory test VENV="$VENV" ARGS="$(printf '%q ' "$@")" NONE_OK="$#"
+pytest_args=""
+(($# == 0)) || pytest_args="$(printf '%q ' "$@")" # printf with no argument would print ''
+make --no-print-directory test VENV="$VENV" ARGS="$pytest_args" NONE_OK="$#"
 
 await_build() { # await_build PID LOG TAG WHAT: a background build's end, its summary, or FAILED
   local pid=$1 log=$2 tag=$3 what=$4
