@@ -501,10 +501,16 @@ EOF
 # service_proxy.py). scripts/venv.sh takes ~2 s even when warm (it reinstalls the project), so it runs
 # once per cluster life, in the background from the start of `up` (step python collects it); later
 # `up`s reuse the path it printed while that still exists, and `down` forgets it.
+recorded_python() { # the Python a previous `up` recorded, if it still runs; else nothing
+  local py
+  py="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
+  [[ -n $py && -x $py ]] && echo "$py"
+  return 0
+}
+
 begin_python() {
-  PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
-  [[ -n $PY && -x $PY ]] && return 0
-  PY=""
+  PY="$(recorded_python)"
+  [[ -n $PY ]] && return 0
   VENV_OUT="$(mktemp)"
   "$ROOT/scripts/venv.sh" >"$VENV_OUT" 2>&1 3>&- 8>&- &
   VENV_PID=$!
@@ -546,12 +552,12 @@ export_layout() {
   export K3E_CONTAINERD_SOCK="$CONTAINERD_SOCK" K3E_KEDA_NAMESPACE="$KEDA_NAMESPACE"
   export K3E_FAKE_NODE_ANNOTATION="$FAKE_NODE_ANNOTATION" K3E_FRONT_PROXY_CLIENT="$FRONT_PROXY_CLIENT"
   export K3E_NODE_GRACE_SECONDS="${KIMIK3_NODE_GRACE_SECONDS:-}"
-  [[ -n $PY ]] || PY="$(cat "$VENV_PYTHON_FILE" 2>/dev/null)" || true
-  [[ -x $PY ]] || PY=""
+  [[ -n $PY ]] || PY="$(recorded_python)"
   export K3E_PYTHON="$PY"
 }
 
-sup() { python3 -S "$SUPERVISOR" "$@" || die "supervisor.py $1 failed"; }
+supervisor() { python3 -S "$SUPERVISOR" "$@"; } # its exit status, for the callers that ask
+sup() { supervisor "$@" || die "supervisor.py $1 failed"; }
 
 STARTED=()
 
@@ -893,7 +899,7 @@ sys.exit(0 if ready >= int(sys.argv[1]) else 1)
 wait_nodes_ready() { # like wait_until, but a dead kwok fails at once with its log
   local deadline=$(($(date +%s) + $1))
   until nodes_ready 2>/dev/null; do
-    if ! python3 -S "$SUPERVISOR" running kwok; then
+    if ! supervisor running kwok; then
       tail -n 30 "$LOGS/kwok.log" >&2 || true
       die "kwok exited"
     fi
@@ -928,7 +934,7 @@ cmd_up() {
   export_layout
   local stale plan
   stale="$(IFS=,; echo "${!STALE[*]}")"
-  plan="$(python3 -S "$SUPERVISOR" plan up --stale="$stale")" || die "supervisor.py plan up failed"
+  plan="$(sup plan up --stale="$stale")" || exit 1
   run_plan "$plan"
   wait_until 120 "the real node $NODE_NAME Ready" node_ready
   wait_nodes_ready 120
@@ -957,7 +963,7 @@ cmd_down() {
   # In the reverse of the start order: the real node first (its pods go with the kubelet, containerd
   # once nothing runs), the API server and etcd last, the node's network after everything.
   local plan
-  plan="$(python3 -S "$SUPERVISOR" plan down)" || die "supervisor.py plan down failed"
+  plan="$(sup plan down)" || exit 1
   run_plan "$plan" tolerant || die "down did not finish; the cluster's data is kept"
   # The next `up` starts from an empty cluster; the audit log and the metrics belong to this
   # cluster's life. PKI, kubeconfigs and component logs stay (reused, and useful after a failed
@@ -976,14 +982,14 @@ cmd_restart() {
     kill=(--kill) how=crash
     shift
   fi
-  plan="$(python3 -S "$SUPERVISOR" plan "${kill[@]}" restart "$@")" || exit 1
+  plan="$(supervisor plan "${kill[@]}" restart "$@")" || exit 1 # it says what was wrong
   mkdir -p "$STATE"
   exec 8>"$STATE/.lock"
   flock 8
   resolve_ports
   export_layout
   for name in "$@"; do
-    python3 -S "$SUPERVISOR" running "$name" || die "$name is not running; start the cluster with 'up'"
+    supervisor running "$name" || die "$name is not running; start the cluster with 'up'"
   done
   t0="$(now_ms)"
   run_plan "$plan"
@@ -995,8 +1001,8 @@ cmd_status() {
   resolve_ports
   export_layout
   local all=0
-  python3 -S "$SUPERVISOR" status || all=1
-  if python3 -S "$SUPERVISOR" running kube-apiserver && kc get --raw=/readyz >/dev/null 2>&1; then
+  supervisor status || all=1
+  if supervisor running kube-apiserver && kc get --raw=/readyz >/dev/null 2>&1; then
     local total ready=0
     total="$(kc get nodes -l type=kwok -o name 2>/dev/null | wc -l)"
     ready="$(kc get nodes -l type=kwok --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)"

@@ -238,6 +238,12 @@ def _files(layout: Layout, name: str, kind: str) -> Path:
     return Path(layout.run) / f"{name}.{kind}"
 
 
+def _forget(layout: Layout, name: str) -> None:
+    """A process gone (or about to start): its pidfile and ready file go with it."""
+    for kind in ("pid", "ready"):
+        _files(layout, name, kind).unlink(missing_ok=True)
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -303,8 +309,7 @@ def start(layout: Layout, name: str) -> None:
     logs = Path(layout.logs) / f"{name}.log"
     if logs.exists():
         logs.replace(logs.with_suffix(".log.prev"))
-    for kind in ("pid", "ready"):
-        _files(layout, name, kind).unlink(missing_ok=True)
+    _forget(layout, name)
     # The caller's environment without the layout (K3E_*: ours, not the component's); KWOK_WORKDIR
     # keeps kwok from reading a user's ~/.kwok/kwok.yaml.
     env = {k: v for k, v in os.environ.items() if not k.startswith("K3E_")}
@@ -358,8 +363,7 @@ def stop(layout: Layout, names: Sequence[str]) -> None:
             killed = True
         time.sleep(0.2)
     for row in rows:
-        for kind in ("pid", "ready"):
-            _files(layout, row.name, kind).unlink(missing_ok=True)
+        _forget(layout, row.name)
 
 
 def crash(layout: Layout, names: Sequence[str]) -> None:
@@ -378,8 +382,7 @@ def crash(layout: Layout, names: Sequence[str]) -> None:
             deadline = time.monotonic() + 10
             while port_open(layout.port(key)) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        for kind in ("pid", "ready"):
-            _files(layout, name, kind).unlink(missing_ok=True)
+        _forget(layout, name)
 
 
 def wait(layout: Layout, names: Sequence[str], timeout: int | None) -> None:
