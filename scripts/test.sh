@@ -72,7 +72,7 @@ trap cleanup EXIT
 echo "== e2e tests on the local real cluster"
 e2e_t0=$SECONDS
 rc=0
-python -m pytest e2e/tests -q -p no:cacheprovider --durations=15 "$@" || rc=$?  # the slowest, for the CI budget
+python -m pytest e2e/tests -q -p no:cacheprovider --durations=30 "$@" || rc=$?  # the slowest, for the CI budget
 if [[ $rc == 5 ]]; then
   echo "FAILED: no e2e test was collected" >&2
   exit 1
