@@ -898,6 +898,11 @@ class RouterAdmission(SpecModel):
     behind it take at least this much plus what the router adds (docs/front-door.md). From 1Mi to
     512Mi; 30Mi by default, so a request the front takes is one vLLM's Rust frontend takes (32 MiB)."""
 
+    @property
+    def body_bytes(self) -> int:
+        """max_request_bytes in bytes: the front's limit and, with what the router adds, the engines'."""
+        return int(quantity(self.max_request_bytes))
+
     rules = (
         Rule(
             cel=(f"!has(self.maxRequestBytes) "

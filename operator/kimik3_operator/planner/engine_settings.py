@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..api import KimiK3DeploymentSpec
-from ..api.quantity import quantity
 from ..api.reasons import INVALID_SPEC
 from ..api.rust_frontend_flags import RUST_FRONTEND_VALUES, rust_frontend_refused_value
 from ..api.spec import Engine, Speculative
@@ -76,7 +75,7 @@ def max_request_body(spec: KimiK3DeploymentSpec) -> int | None:
     the pod template of every deployment at the default 30Mi)."""
     if not spec.engine.rust_frontend or spec.router.replicas == 0:
         return None
-    needed = int(quantity(spec.router.admission.max_request_bytes)) + ROUTER_ADDS_BYTES
+    needed = spec.router.admission.body_bytes + ROUTER_ADDS_BYTES
     return needed if needed > RUST_FRONTEND_BODY_BYTES else None
 
 

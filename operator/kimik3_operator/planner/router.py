@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
-from ..api.quantity import quantity
-from ..api.spec import DEFAULT_MAX_REQUEST_BYTES, RouterMode
+from ..api.spec import RouterAdmission, RouterMode
 from .placement import Placement, placement
 
 
@@ -26,7 +25,7 @@ class FrontPlan:
     queue_timeout_seconds: int = 30
     api_key: tuple[str, str] | None = None
     """(Secret, key) of the API key clients must send; None: none asked."""
-    max_request_bytes: int = int(quantity(DEFAULT_MAX_REQUEST_BYTES))
+    max_request_bytes: int = RouterAdmission().body_bytes
     """The largest request body the front passes (413 above it), and the router's own cap."""
 
 
@@ -95,7 +94,7 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
     front = FrontPlan(max_concurrent=admission.max_concurrent_requests, queue_size=admission.queue_size,
                       queue_timeout_seconds=admission.queue_timeout_seconds,
                       api_key=(key.name, key.key) if key else None,
-                      max_request_bytes=int(quantity(admission.max_request_bytes)))
+                      max_request_bytes=admission.body_bytes)
     gateway = (GatewayPlan(name=router.gateway.name, namespace=router.gateway.namespace,
                            section_name=router.gateway.section_name, hostnames=tuple(router.gateway.hostnames))
                if router.gateway else None)
