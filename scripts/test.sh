@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test: lint, types, import contracts, unit/schema/golden tests, then the e2e suite on the local real
-# cluster (built from the Go module proxy on first use, cached in ~/.cache/kimik3-e2e).
+# Every test: lint, types, import contracts; then unit/schema/golden and the other tests/ suites beside
+# the e2e suite on the local real cluster (built from the Go module proxy on first use, cached in
+# ~/.cache/kimik3-e2e). Fails if either failed.
 #
 #   scripts/test.sh            all of it; stops the cluster it started at the end
 #   KIMIK3_KEEP_CLUSTER=1      leave the test cluster running afterwards
@@ -37,12 +38,21 @@ source "$ROOT/e2e/debian-packages.sh"
 ensure_debian_packages "$CACHE/apt.log" haproxy make
 echo "== make lint: ruff, types (mypy: strict on api, planner, render, contract, kimi_k3), import contracts"
 make --no-print-directory lint VENV="$VENV"
-echo "== make test: unit, schema, render, contract, security, fuzz and the other suites under tests/"
-# Extra arguments pass to pytest quoted as given (-k 'a and b'); a -k that selects none of these
-# tests (pytest's exit 5) is fine here, as the e2e run below may hold the ones it names.
+# make test (unit, schema, render, contract, security, fuzz and the other suites under tests/) runs
+# beside the e2e suite, at the lowest priority: pytest keeps one core busy, and the e2e suite leaves
+# about half of this 2-core machine idle while it waits on its cluster (bench/README.md, CI time).
+# Its own session, so an early exit can stop all of it. Extra arguments pass to pytest quoted as
+# given (-k 'a and b'); a -k that selects none of these tests (pytest's exit 5) is fine here, as
+# the e2e run below may hold the ones it names.
 pytest_args=""
 (($# == 0)) || pytest_args="$(printf '%q ' "$@")" # printf with no argument would print ''
-make --no-print-directory test VENV="$VENV" ARGS="$pytest_args" NONE_OK="$#"
+UNIT_LOG="$CACHE/make-test.log"
+echo "== make test, beside the builds and the e2e suite (log: $UNIT_LOG)"
+setsid -w nice -n 19 make --no-print-directory test VENV="$VENV" ARGS="$pytest_args" NONE_OK="$#" \
+  >"$UNIT_LOG" 2>&1 </dev/null &
+unit_pid=$!
+stop_unit() { kill -- "-$unit_pid" 2>/dev/null || true; }
+trap stop_unit EXIT
 
 await_build() { # await_build PID LOG TAG WHAT: a background build's end, its summary, or FAILED
   local pid=$1 log=$2 tag=$3 what=$4
@@ -60,6 +70,7 @@ await_build "$images_pid" "$CACHE/images.log" images "the operator and router im
 started_cluster=0
 if ! "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_cluster=1; fi
 cleanup() {
+  stop_unit
   if [[ $started_cluster == 1 && "${KIMIK3_KEEP_CLUSTER:-0}" != 1 ]]; then
     "$ROOT/e2e/cluster/cluster.sh" down || true
   fi
@@ -77,5 +88,17 @@ if [[ $rc == 5 ]]; then
   echo "FAILED: no e2e test was collected" >&2
   exit 1
 fi
-echo "== e2e took $((SECONDS - e2e_t0))s; everything took $((SECONDS - t0))s"
-exit "$rc"
+echo "== e2e took $((SECONDS - e2e_t0))s"
+
+echo "== make test (log: $UNIT_LOG)"
+unit_rc=0
+wait "$unit_pid" || unit_rc=$?
+if [[ $unit_rc != 0 ]]; then
+  grep -vE '^[.sx]+ +\[ *[0-9]+%\]$' "$UNIT_LOG" | tail -n 80 >&2
+  echo "FAILED: make test (exit $unit_rc; log: $UNIT_LOG)" >&2
+else
+  tail -n 1 "$UNIT_LOG"
+fi
+echo "== everything took $((SECONDS - t0))s"
+if [[ $rc != 0 ]]; then exit "$rc"; fi
+exit "$unit_rc"
