@@ -1,13 +1,13 @@
-"""Zero idle writes, measured in the audit log: an operator with the periodic reconcile at 5 s that
+"""Zero idle writes, measured in the audit log: an operator with the periodic reconcile at 3 s that
 has converged a few deployments (aggregated GB300; prefill/decode on B200 and GB300; one whose
 spec cannot be planned, so a Failed status exists) makes no create, update, patch or delete for
-KIMIK3_IDLE_SECONDS (150 by default: 30 resync rounds of every deployment). No-op applies and
+KIMIK3_IDLE_SECONDS (90 by default: 30 resync rounds of every deployment). No-op applies and
 Events count as writes; Leases do not (leader election renews one). Reads are counted per minute
 and printed: passes read the informers' stores, so the reads left are watches re-opened (and their
 bookmarks), none per pass.
 
 The test runs replicas of its own (leader and standby, as the chart runs them) with
-KIMIK3_RESYNC_SECONDS=5, watching only the test's namespace (`kimik3 run --namespace`, the chart's
+KIMIK3_RESYNC_SECONDS=3, watching only the test's namespace (`kimik3 run --namespace`, the chart's
 `watchNamespaces`): what other tests left behind elsewhere (namespaces still terminating, groups
 still converging) is not theirs to reconcile, so the test runs anywhere in the suite. The session
 replicas are stopped meanwhile, since their requests carry the same ServiceAccount and would be
@@ -41,8 +41,8 @@ pytestmark = pytest.mark.e2e
 USER = f"system:serviceaccount:{CHART_NAMESPACE}:{SERVICE_ACCOUNT}"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 READS = {"get", "list", "watch"}
-RESYNC_SECONDS = 5
-IDLE_SECONDS = float(os.environ.get("KIMIK3_IDLE_SECONDS", "150"))
+RESYNC_SECONDS = 3
+IDLE_SECONDS = float(os.environ.get("KIMIK3_IDLE_SECONDS", "90"))
 
 
 @pytest.fixture
