@@ -459,8 +459,10 @@ class PodRunner:
         argv = [str(self.router_bin), *args,
                 # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
                 "--health-check-interval-secs", health]
+        # The pod's RUST_LOG (render/router.py), unless the test run sets its own.
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
-               "KUBECONFIG": str(self._router_kubeconfig(pod)), "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+               "KUBECONFIG": str(self._router_kubeconfig(pod)),
+               "RUST_LOG": os.environ.get("RUST_LOG") or env.get("RUST_LOG", "info")}
         name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
         played = self._start_front(pod, front, ip, name) if front is not None else None
         proc, log = self._spawn(name, argv, env)

@@ -17,6 +17,7 @@ bounded (router startup 30 s, every request 30 s) and stops every process it sta
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -28,6 +29,8 @@ from typing import Any
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from kimik3_operator.render.router import ROUTER_LOG_FILTER
 
 from .sims import ROOT, Sim, free_port, role_report, simulator, words
 
@@ -51,19 +54,23 @@ def router_binary() -> Path:
 
 
 @contextmanager
-def router(binary: Path, prefill: Sim, decode: Sim, tmp: Path) -> Iterator[tuple[str, str]]:
-    """A P/D vllm-router on free loopback ports, ready; yields (its URL, its metrics URL)."""
+def router(binary: Path, prefill: Sim, decode: Sim, tmp: Path,
+           policies: tuple[str, str] = ("cache_aware", "round_robin"),
+           rust_log: str | None = None) -> Iterator[tuple[str, str, Path]]:
+    """A P/D vllm-router on free loopback ports, ready; yields (its URL, its metrics URL, its log).
+    With `rust_log` it logs as RUST_LOG says (at --log-level's default, info), else at warning."""
     port, metrics_port = free_port(), free_port()
     log = tmp / f"router-{port}.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "RUST_LOG")}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [str(binary), "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(metrics_port), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
              "--prefill", prefill.url, "none", "--decode", decode.url,
-             "--prefill-policy", "cache_aware", "--decode-policy", "round_robin",
+             "--prefill-policy", policies[0], "--decode-policy", policies[1],
              "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", str(STARTUP_SECONDS),
-             "--request-timeout-secs", "30", "--log-level", "warning"],
-            env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}, stdout=out, stderr=subprocess.STDOUT,
+             "--request-timeout-secs", "30", *(["--log-level", "warning"] if rust_log is None else [])],
+            env=env if rust_log is None else {**env, "RUST_LOG": rust_log}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -77,7 +84,7 @@ def router(binary: Path, prefill: Sim, decode: Sim, tmp: Path) -> Iterator[tuple
                 pass
             assert time.monotonic() < deadline, f"vllm-router not ready in time:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
-        yield url, f"http://127.0.0.1:{metrics_port}/metrics"
+        yield url, f"http://127.0.0.1:{metrics_port}/metrics", log
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)  # its own session: the launcher and anything it forked
@@ -111,7 +118,7 @@ def test_a_repeated_prompt_routes_by_prefix_only_when_the_engines_give_token_ids
            "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
     with simulator([*prefill["command"], *flag], tmp_path, env) as p, \
             simulator([*decode["command"], *flag], tmp_path, env) as d, \
-            router(router_binary, p, d, tmp_path) as (url, metrics_url):
+            router(router_binary, p, d, tmp_path) as (url, metrics_url, _):
         prompt = words(3000, "shared")
         for _ in range(3):
             answer = requests.post(url + "/v1/completions", json={"model": "kimi-k3", "prompt": prompt,
@@ -137,3 +144,31 @@ def test_a_repeated_prompt_routes_by_prefix_only_when_the_engines_give_token_ids
         assert all(r["local_cache_hit_tokens"] > 0 for r in prefilled[1:])
     else:
         assert outcomes == {"missing_tokens": 3}
+
+
+SESSION = "alice@example.com-7f3c"
+"""A session key as a client sends it (x-session-id); a user id is as likely (x-user-id)."""
+
+
+@pytest.mark.parametrize(("rust_log", "logged"), [(ROUTER_LOG_FILTER, False), ("vllm_router_rs=info", True)],
+                         ids=["rendered-filter", "router-default"])
+def test_the_router_pods_log_filter_keeps_session_keys_out_of_the_log(
+        router_binary: Path, tmp_path: Path, rust_log: str, logged: bool) -> None:
+    """consistent_hash logs each request's key at info; the router pods' RUST_LOG (render/router.py)
+    keeps it out and the router's other info lines in. The router's own default, the second case,
+    shows the key is there to hide."""
+    prefill = role_report(SCENARIO, "prefill", scale_out=False)
+    decode = role_report(SCENARIO, "decode", scale_out=False)
+    env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
+           "K3SIM_HANDSHAKE_DIR": str(tmp_path / "nixl"),
+           "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
+    with simulator(prefill["command"], tmp_path, env) as p, simulator(decode["command"], tmp_path, env) as d, \
+            router(router_binary, p, d, tmp_path, ("consistent_hash", "consistent_hash"), rust_log) as (url, _, log):
+        for _ in range(2):
+            answer = requests.post(url + "/v1/completions", headers={"x-session-id": SESSION},
+                                   json={"model": "kimi-k3", "prompt": words(50, "s"), "max_tokens": 2}, timeout=30)
+            assert answer.status_code == 200, answer.text
+        assert [r["path"] for r in records(d)] == ["remote_prefill"] * 2  # routed, by the key
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())  # its colours
+    assert (SESSION in text) is logged, text[-3000:]
+    assert "INFO vllm_router_rs::routers::http::vllm_pd_router" in text, text[-3000:]  # still logs at info

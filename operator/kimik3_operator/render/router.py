@@ -84,6 +84,13 @@ ROUTER_STOP_LAG_SECONDS = 2
 carries, streams included, with no limit of its own: axum's graceful shutdown, src/server.rs), so
 no request the front still takes finds the router gone."""
 
+ROUTER_LOG_FILTER = "vllm_router_rs=info,vllm_router_rs::policies::consistent_hash=warn"
+"""RUST_LOG of the router: its own default filter (`vllm_router_rs=<--log-level>`, src/logging.rs
+init_logging, which takes RUST_LOG instead when set) with the consistent_hash policy at warn, since
+vllm-router 0.1.17 logs every request's session key at info there, three lines a request
+(src/policies/consistent_hash.rs:356-415): a client's x-user-id or x-session-id in the pod's logs.
+The same template whatever the policies, so no policy change rolls the router for it."""
+
 POLICY_FLAG = {
     "CacheAware": "cache_aware",
     "RoundRobin": "round_robin",
@@ -251,6 +258,7 @@ def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
         "name": COMPONENT,
         "image": ROUTER_IMAGE,
         "args": router_args(owner, targets),
+        "env": [{"name": "RUST_LOG", "value": ROUTER_LOG_FILTER}],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # It listens at once (discovery runs beside the server, server.rs startup), on loopback: the
         # kubelet reaches its /liveness through the front (which answers its probes unqueued). The
