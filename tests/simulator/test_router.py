@@ -107,15 +107,21 @@ def records(sim: Sim) -> list[dict[str, Any]]:
     return list(sim.stats()["by_request_id"].values())
 
 
+def engines(tmp: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """The scenario's prefill and decode reports (their commands) and the simulators' environment."""
+    prefill = role_report(SCENARIO, "prefill", scale_out=False)
+    decode = role_report(SCENARIO, "decode", scale_out=False)
+    env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
+           "K3SIM_HANDSHAKE_DIR": str(tmp / "nixl"),
+           "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
+    return prefill, decode, env
+
+
 @pytest.mark.parametrize("scale_out", [False, True], ids=["without-scale-out", "enable-scale-out"])
 def test_a_repeated_prompt_routes_by_prefix_only_when_the_engines_give_token_ids(
         router_binary: Path, scale_out: bool, tmp_path: Path) -> None:
-    prefill = role_report(SCENARIO, "prefill", scale_out=False)
-    decode = role_report(SCENARIO, "decode", scale_out=False)
+    prefill, decode, env = engines(tmp_path)
     flag = ["--enable-scale-out"] if scale_out else []
-    env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
-           "K3SIM_HANDSHAKE_DIR": str(tmp_path / "nixl"),
-           "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
     with simulator([*prefill["command"], *flag], tmp_path, env) as p, \
             simulator([*decode["command"], *flag], tmp_path, env) as d, \
             router(router_binary, p, d, tmp_path) as (url, metrics_url, _):
@@ -157,11 +163,7 @@ def test_the_router_pods_log_filter_keeps_session_keys_out_of_the_log(
     """consistent_hash logs each request's key at info; the router pods' RUST_LOG (render/router.py)
     keeps it out and the router's other info lines in. The router's own default, the second case,
     shows the key is there to hide."""
-    prefill = role_report(SCENARIO, "prefill", scale_out=False)
-    decode = role_report(SCENARIO, "decode", scale_out=False)
-    env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
-           "K3SIM_HANDSHAKE_DIR": str(tmp_path / "nixl"),
-           "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
+    prefill, decode, env = engines(tmp_path)
     with simulator(prefill["command"], tmp_path, env) as p, simulator(decode["command"], tmp_path, env) as d, \
             router(router_binary, p, d, tmp_path, ("consistent_hash", "consistent_hash"), rust_log) as (url, _, log):
         for _ in range(2):
