@@ -6,7 +6,7 @@
 #   scripts/test.sh            all of it; stops the cluster it started at the end
 #   KIMIK3_KEEP_CLUSTER=1      leave the test cluster running afterwards
 #   KIMIK3_TEST_STATE, KIMIK3_TEST_PORT_BASE  the test cluster's state folder ($CACHE/test-state)
-#                              and first of its 16 loopback ports (16400); the demo's cluster uses
+#                              and first of its 18 loopback ports (16400); the demo's cluster uses
 #                              $CACHE/state and the usual ports
 #   scripts/test.sh -k NAME    extra arguments go to both pytest runs
 set -euo pipefail
