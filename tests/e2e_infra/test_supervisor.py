@@ -4,6 +4,7 @@ works on real processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import time
@@ -147,6 +148,12 @@ def sleeper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[L
     supervisor.crash(lay, ["sleeper"])
 
 
+def never_healthy(monkeypatch: pytest.MonkeyPatch, row: Component, ready_timeout: int) -> None:
+    """`row` as a component whose probe never passes, as a real one's does not before it serves."""
+    never = dataclasses.replace(row, probe=lambda _: False, ready_timeout=ready_timeout)
+    monkeypatch.setattr(supervisor, "ROWS", {**supervisor.ROWS, row.name: never})
+
+
 def test_a_started_process_runs_detached_with_its_pidfile_log_and_environment(
         sleeper: tuple[Layout, Component]) -> None:
     lay, row = sleeper
@@ -179,11 +186,8 @@ def test_waiting_for_a_process_that_died_fails_at_once_with_its_log(
         sleeper: tuple[Layout, Component], capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     lay, row = sleeper
-    # Never healthy, as a real component is not before it serves: with the default probe (it runs)
-    # the wait could pass in the moment between the start and the exit.
-    never = Component(row.name, row.binary, row.args, probe=lambda _: False, env=row.env, script=True,
-                      ready_timeout=30)
-    monkeypatch.setattr(supervisor, "ROWS", {**supervisor.ROWS, "sleeper": never})
+    # With the default probe (it runs) the wait could pass in the moment between the start and the exit.
+    never_healthy(monkeypatch, row, ready_timeout=30)
     dying = Layout({**lay.env, "MODE": "die"})
     started = time.monotonic()
     # start() sees the exit itself when it comes first; else wait() does.
@@ -197,8 +201,7 @@ def test_waiting_for_a_process_that_died_fails_at_once_with_its_log(
 def test_a_process_that_never_turns_healthy_times_out(sleeper: tuple[Layout, Component],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     lay, row = sleeper
-    never = Component(row.name, row.binary, row.args, probe=lambda _: False, env=row.env, script=True)
-    monkeypatch.setattr(supervisor, "ROWS", {**supervisor.ROWS, "sleeper": never})
+    never_healthy(monkeypatch, row, ready_timeout=60)
     supervisor.start(lay, "sleeper")
     started = time.monotonic()
     with pytest.raises(supervisor.Failed, match="not healthy after 1 s"):
