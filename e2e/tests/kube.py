@@ -31,6 +31,24 @@ def kubectl(*args: str, input: str | None = None, check: bool = True,
                           timeout=timeout, check=check, env=os.environ)
 
 
+API_AWAY = 120
+"""Seconds a harness call standing in for a kubelet is tried for: longer than any API server
+restart of the fault and chaos tests."""
+
+
+def kubectl_until_ok(*args: str, ok: Callable[[subprocess.CompletedProcess[str]], bool] = lambda r: r.returncode == 0,
+                     timeout: float = API_AWAY) -> subprocess.CompletedProcess[str]:
+    """`kubectl`, tried again while the API server is away (a test restarts it), as a kubelet keeps
+    trying its calls: the first answer `ok` accepts, or AssertionError after `timeout`."""
+    def attempt() -> subprocess.CompletedProcess[str] | None:
+        try:
+            result = kubectl(*args, check=False, timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
+        return result if ok(result) else None
+    return wait_for(f"kubectl {' '.join(args[:4])} to succeed", attempt, timeout=timeout, interval=1)
+
+
 def get_json(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
 

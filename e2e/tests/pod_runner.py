@@ -67,7 +67,7 @@ from kimik3_operator.render.front import METRICS_PORT as FRONT_METRICS_PORT
 from tests.support import kubelet
 
 from .front_play import relocate, start_front
-from .kube import LIST_ERRORS, api_list, host_daemon, is_ready, kubectl
+from .kube import LIST_ERRORS, api_list, host_daemon, is_ready, kubectl, kubectl_until_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -431,7 +431,7 @@ class PodRunner:
         volume would hold), for the API server this runner talks to."""
         meta, spec = pod["metadata"], pod["spec"]
         account = spec.get("serviceAccountName") or "default"
-        token = kubectl("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
+        token = kubectl_until_ok("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
         admin = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
         (cluster,) = admin["clusters"]
         path = self.root / "tokens" / f"{meta['uid']}.kubeconfig"
@@ -479,8 +479,8 @@ class PodRunner:
                           f"{ip}:{FRONT_METRICS_PORT}")
         key = None
         if (ref := (env.get(API_KEY_ENV) or {}).get("valueFrom", {}).get("secretKeyRef")) is not None:
-            secret = json.loads(kubectl("get", "secret", ref["name"], "-n", pod["metadata"]["namespace"],
-                                        "-o", "json").stdout)
+            secret = json.loads(kubectl_until_ok("get", "secret", ref["name"], "-n", pod["metadata"]["namespace"],
+                                                 "-o", "json").stdout)
             key = base64.b64decode(secret["data"][ref["key"]]).decode()
         folder = self.root / "fronts" / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -617,8 +617,11 @@ def _set_ready(proc: Proc, ready: bool) -> bool:
     patch = {"metadata": {"uid": proc.uid}, "status": {
         "conditions": [{"type": kind, **condition} for kind in ("Ready", "ContainersReady")],
         **({"containerStatuses": statuses} if statuses else {})}}
-    return kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
-                   "-p", json.dumps(patch), check=False, timeout=20).returncode == 0
+    try:
+        return kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
+                       "-p", json.dumps(patch), check=False, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:  # the API server is away: the next probe round writes it
+        return False
 
 
 def _managed_pods() -> list[dict[str, Any]]:
@@ -629,8 +632,9 @@ def _managed_pods() -> list[dict[str, Any]]:
 def _read_throughput(namespace: str, deployment: str) -> dict[str, str]:
     """K3SIM_READ_BYTES_PER_S from the deployment's spec.model.readThroughput, as its storage
     would read (none: the planner's default, which the simulator applies itself)."""
-    out = kubectl("-n", namespace, "get", "kimik3deployments", deployment, "-o",
-                  "jsonpath={.spec.model.readThroughput}", check=False, timeout=20)
+    out = kubectl_until_ok("-n", namespace, "get", "kimik3deployments", deployment, "-o",
+                           "jsonpath={.spec.model.readThroughput}",
+                           ok=lambda r: r.returncode == 0 or "NotFound" in r.stderr)
     given = out.stdout.strip() if out.returncode == 0 else ""
     return {"K3SIM_READ_BYTES_PER_S": str(float(quantity(given)))} if given else {}
 

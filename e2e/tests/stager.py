@@ -31,15 +31,13 @@ from tests.stager.fake_hub import FakeHub
 from tests.stager.fake_s3 import FakeS3
 from tests.support.kubelet import argv, container_env
 
-from .kube import LIST_ERRORS, api_list, host_daemon, kubectl, wait_for
+from .kube import LIST_ERRORS, api_list, host_daemon, kubectl_until_ok
 
 SELECTOR = "app.kubernetes.io/component=weights,app.kubernetes.io/managed-by=kimik3-operator"
 EXIT_CODE = "kwok.kimik3.dev/exit-code"
 MESSAGE = "kwok.kimik3.dev/termination-message"
 CACHE_MOUNT = "/cache"
 TERMINATION_LOG = "/dev/termination-log"
-API_AWAY = 120
-"""Seconds a staging pod's API calls are tried for: longer than any API server restart of the fault tests."""
 HUB_REPOS = {
     "moonshotai/Kimi-K3": {"config.json": b'{"model_type": "kimi_k3"}',
                            "model-00001-of-00002.safetensors": os.urandom(48_000),
@@ -144,7 +142,8 @@ class Stager:
         # In-cluster API access as the pod's ServiceAccount.
         sa_dir = workdir / "serviceaccount"
         sa_dir.mkdir(parents=True, exist_ok=True)
-        token = _kubectl("-n", ns, "create", "token", pod["spec"]["serviceAccountName"], "--duration=10m").stdout
+        account = pod["spec"]["serviceAccountName"]
+        token = kubectl_until_ok("-n", ns, "create", "token", account, "--duration=10m").stdout
         (sa_dir / "token").write_text(token.strip())
         (sa_dir / "namespace").write_text(ns)
         (sa_dir / "ca.crt").write_bytes(self._ca.read_bytes())
@@ -154,7 +153,7 @@ class Stager:
         return env
 
     def _secret(self, namespace: str, name: str) -> dict[str, str]:
-        secret = json.loads(_kubectl("-n", namespace, "get", "secret", name, "-o", "json").stdout)
+        secret = json.loads(kubectl_until_ok("-n", namespace, "get", "secret", name, "-o", "json").stdout)
         return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
     def _provide(self, uri: str, volume: Path) -> None:
@@ -203,21 +202,8 @@ class Stager:
             message = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
         self.runs.append(Run(ns, meta["name"], meta["labels"].get("batch.kubernetes.io/job-name", ""),
                              result.returncode, result.stderr, message))
-        _kubectl("-n", ns, "annotate", "pod", meta["name"], "--overwrite",
-                 f"{EXIT_CODE}={result.returncode}", f"{MESSAGE}={message}")
-
-
-def _kubectl(*args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl`, tried again while the API server is away (a fault test restarts it), as a kubelet
-    keeps trying its calls: one failed call must not leave a staging pod Running forever."""
-    def attempt() -> subprocess.CompletedProcess[str] | None:
-        try:
-            result = kubectl(*args, check=False)
-        except subprocess.TimeoutExpired:
-            return None
-        return result if result.returncode == 0 else None
-    return wait_for(f"kubectl {' '.join(args[:4])} to succeed", attempt, timeout=API_AWAY, interval=1)
-
+        kubectl_until_ok("-n", ns, "annotate", "pod", meta["name"], "--overwrite",
+                         f"{EXIT_CODE}={result.returncode}", f"{MESSAGE}={message}")
 
 
 def main() -> None:
