@@ -451,8 +451,9 @@ class PodRunner:
             return None
         containers = {c["name"]: c for c in pod["spec"]["containers"]}
         container, front = containers[ROUTER], containers.get(FRONT)
-        env = self._env(pod, container)
-        args = [kubelet.expand(a, env) for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
+        pod_env = self._env(pod, container)
+        args = [kubelet.expand(a, pod_env)
+                for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
         # Played pods share the host's network namespace: the pod's wildcard and its loopback are its own IP.
         args = [ip if a in ("0.0.0.0", "127.0.0.1") else a for a in args]
         health = str(self.router_health_seconds)
@@ -462,7 +463,7 @@ class PodRunner:
         # The pod's RUST_LOG (render/router.py), unless the test run sets its own.
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
                "KUBECONFIG": str(self._router_kubeconfig(pod)),
-               "RUST_LOG": os.environ.get("RUST_LOG") or env.get("RUST_LOG", "info")}
+               "RUST_LOG": os.environ.get("RUST_LOG") or pod_env.get("RUST_LOG", "info")}
         name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
         played = self._start_front(pod, front, ip, name) if front is not None else None
         proc, log = self._spawn(name, argv, env)
