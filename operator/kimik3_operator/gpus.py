@@ -59,6 +59,9 @@ class GpuSpec:
     """Memory of the product's usual node, GiB (capacity; the nodes' allocatable wins once seen)."""
     labels: tuple[str, ...]
     """Every node-label value that names this product, exactly (compared ignoring case)."""
+    compute_capability: tuple[int, int] | None = None
+    """CUDA compute capability (major, minor); None off CUDA. vLLM picks the MLA attention backend by
+    its major (platforms/cuda.py), which fixes the kernel block a P/D hand-off is cut into."""
 
     @property
     def usable_bytes(self) -> int:
@@ -93,27 +96,29 @@ GPUS: tuple[GpuSpec, ...] = (
     GpuSpec(product="GB300", vendor="nvidia", generation="blackwell", interconnect="NVLink", usable_mib=284_208,
             hbm_tb_s=8.0, bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64",
             nic_gb_s=100, node_cores=144, node_memory_gib=894,
-            labels=("NVIDIA-GB300",)),
+            labels=("NVIDIA-GB300",), compute_capability=(10, 3)),
     GpuSpec(product="B300", vendor="nvidia", generation="blackwell", interconnect="NVLink", usable_mib=275_040,
             hbm_tb_s=7.75, bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64",
             nic_gb_s=100, node_cores=128, node_memory_gib=1862,
-            labels=("NVIDIA-B300-SXM6-AC", "NVIDIA-B300")),
+            labels=("NVIDIA-B300-SXM6-AC", "NVIDIA-B300"), compute_capability=(10, 3)),
     GpuSpec(product="GB200", vendor="nvidia", generation="blackwell", interconnect="NVLink", usable_mib=189_471,
             hbm_tb_s=8.0, bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=72, gpus_per_node=4, arch="arm64",
             nic_gb_s=50, node_cores=144, node_memory_gib=894,
-            labels=("NVIDIA-GB200",)),
+            labels=("NVIDIA-GB200",), compute_capability=(10, 0)),
     GpuSpec(product="B200", vendor="nvidia", generation="blackwell", interconnect="NVLink", usable_mib=183_359,
             hbm_tb_s=7.7, bf16_tflops=2250, fp8_tflops=4500, nvlink_domain=8, gpus_per_node=8, arch="amd64",
             nic_gb_s=50, node_cores=112, node_memory_gib=1862,
-            labels=("NVIDIA-B200",)),
+            labels=("NVIDIA-B200",), compute_capability=(10, 0)),
+    # H200 SXM; the H200 NVL (`NVIDIA-H200-NVL`) is another part
     GpuSpec(product="H200", vendor="nvidia", generation="hopper", interconnect="NVLink", usable_mib=143_771,
             hbm_tb_s=4.8, bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64",
             nic_gb_s=50, node_cores=112, node_memory_gib=1862,
-            labels=("NVIDIA-H200",)),  # H200 SXM; the H200 NVL (`NVIDIA-H200-NVL`) is another part
+            labels=("NVIDIA-H200",), compute_capability=(9, 0)),
+    # SXM5; not H100 PCIe or NVL
     GpuSpec(product="H100", vendor="nvidia", generation="hopper", interconnect="NVLink", usable_mib=81_559,
             hbm_tb_s=3.35, bf16_tflops=990, fp8_tflops=1980, nvlink_domain=8, gpus_per_node=8, arch="amd64",
             nic_gb_s=50, node_cores=112, node_memory_gib=1862,
-            labels=("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100")),  # SXM5; not H100 PCIe or NVL
+            labels=("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100"), compute_capability=(9, 0)),
     GpuSpec(product="MI355X", vendor="amd", generation="cdna4", interconnect="xGMI", usable_mib=294_896,
             hbm_tb_s=8.0, bf16_tflops=2500, fp8_tflops=5000, nvlink_domain=8, gpus_per_node=8, arch="amd64",
             nic_gb_s=50, node_cores=128, node_memory_gib=1862,

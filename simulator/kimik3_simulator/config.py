@@ -80,6 +80,12 @@ class EngineConfig:
         return (self.serve.kv_transfer or {}).get("kv_connector") if self.serve.kv_role else None
 
     @property
+    def recompute_failed_loads(self) -> bool:
+        """kv_load_failure_policy recompute: a pull that fails is prefilled here instead of failing
+        the request (vLLM's default is fail: config/kv_transfer.py:88-91)."""
+        return (self.serve.kv_transfer or {}).get("kv_load_failure_policy") == "recompute"
+
+    @property
     def transfer_mode(self) -> str:
         return "push" if self.kv_connector == "NixlPushConnector" else "pull"
 

@@ -29,7 +29,7 @@ from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
 from .metrics import EngineMetrics
 from .nixl import CONSUME, PRODUCE, Handoff, Handshakes, produced_params
 from .prefix_cache import PrefixCache, block_hashes
-from .stats import LOCAL, PRODUCED, REMOTE, SimStats
+from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
 
 WAITING, TRANSFER, PREFILL, DECODE, DONE = "waiting", "transfer", "prefill", "decode", "done"
@@ -247,7 +247,10 @@ class Engine:
         if problem:
             m.of(m.nixl_failed_transfers, rank.index).inc()
             seq.problem = problem
-            self._finish(rank, seq, now, "error")
+            if not self.config.recompute_failed_loads:
+                self._finish(rank, seq, now, "error")
+            # else vLLM's scheduler resets the request to no computed tokens and it prefills here
+            # (v1/core/sched/scheduler.py:3688-3701): the phase is already PREFILL of the whole prompt
             return
         seq.external = max(0, handoff.remote_tokens(n) - seq.local_hit)
         if seq.external:
@@ -377,7 +380,8 @@ class Engine:
             m.of(m.params_max_tokens, r).observe(seq.sub.max_tokens_param)
         m.of(m.tpot, r).observe((now - first) / (seq.generated - 1) if seq.generated > 1 else 0.0)
         handoff = seq.sub.handoff
-        path = PRODUCED if handoff.kind == PRODUCE else REMOTE if handoff.kind == CONSUME else LOCAL
+        path = PRODUCED if handoff.kind == PRODUCE else LOCAL if handoff.kind != CONSUME \
+            else RECOMPUTED if seq.problem and reason != "error" else REMOTE
         self.stats.record(seq.sub.key, {
             "request_id": seq.sub.key, "internal_id": seq.sub.internal_id, "path": path, "rank": r,
             "prompt_tokens": seq.prompt_len, "prompt_fingerprint": seq.sub.fingerprint,

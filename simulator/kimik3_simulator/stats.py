@@ -1,7 +1,9 @@
 """`/sim/stats`: what this engine did with each request, for tests to check the P/D hand-off.
 
 Paths: `local_prefill` (the engine computed the prompt itself), `remote_prefill` (it loaded the
-prompt's KV from a prefill engine: only the backoff token, or nothing, was computed locally) and
+prompt's KV from a prefill engine: only the backoff token, or nothing, was computed locally),
+`recomputed_after_failed_load` (it was told to load the KV, the load failed, and under
+kv_load_failure_policy recompute it computed the prompt itself; the record keeps the problem) and
 `prefill_for_remote_decode` (it prefilled for a decoder and handed back kv_transfer_params). Each
 record carries a fingerprint of the prompt's tokens, so records of a prefill engine and a decode
 engine can be joined without the router's request ids. The per-request history is bounded.
@@ -13,6 +15,7 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 LOCAL, REMOTE, PRODUCED = "local_prefill", "remote_prefill", "prefill_for_remote_decode"
+RECOMPUTED = "recomputed_after_failed_load"
 
 
 class SimStats:
@@ -35,5 +38,5 @@ class SimStats:
         self.counts[f"rejected_{reason}"] += 1
 
     def as_dict(self, engine: dict[str, Any]) -> dict[str, Any]:
-        counts = {"served": 0, LOCAL: 0, REMOTE: 0, PRODUCED: 0, **self.counts}
+        counts = {"served": 0, LOCAL: 0, REMOTE: 0, PRODUCED: 0, RECOMPUTED: 0, **self.counts}
         return {"engine": engine, "requests": counts, "by_request_id": dict(self.records)}

@@ -41,13 +41,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
          "aggregated": {"replicas": 1}}]),
     "gb300-prefill-rack-a-decode-rack-b": _deployment("k3-racks", [
         {"name": "rack-a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
-         "prefill": {"replicas": 1, "parallelism": {"tensor": 1, "data": 16, "expert": True}}},
+         "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
         {"name": "rack-b", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.b"},
          "decode": {"replicas": 3, "parallelism": {"tensor": 8}}}],
         engine=DSPARK),
     "gb300-pd-one-clique": _deployment("k3-clique", [
         {"name": "rack-a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
-         "prefill": {"replicas": 2, "parallelism": {"tensor": 4, "data": 2, "expert": True}},
+         "prefill": {"replicas": 2, "parallelism": {"tensor": 8, "expert": True}},
          "decode": {"replicas": 2, "parallelism": {"tensor": 8}}}]),
 }
 

@@ -7,6 +7,7 @@ max_tokens 1, then the original request to decode with the kv_transfer_params pr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,19 +107,46 @@ def test_a_chat_goes_through_the_same_hand_off(pd: tuple[Sim, Sim]) -> None:
     assert decode.stats()["by_request_id"]["chat"]["path"] == "remote_prefill"
 
 
-def test_an_incompatible_or_vanished_prefill_engine_fails_the_request(pd: tuple[Sim, Sim], folder: Path) -> None:
-    _, decode = pd
-    prompt = words(2000, "mismatch")
+def _mismatched_params(folder: Path, prompt: str, request_id: str) -> dict[str, Any]:
+    """kv_transfer_params from a prefill engine whose NIXL compatibility hash differs (another image)."""
     with simulator(role_report(SCENARIO, "prefill")["command"], folder,
                    _env(folder, K3SIM_COMPAT_EXTRA="another-image")) as other:
-        params = _prefill(other, prompt, "mismatch")
-    failed = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
-                         headers={"X-Request-Id": "mismatch"})
-    assert failed.status_code == 500 and "NIXL handshake" in failed.json()["error"]["message"]
-    assert decode.stats()["by_request_id"]["mismatch"]["finish_reason"] == "error"
-    assert decode.metric("vllm:nixl_num_failed_transfers_total") >= 1
-    # the next request is served
-    assert decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 2}).status_code == 200
+        return _prefill(other, prompt, request_id)
+
+
+def test_a_failed_pull_is_prefilled_by_the_decode_as_rendered(pd: tuple[Sim, Sim], folder: Path) -> None:
+    """The rendered decode has kv_load_failure_policy recompute: the request is served from a local
+    prefill, and the failed transfer is counted."""
+    _, decode = pd
+    assert '"kv_load_failure_policy":"recompute"' in " ".join(role_report(SCENARIO, "decode")["command"])
+    prompt = words(2000, "recompute")
+    params = _mismatched_params(folder, prompt, "recompute")
+    failed_before = decode.metric("vllm:nixl_num_failed_transfers_total")
+    served = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
+                         headers={"X-Request-Id": "recompute"})
+    assert served.status_code == 200, served.text
+    assert served.json()["usage"]["completion_tokens"] == 4
+    record = decode.stats()["by_request_id"]["recompute"]
+    assert record["path"] == "recomputed_after_failed_load" and "NIXL handshake" in record["problem"]
+    assert record["external_kv_tokens"] == 0 and record["computed_prompt_tokens"] == record["prompt_tokens"]
+    assert decode.stats()["requests"]["recomputed_after_failed_load"] >= 1
+    assert decode.metric("vllm:nixl_num_failed_transfers_total") == failed_before + 1
+
+
+def test_with_vllms_default_policy_a_failed_pull_fails_the_request(folder: Path) -> None:
+    command = list(role_report(SCENARIO, "decode")["command"])
+    at = command.index("--kv-transfer-config") + 1
+    command[at] = json.dumps({k: v for k, v in json.loads(command[at]).items() if k != "kv_load_failure_policy"})
+    prompt = words(2000, "mismatch")
+    params = _mismatched_params(folder, prompt, "mismatch")
+    with simulator(command, folder, _env(folder)) as decode:
+        failed = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
+                             headers={"X-Request-Id": "mismatch"})
+        assert failed.status_code == 500 and "NIXL handshake" in failed.json()["error"]["message"]
+        assert decode.stats()["by_request_id"]["mismatch"]["finish_reason"] == "error"
+        assert decode.metric("vllm:nixl_num_failed_transfers_total") >= 1
+        # the next request is served
+        assert decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 2}).status_code == 200
 
 
 def test_an_engine_without_a_connector_ignores_kv_transfer_params(tmp_path: Path) -> None:

@@ -27,10 +27,11 @@ def test_reads_the_rendered_leader_commands() -> None:
     assert (agg.served_model_name, agg.port, agg.tensor, agg.data, agg.kv_role) == ("kimi-k3", 8000, 8, 1, None)
     assert agg.prefix_caching and agg.speculative_tokens == 0 and agg.nnodes == 2 and not agg.headless
     prefill = parse_serve(role_report("gb300-prefill-rack-a-decode-rack-b", "prefill")["command"])
-    assert (prefill.tensor, prefill.data, prefill.expert, prefill.kv_role) == (1, 16, True, "kv_producer")
+    assert (prefill.tensor, prefill.data, prefill.expert, prefill.kv_role) == (8, 2, True, "kv_producer")
     assert prefill.speculative == {"method": "dspark", "model": "/models/kimi-k3-draft", "num_speculative_tokens": 7}
     decode = parse_serve(role_report("b200-dep16-disaggregated", "decode")["command"])
     assert decode.kv_role == "kv_consumer" and decode.retention_interval > 0
+    assert decode.kv_transfer is not None and decode.kv_transfer["kv_load_failure_policy"] == "recompute"
 
 
 def test_a_worker_command_is_headless() -> None:

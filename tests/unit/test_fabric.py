@@ -21,7 +21,7 @@ from tests.support.nodes import b200_nodes, gb300_rack, mi355x_nodes, node
 GB300 = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
 B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
 OWNER = Owner(name="k3", namespace="ns", uid="u")
-DEP8_GB300 = {"replicas": 2, "parallelism": {"tensor": 4, "data": 2, "expert": True}}
+DEP16_GB300 = {"replicas": 2, "parallelism": {"tensor": 8, "data": 2, "expert": True}}
 TP8 = {"replicas": 2, "parallelism": {"tensor": 8}}
 
 
@@ -51,7 +51,7 @@ def _env(pod: dict[str, Any]) -> dict[str, str]:
 
 def test_pd_in_one_clique_shares_one_compute_domain_and_talks_nvlink() -> None:
     body = _body({"name": "rack", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
-                  "prefill": DEP8_GB300, "decode": TP8})
+                  "prefill": DEP16_GB300, "decode": TP8})
     plan = _plan(body, gb300_rack("a"))
     roles = {r.role: r for _, r in plan.role_plans()}
     assert {r.kv_transport for r in roles.values()} == {"NVLink"}
@@ -72,7 +72,7 @@ def test_pd_in_one_clique_shares_one_compute_domain_and_talks_nvlink() -> None:
 def test_pd_pools_pair_over_nvlink_only_inside_one_clique(cliques: tuple[str, str], expected: str) -> None:
     prefill, decode = ({"name": f"p{i}", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": f"cluster.{c}"}}
                        for i, c in enumerate(cliques))
-    plan = _plan(_body({**prefill, "prefill": DEP8_GB300}, {**decode, "decode": TP8}),
+    plan = _plan(_body({**prefill, "prefill": DEP16_GB300}, {**decode, "decode": TP8}),
                  gb300_rack("a") + gb300_rack("b"))
     for _, role in plan.role_plans():
         assert role.kv_transport == expected
@@ -81,7 +81,7 @@ def test_pd_pools_pair_over_nvlink_only_inside_one_clique(cliques: tuple[str, st
 
 
 def test_a_pool_spanning_two_cliques_moves_kv_over_rdma() -> None:
-    plan = _plan(_body({"name": "p", "nodeSelector": GB300, "prefill": DEP8_GB300, "decode": TP8}),
+    plan = _plan(_body({"name": "p", "nodeSelector": GB300, "prefill": DEP16_GB300, "decode": TP8}),
                  gb300_rack("a") + gb300_rack("b"))
     assert {r.kv_transport for _, r in plan.role_plans()} == {"RDMA"}
     assert not any(r.shared_compute_domain for _, r in plan.role_plans())
@@ -89,7 +89,7 @@ def test_a_pool_spanning_two_cliques_moves_kv_over_rdma() -> None:
 
 def test_cross_clique_kv_without_nics_is_refused_with_the_reason() -> None:
     racks = [node(f"t-{r}-{i}", "NVIDIA-GB300", 4, clique=f"cluster.{r}", arch="arm64") for r in "ab" for i in range(4)]
-    body = _body({"name": "a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"}, "prefill": DEP8_GB300},
+    body = _body({"name": "a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"}, "prefill": DEP16_GB300},
                  {"name": "b", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.b"}, "decode": TP8})
     with pytest.raises(PlanningError) as info:
         _plan(body, racks)
@@ -106,7 +106,7 @@ def test_cross_clique_kv_without_nics_is_refused_with_the_reason() -> None:
 ])
 def test_pd_transport_ahead_of_the_nodes(pools: list[tuple[str, tuple[str, ...]]], expected: str) -> None:
     body = _body(*({"name": n, "gpu": {"product": "GB300", "perNode": 4},
-                    **{r: DEP8_GB300 if r == "prefill" else TP8 for r in roles}} for n, roles in pools))
+                    **{r: DEP16_GB300 if r == "prefill" else TP8 for r in roles}} for n, roles in pools))
     plan = _plan(body, [])
     assert {r.kv_transport for _, r in plan.role_plans()} == {expected}
 
@@ -220,7 +220,7 @@ def test_nvshmem_deepep_gets_ibgda() -> None:
 
 
 def test_status_says_megamoe_dispatches_itself() -> None:
-    plan = _plan(_body({"name": "g", "nodeSelector": GB300, "prefill": DEP8_GB300, "decode": TP8}), gb300_rack("a"))
+    plan = _plan(_body({"name": "g", "nodeSelector": GB300, "prefill": DEP16_GB300, "decode": TP8}), gb300_rack("a"))
     prefill = plan.pools[0].roles[0]
     assert (prefill.all2all_backend, prefill.moe_backend, prefill.expert_dispatch) == (
         "flashinfer_nvlink_one_sided", "deep_gemm_mega_moe", "deep_gemm_mega_moe")

@@ -143,17 +143,20 @@ def test_retention_policy_maps_to_interval() -> None:
 
 
 def test_retention_interval_is_a_multiple_of_every_roles_block() -> None:
+    """Roles may have different blocks where vLLM pairs them: on Hopper with BF16 KV the MLA kernel
+    runs the whole block, and a decode whose block is a multiple of the prefill's passes the handshake
+    (handoff.py)."""
     body = base_deployment()
-    body["spec"]["engine"] = {"kvCacheDtype": "auto",
+    body["spec"]["engine"] = {"kvCacheDtype": "auto", "maxModelLen": 131072,
                               "prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}}
-    body["spec"]["pools"] = [{"name": "p", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GB300"},
-                              "prefill": {"replicas": 1, "parallelism": {"tensor": 1, "data": 16, "expert": True}},
-                              "decode": {"replicas": 2, "parallelism": {"tensor": 8}}}]
-    plan = _plan(body, gb300_rack())
+    body["spec"]["pools"] = [{"name": "p", "gpu": {"product": "H200"},
+                              "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}},
+                              "decode": {"replicas": 2, "parallelism": {"tensor": 4, "data": 8, "expert": True}}}]
+    plan = _plan(body, [])
     blocks = {r.role: r.block_size for _, r in plan.role_plans()}
-    assert blocks == {"prefill": 5760, "decode": 768}
-    assert plan.engine.retention_granularity == 11520  # lcm(5760, 768)
-    assert plan.engine.retention_interval == 34560     # the multiple of 11520 nearest to 32768
+    assert blocks == {"prefill": 768, "decode": 1536}
+    assert plan.engine.retention_granularity == 1536  # lcm(768, 1536)
+    assert plan.engine.retention_interval == 32256    # the multiple of 1536 nearest to 32768
 
 
 def test_compat_hash_follows_shared_engine_settings() -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 _PARALLELISM = "pools[].<role>.parallelism"
+_OFFLOAD = ("not offered yet: vLLM 0.33.0 would silently replace a prefill/decode role's NIXL connector with the "
+            "offloading one (config/vllm.py:1151-1185)")
 OWNED_FLAGS: dict[str, str] = {
     "--model": "model.uri", "--served-model-name": "model.servedName", "--host": "fixed: 0.0.0.0",
     "--port": "fixed: 8000", "--tensor-parallel-size": _PARALLELISM, "-tp": _PARALLELISM,
@@ -77,6 +79,10 @@ OWNED_FLAGS: dict[str, str] = {
     "--mm-encoder-tp-mode": "the planner: data on tensor-parallel roles (planner/vision.py)",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
+    "--block-size": "the planner: K3's KV block follows the tensor size, and every prefill/decode pair must cut it "
+                    "alike for vLLM's NIXL handshake (planner/blocks.py, planner/handoff.py)",
+    "--kv-offloading-size": _OFFLOAD,
+    "--kv-offloading-backend": _OFFLOAD,
 }
 
 

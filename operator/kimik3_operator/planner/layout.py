@@ -10,7 +10,8 @@ Rules (docs/model.md, docs/perf-model.md §2.3, docs/vllm-facts.md §1.4 and §2
   pipeline stages. Beyond one NVLink domain they scale with data-parallel ranks (DEP).
 - Shapes by role: aggregated and decode use tensor parallelism inside the NVLink domain
   (pipeline stages across HGX nodes for aggregated, DEP for decode); prefill uses DEP with the
-  smallest tensor-parallel size that fits, so most GPUs run their own attention batch.
+  smallest tensor-parallel size that fits, so most GPUs run their own attention batch, unless it
+  must share its decodes' tensor size for vLLM's NIXL handshake (with_tensor; handoff.py).
 """
 
 from __future__ import annotations
@@ -94,11 +95,26 @@ def candidates(role: str, count: int, fabric: Fabric) -> Iterator[Layout]:
         yield Layout(tensor=tp, data=count // tp, expert=True)
 
 
-def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
-    """The smallest layout that fits; PlanningError naming the shortfall when none does."""
+def with_tensor(role: str, count: int, fabric: Fabric, tensor: int) -> Iterator[Layout]:
+    """Layouts of `count` GPUs whose tensor-parallel size is `tensor` (a prefill/decode pair must
+    share it: handoff.py): the role's own candidates of that size, else, for prefill and decode,
+    DEP with that tensor size (expert parallelism over tensor x data ranks)."""
+    own = [c for c in candidates(role, count, fabric) if c.tensor == tensor]
+    yield from own
+    dep = Layout(tensor=tensor, data=count // tensor, expert=True)
+    if (not own and role != "aggregated" and count % tensor == 0 and tensor <= fabric.nvlink_gpus
+            and KDA_HEADS % tensor == 0 and NUM_EXPERTS % count == 0
+            and (count <= fabric.gpus_per_node or count % fabric.gpus_per_node == 0)):
+        yield dep
+
+
+def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs, tensor: int | None = None) -> Layout:
+    """The smallest layout that fits (of tensor size `tensor` when given); PlanningError naming the
+    shortfall when none does."""
     smallest: tuple[Layout, MemoryFit] | None = None
     for count in range(8, MAX_GPUS_PER_REPLICA + 1, 8):
-        for layout in filter(fabric.allows, candidates(role, count, fabric)):
+        found = candidates(role, count, fabric) if tensor is None else with_tensor(role, count, fabric, tensor)
+        for layout in filter(fabric.allows, found):
             result = fit(fabric, layout, mem)
             if result.fits:
                 return layout
@@ -106,8 +122,9 @@ def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs) -> Layout:
     pinned = (f"; interconnect NVLink keeps every expert group inside one NVLink domain of {fabric.nvlink_gpus} "
               "GPUs (Auto or RDMA allows DEP over RDMA)") if fabric.pinned else ""
     if smallest is None:
+        size = f" with tensor parallel size {tensor}" if tensor is not None else ""
         raise PlanningError(HARDWARE_UNSUPPORTED,
-                            f"no {role} layout of whole {fabric.gpus_per_node}-GPU nodes suits "
+                            f"no {role} layout{size} of whole {fabric.gpus_per_node}-GPU nodes suits "
                             f"{fabric.gpu.product}{pinned}")
     layout, result = smallest
     raise PlanningError(

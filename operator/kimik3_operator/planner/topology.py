@@ -27,6 +27,7 @@ from .cold_start import predict as predict_cold_start
 from .engine_settings import default_kv_cache_dtype, engine_settings
 from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
 from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
+from .handoff import HandoffBlocks, handoff_blocks, mla_backend, refusal, refused_pairs
 from .images import serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .loading import loading
@@ -51,11 +52,13 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     gpus = [pool_gpu(pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools]
     engine = engine_settings(spec, default_kv_cache_dtype(gpus))
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
+    check_mla_backends(engine, pools)
+    check_pd_pairing(pools)
+    pools = align_handoff(spec, engine, pools, facts)
     pools = with_kv_transport(pools, {p.name: p for p in spec.pools}, facts)
     omitted = {(p.name, name) for p in spec.pools for name, role in p.roles() if role.replicas is None}
     pools = with_autoscaling(spec, assign_replicas(spec, engine, pools, omitted))
     check_traps(pools, frozenset(spec.experimental.accept_known_issues if spec.experimental else ()))
-    check_pd_pairing(pools)
     pools, engine = align_blocks(pools, engine)
     pools = with_vision_encoders(engine, with_cold_starts(spec, with_shapes(spec, engine, pools)))
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
@@ -135,6 +138,52 @@ def align_blocks(pools: tuple[PoolPlan, ...], engine: EngineSettings) -> tuple[t
     return pools, dataclasses.replace(engine, retention_interval=interval, retention_granularity=granularity)
 
 
+PAIRED = ("prefill", "decode")
+
+
+def check_mla_backends(engine: EngineSettings, pools: tuple[PoolPlan, ...]) -> None:
+    """Every pool's engines need an MLA attention backend for the KV cache dtype (handoff.py)."""
+    for pool in pools:
+        if pool.gpu_product:
+            try:
+                mla_backend(CATALOG[pool.gpu_product], engine.kv_cache_dtype)
+            except PlanningError as exc:
+                raise PlanningError(exc.reason, f"pool {pool.name}: {exc.message}") from exc
+
+
+def paired_blocks(engine: EngineSettings, pools: tuple[PoolPlan, ...]) -> list[HandoffBlocks]:
+    return [handoff_blocks(f"pool {p.name} role {r.role}", r.role, CATALOG[p.gpu_product], r.layout, engine)
+            for p in pools if p.gpu_product for r in p.roles if r.role in PAIRED]
+
+
+def align_handoff(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: tuple[PoolPlan, ...],
+                  facts: Mapping[str, PoolFacts]) -> tuple[PoolPlan, ...]:
+    """Every prefill/decode pair must pass vLLM's NIXL handshake (handoff.py). When the roles' own
+    layouts do not, the roles whose parallelism the spec leaves out are planned again at one tensor
+    size: the spec's own for its explicit roles, else a decode's (decode layouts are
+    the tightest), else a prefill's. A spec whose explicit roles disagree, or whose roles fit no
+    shared tensor size, is refused with each role's numbers."""
+    refused = refused_pairs(paired_blocks(engine, pools), engine.prefix_caching)
+    if not refused:
+        return pools
+    given = {(p.name, name) for p in spec.pools for name, r in p.roles() if r.parallelism is not None}
+    auto = [(p.name, r) for p in pools for r in p.roles if r.role in PAIRED and (p.name, r.role) not in given]
+    explicit = [r.layout.tensor for p in pools for r in p.roles if r.role in PAIRED and (p.name, r.role) in given]
+    tried = explicit or [r.layout.tensor for kind in ("decode", "prefill") for _, r in auto if r.role == kind]
+    by_name = {p.name: p for p in spec.pools}
+    for tensor in dict.fromkeys(tried) if auto else ():
+        forced: dict[str, dict[str, int]] = {name: {r.role: tensor for n, r in auto if n == name} for name in by_name}
+        try:
+            candidate = tuple(
+                plan_pool(spec, engine, by_name[p.name], facts.get(p.name, PoolFacts()), forced[p.name])
+                if forced[p.name] else p for p in pools)
+        except PlanningError:
+            continue
+        if not refused_pairs(paired_blocks(engine, candidate), engine.prefix_caching):
+            return candidate
+    raise refusal(refused)
+
+
 def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
     """vLLM's NIXL handshake hashes the attention backend it resolved, which follows the GPU
     generation: prefill and decode on different generations (or vendors) would never pair."""
@@ -204,13 +253,16 @@ def pool_fabric(pool: Pool, gpu: GpuSpec, facts: PoolFacts) -> Fabric:
     return Fabric(gpu=gpu, gpus_per_node=per_node, nvlink_gpus=nvlink, pinned=pinned)
 
 
-def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, facts: PoolFacts) -> PoolPlan:
+def plan_pool(spec: KimiK3DeploymentSpec, engine: EngineSettings, pool: Pool, facts: PoolFacts,
+              tensors: Mapping[str, int] | None = None) -> PoolPlan:
+    """`tensors`: the tensor size a role whose layout the planner chooses must have (align_handoff)."""
     gpu = pool_gpu(pool, facts)
     fabric = pool_fabric(pool, gpu, facts)
     disaggregated = pool.effective_mode == "Disaggregated"
     mem = MemoryInputs(max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
                        spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype)
-    roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem) for name, role in pool.roles())
+    roles = tuple(plan_role(pool, name, role, fabric, disaggregated, mem, (tensors or {}).get(name))
+                  for name, role in pool.roles())
     roles = with_pod_settings(pool, roles, node_shape(gpu.product, facts.allocatable), fabric.gpus_per_node)
     specs = dict(pool.roles())
     tolerations = tuple(t.wire() for t in pool.tolerations)
@@ -278,11 +330,11 @@ def pool_interconnect(gpu: GpuSpec, fabric: Fabric, roles: tuple[RolePlan, ...])
 
 
 def plan_role(pool: Pool, name: str, role: Role, fabric: Fabric, disaggregated: bool,
-              mem: MemoryInputs) -> RolePlan:
+              mem: MemoryInputs, tensor: int | None = None) -> RolePlan:
     where = f"pool {pool.name} role {name}"
     try:
         if role.parallelism is None:
-            layout = choose_layout(name, fabric, mem)
+            layout = choose_layout(name, fabric, mem, tensor)
         else:
             p = role.parallelism
             layout = Layout(tensor=p.tensor, pipeline=p.pipeline, data=p.data, expert=p.expert)

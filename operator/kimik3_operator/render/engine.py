@@ -41,10 +41,17 @@ def _json(value: Any) -> str:
 
 
 def kv_transfer_config(role: RolePlan) -> dict[str, Any] | None:
-    """NixlConnector on both sides of a prefill/decode pair; kv_role is the only difference."""
+    """NixlConnector on both sides of a prefill/decode pair. A decode whose pull fails (the prefill
+    died, its blocks expired, the handshake failed) prefills the prompt itself instead of answering
+    HTTP 500: kv_load_failure_policy recompute (config/kv_transfer.py:88-91; the scheduler resets
+    the request to no computed tokens, v1/core/sched/scheduler.py:3688-3701). The cost is one full
+    prefill on the decode's GPUs, interleaved with its decode steps (docs/pd-handoff.md)."""
     if role.role not in KV_ROLE:
         return None
-    return {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role.role], "kv_buffer_device": "cuda"}
+    config = {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role.role], "kv_buffer_device": "cuda"}
+    if role.role == "decode":
+        config["kv_load_failure_policy"] = "recompute"
+    return config
 
 
 def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
