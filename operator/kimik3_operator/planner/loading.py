@@ -28,14 +28,11 @@ nvidia/model.py:1349), so pipeline parallelism does not shrink a pod's read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..api.reasons import INVALID_SPEC
 from ..kimi_k3 import BF16_WEIGHT_BYTES, ROUTED_EXPERT_BYTES
-from .plan import PlanningError
-
-if TYPE_CHECKING:
-    from .plan import Layout
+from .errors import PlanningError
+from .parallel_layout import Layout
 
 EXPERT_SCALE_BYTES = ROUTED_EXPERT_BYTES * 0.25 / 4.25
 """The E8M0 scales of the MXFP4 experts: one byte per 32 four-bit values, 0.25 of every 4.25 bits."""

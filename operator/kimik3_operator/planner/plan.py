@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..api import RoleName
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .cold_start import ColdStart
+from .errors import PlanningError as PlanningError
+from .loading import Loading
 from .network import NetworkPlan
+from .parallel_layout import Layout as Layout
 from .placement import Placement
 from .pod_resources import PodResources
 from .router import RouterPlan
@@ -21,38 +24,6 @@ from .scaling import RoleScaling, ScalingSettings
 from .timeouts import StartupTimeouts
 from .vision import VisionEncoder
 from .weights import WeightsPlan
-
-if TYPE_CHECKING:
-    from .loading import Loading
-
-
-class PlanningError(Exception):
-    """The spec cannot be served as asked (or not yet on the nodes present).
-
-    `reason` is a stable CamelCase status reason; the message names what to change.
-    """
-
-    def __init__(self, reason: str, message: str, *, depends_on_nodes: bool = False) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.depends_on_nodes = depends_on_nodes
-        """True when the same spec may plan once nodes (or the operator's settings) change: a
-        condition, not a rejection."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Parallel layout of one replica."""
-
-    tensor: int = 1
-    pipeline: int = 1
-    data: int = 1
-    expert: bool = False
-
-    @property
-    def gpus(self) -> int:
-        return self.tensor * self.pipeline * self.data
 
 
 @dataclass(frozen=True)

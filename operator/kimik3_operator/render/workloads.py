@@ -77,7 +77,7 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, 
         "metadata": meta,
         "spec": {
             # An autoscaled role's count is its scaler's: left out of our apply so we never fight it
-            # (reconcile/scaling_handover.py seeds it under the scaler's field manager).
+            # (reconcile/autoscaler.py hands it to the scaler's field manager: Cluster.set_replicas).
             **({} if role.autoscaling else {"replicas": role.replicas}),
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
