@@ -62,9 +62,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from e2e.tests.kube import is_ready, kubectl  # noqa: E402
-from e2e.tests.pod_runner import free_port, router_venv  # noqa: E402
-from e2e.tests.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
+from e2e.harness.kube import is_ready, kubectl  # noqa: E402
+from e2e.harness.pod_runner import free_port, router_venv  # noqa: E402
+from e2e.harness.traffic import SESSION, Answer, failure_kinds, post, prompt  # noqa: E402
 from kimik3_operator.render.names import LABEL_COMPAT  # noqa: E402
 from kimik3_operator.render.router import LABEL_REVISION, POLICY_FLAG  # noqa: E402
 

@@ -60,16 +60,16 @@ helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-ope
 kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator
 echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n kimik3-system logs deploy/kimik3-operator)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
-# against a fake Hub and S3 on loopback (e2e/tests/stager.py), so the deployment can become Ready.
+# against a fake Hub and S3 on loopback (e2e/harness/stager.py), so the deployment can become Ready.
 # Redirected as a whole: a subshell that kept the caller's stdout would hold `demo.sh | tee` open.
-(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.tests.stager "$STATE/stager" "$STAGER_PIDFILE") \
+(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.harness.stager "$STATE/stager" "$STAGER_PIDFILE") \
   >"$STAGER_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $STAGER_PIDFILE ]] && break; sleep 0.2; done
 echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
 # Likewise the serving and router pods: each leader pod's rendered command runs the Kimi K3 engine
-# simulator and each router pod's the real vllm-router, on loopback ports (e2e/tests/pod_runner.py).
+# simulator and each router pod's the real vllm-router, on loopback ports (e2e/harness/pod_runner.py).
 "$ROOT/scripts/router-venv.sh" >/dev/null
-(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.tests.pod_runner "$STATE/pods" "$PODS_PIDFILE") \
+(cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.harness.pod_runner "$STATE/pods" "$PODS_PIDFILE") \
   >"$PODS_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $PODS_PIDFILE ]] && break; sleep 0.2; done
 echo "== pod runner running (pid $(cat "$PODS_PIDFILE"), log $PODS_LOG, ports in $STATE/pods/pods.json)"
@@ -102,7 +102,7 @@ kubectl -n "$ns" get pods -o wide -l "serving.kimik3.dev/deployment=$name"
 echo
 if [[ $ready == 1 ]]; then
   echo "== one chat request through the router (the endpoint above, played on loopback)"
-  (cd "$ROOT" && "$VENV/bin/python" -m e2e.tests.traffic "$STATE/pods/pods.json" "$ns" "$name") || ready=0
+  (cd "$ROOT" && "$VENV/bin/python" -m e2e.harness.traffic "$STATE/pods/pods.json" "$ns" "$name") || ready=0
   echo
 fi
 echo "Stop everything with: scripts/demo.sh down"

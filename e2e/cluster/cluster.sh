@@ -33,7 +33,7 @@
 #   KIMIK3_POD_READY_DELAY_MS  how long kwok holds a new pod back before marking it Ready (3000)
 #   KIMIK3_POD_CIDR    the pods' addresses (kwok --cidr): a /16 inside 127.0.0.0/8, so that a process
 #                      playing a pod binds its pod IP and every other one reaches it there, on
-#                      loopback (e2e/tests/pod_runner.py). Default 127.64.0.0/16, or with
+#                      loopback (e2e/harness/pod_runner.py). Default 127.64.0.0/16, or with
 #                      KIMIK3_PORT_BASE 127.<64 + BASE/100 % 64>.0.0/16: the demo's, the tests' and
 #                      the bench's clusters never share an address (two bases with one index
 #                      BASE/100 % 64 would: `up` refuses while another cluster runs on it)
@@ -52,7 +52,7 @@
 #
 # Metrics for autoscaling (README-aggregated-apis.md tells how the API server reaches them):
 # Prometheus scrapes every 1 s the targets listed in $KIMIK3_STATE/prometheus/targets/*.json
-# (file_sd; e2e/tests/pod_runner.py writes one file per runner) and keeps its data in
+# (file_sd; e2e/harness/pod_runner.py writes one file per runner) and keeps its data in
 # $KIMIK3_STATE/prometheus/data (removed by `down`); its URL is in $KIMIK3_STATE/prometheus/url and
 # `env` prints KIMIK3_PROMETHEUS_URL and KIMIK3_PROMETHEUS_TARGETS. KEDA serves
 # external.metrics.k8s.io (ScaledObjects); prometheus-adapter serves custom.metrics.k8s.io with the

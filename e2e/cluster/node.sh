@@ -42,7 +42,7 @@ PAUSE_REPOSITORY=kimik3-e2e/pause
 pause_image() { echo "$(registry_host)/$PAUSE_REPOSITORY:catatonit-$(dpkg-query -W -f='${Version}' catatonit | tr '~+:' '---')"; }
 
 # Debian packages the node needs (installed when missing; CI machines start without them); podman
-# makes the pause image; haproxy is the played router pods' front (e2e/tests/front_play.py).
+# makes the pause image; haproxy is the played router pods' front (e2e/harness/front_play.py).
 NODE_PACKAGES=(containerd runc containernetworking-plugins catatonit docker-registry iptables iproute2 podman haproxy)
 
 ensure_node_packages() { ensure_debian_packages "$LOGS/apt.log" "${NODE_PACKAGES[@]}" || die "Debian packages"; }

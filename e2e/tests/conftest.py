@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from .kube import CLUSTER_SH, ROOT, get_json, kubectl, wait_for
-from .pod_runner import PodRunner, free_port, prometheus_targets
-from .replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
-from .stager import Stager
+from e2e.harness.kube import CLUSTER_SH, ROOT, get_json, kubectl, wait_for
+from e2e.harness.pod_runner import PodRunner, free_port, prometheus_targets
+from e2e.harness.replicas import NO_PROXY_OPENER, Replicas  # noqa: F401 - NO_PROXY_OPENER for tests
+from e2e.harness.stager import Stager
 
 pytestmark = pytest.mark.e2e
 

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.harness.kube import apply, kubectl
 from tests.support.cases import INVALID, base_deployment, load_examples
-
-from .kube import apply, kubectl
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.kube import apply, condition, get_json, kubectl, wait_for
 from kimik3_operator.contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 
 from .conftest import REPORT
-from .kube import apply, condition, get_json, kubectl, wait_for
 from .test_faults import gb300_deployment, wait_converged
 
 pytestmark = pytest.mark.e2e

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.kube import apply, condition, get_json, wait_for
+from e2e.harness.load import Load
+from e2e.harness.pod_runner import PodRunner
+from e2e.harness.traffic import _ok, router_uids
 from kimik3_operator.api.reasons import INSUFFICIENT_CAPACITY
 
 from .conftest import REPORT
-from .kube import apply, condition, get_json, wait_for
-from .load import Load
-from .pod_runner import PodRunner
 from .test_traffic import (
     AGGREGATED_EXAMPLE,
     PD_EXAMPLE,
@@ -27,7 +28,6 @@ from .test_traffic import (
     _free_the_gpus,  # noqa: F401 - autouse: each test frees the fake GPUs it used
     _serve,
 )
-from .traffic import _ok, router_uids
 
 pytestmark = pytest.mark.e2e
 

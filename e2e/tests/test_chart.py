@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e.harness.kube import ROOT, get_json, kubectl, wait_for
+
 from .conftest import CHART, CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_VALUES, helm
-from .kube import ROOT, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e.harness.kube import apply, condition, delete_deployments, get_json, kubectl, wait_for
+from e2e.harness.pod_runner import PodRunner, Proc
+
 from .conftest import REPORT
-from .kube import apply, condition, delete_deployments, get_json, kubectl, wait_for
-from .pod_runner import PodRunner, Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "gb300-aggregated-tp8.yaml"

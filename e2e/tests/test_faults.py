@@ -22,6 +22,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from e2e.harness.children import check_children, live_children, planned
+from e2e.harness.kube import CLUSTER_SH, ROOT, apply, condition, get_json, is_ready, kubectl, wait_for
+from e2e.harness.replicas import Replicas
 from kimik3_operator.api.reasons import ALL_REPLICAS_READY, INSUFFICIENT_CAPACITY, NO_MATCHING_NODES
 from kimik3_operator.contract.kinds import LEADER_WORKER_SET
 from kimik3_operator.k8s.lease import LeaseConfig
@@ -29,10 +32,7 @@ from kimik3_operator.planner import PlanningError
 from kimik3_operator.render.names import LABEL_DEPLOYMENT, LABEL_POOL
 from tests.support.cases import base_deployment
 
-from .children import check_children, live_children, planned
 from .conftest import REPORT
-from .kube import CLUSTER_SH, ROOT, apply, condition, get_json, is_ready, kubectl, wait_for
-from .replicas import Replicas
 
 pytestmark = pytest.mark.e2e
 

@@ -29,6 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 
+from e2e.harness.children import CHILD_RESOURCES
+from e2e.harness.kube import apply, condition, get_json, kubectl, wait_for
+from e2e.harness.replicas import Replicas
 from kimik3_operator.api import GROUP, PLURAL, VERSION, KimiK3Deployment
 from kimik3_operator.planner import Plan, PlanningError, plan_deployment
 from kimik3_operator.render import Owner, render_children
@@ -37,10 +40,6 @@ from tests.fuzz.corpus import generate
 from tests.fuzz.fleet import facts_for
 from tests.fuzz.strategies import Case, cases
 from tests.fuzz.verdict import Verdict, agree, api_verdict, cluster_verdict
-
-from .children import CHILD_RESOURCES
-from .kube import apply, condition, get_json, kubectl, wait_for
-from .replicas import Replicas
 
 pytestmark = pytest.mark.e2e
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.kube import apply, condition, get_json, kubectl, wait_for
+from e2e.harness.replicas import Replica, Replicas, lease_json
 from tests.support.cases import base_deployment
 
 from .conftest import CHART_NAMESPACE, SERVICE_ACCOUNT
-from .kube import apply, condition, get_json, kubectl, wait_for
-from .replicas import Replica, Replicas, lease_json
 
 pytestmark = pytest.mark.e2e
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.children import check_children
+from e2e.harness.kube import apply, condition, get_json, wait_for
+from e2e.harness.replicas import Replicas
 from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY
 from tests.support.cases import base_deployment
 
-from .children import check_children
 from .conftest import CHART_NAMESPACE, LEASE, OPERATOR_PODS, REPORT, SERVICE_ACCOUNT, free_port
-from .kube import apply, condition, get_json, wait_for
-from .replicas import Replicas
 from .test_skeleton import B200, GB300, pd_deployment
 
 pytestmark = pytest.mark.e2e

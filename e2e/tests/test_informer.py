@@ -18,9 +18,9 @@ import pytest
 from kubernetes import config
 from kubernetes.dynamic import DynamicClient
 
+from e2e.harness.kube import kubectl, wait_for
 from kimik3_operator.k8s.informer import Informer, Watched
 
-from .kube import kubectl, wait_for
 from .test_faults import restart_apiserver
 
 LABEL = "e2e.kimik3.dev/informer"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.kube import apply, condition, delete_deployments, get_json, kubectl, wait_for
 from kimik3_operator.api.reasons import ADMITTED
 from kimik3_operator.contract.kueue import ADMISSION_GATE, QUEUE_LABEL
 
 from .conftest import REPORT
-from .kube import apply, condition, delete_deployments, get_json, kubectl, wait_for
 from .test_skeleton import pd_deployment
 
 pytestmark = pytest.mark.e2e

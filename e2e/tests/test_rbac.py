@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from e2e.harness.kube import get_json
+
 from .conftest import CHART_NAMESPACE, SERVICE_ACCOUNT
-from .kube import get_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.after_suite(1)]
 

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.harness.kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
+from e2e.harness.pod_runner import PodRunner
+from e2e.harness.replicas import Replicas, metric
+from e2e.harness.traffic import SESSION, post, prompt, stats
 from kimik3_operator.planner import images
 
 from .conftest import OPERATOR_PODS, REPORT
-from .kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
-from .pod_runner import PodRunner
-from .replicas import Replicas, metric
-from .traffic import SESSION, post, prompt, stats
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from .kube import apply, get_json, is_ready, wait_for
+from e2e.harness.kube import apply, get_json, is_ready, wait_for
+
 from .test_skeleton import pd_deployment
 
 pytestmark = pytest.mark.e2e

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.harness.kube import apply, condition, delete_deployments, get_json, is_ready, kubectl, wait_for
 from kimik3_operator.api.reasons import (
     ALL_REPLICAS_READY,
     INSUFFICIENT_CAPACITY,
@@ -22,8 +23,6 @@ from kimik3_operator.api.reasons import (
     WEIGHTS_STAGING,
 )
 from tests.support.cases import base_deployment
-
-from .kube import apply, condition, delete_deployments, get_json, is_ready, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -25,20 +25,11 @@ import pytest
 import requests
 import yaml
 
-from kimik3_operator.api.reasons import (
-    ALL_REPLICAS_READY,
-    DECODE_RECOMPUTES_PROMPTS,
-    NO_KV_TRANSFERS,
-    PROMPTS_TRANSFERRED,
-)
-from kimik3_simulator.text import IMAGE_TOKENS
-
-from .children import planned
-from .conftest import REPORT
-from .kube import ROOT, apply, condition, delete_deployments, get_json, kubectl, wait_for
-from .pod_runner import PodRunner, Proc
-from .replicas import Exit, Replicas
-from .traffic import (
+from e2e.harness.children import planned
+from e2e.harness.kube import ROOT, apply, condition, delete_deployments, get_json, kubectl, wait_for
+from e2e.harness.pod_runner import PodRunner, Proc
+from e2e.harness.replicas import Exit, Replicas
+from e2e.harness.traffic import (
     SESSION,
     Answer,
     failure_kinds,
@@ -51,6 +42,15 @@ from .traffic import (
     router_workers,
     stats,
 )
+from kimik3_operator.api.reasons import (
+    ALL_REPLICAS_READY,
+    DECODE_RECOMPUTES_PROMPTS,
+    NO_KV_TRANSFERS,
+    PROMPTS_TRANSFERRED,
+)
+from kimik3_simulator.text import IMAGE_TOKENS
+
+from .conftest import REPORT
 
 pytestmark = pytest.mark.e2e
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from e2e.harness.kube import kubectl, wait_for
+
 from .conftest import CHART_NAMESPACE, CRD, RELEASE, SERVICE_ACCOUNT, WEBHOOK_CERT_SECRET, helm
-from .kube import kubectl, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.after_suite(2)]
 

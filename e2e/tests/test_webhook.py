@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.harness.kube import condition, get_json, kubectl, wait_for
 from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY, NO_MATCHING_NODES
 from tests.support.cases import base_deployment
 
 from .conftest import CHART_NAMESPACE, WEBHOOK_CERT_SECRET, WEBHOOK_CONFIGURATION
-from .kube import condition, get_json, kubectl, wait_for
 
 pytestmark = pytest.mark.e2e
 

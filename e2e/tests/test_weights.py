@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
+from e2e.harness.kube import apply, condition, get_json, kubectl, wait_for
+from e2e.harness.stager import Stager
 from kimik3_operator.api.reasons import ALL_REPLICAS_READY, WEIGHTS_STAGING
 from kimik3_operator.contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from kimik3_operator.stager import marker_path
 from tests.support.cases import base_deployment
-
-from .kube import apply, condition, get_json, kubectl, wait_for
-from .stager import Stager
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.tests import kube
+from e2e.harness import kube
 
 
 def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int) -> Path:

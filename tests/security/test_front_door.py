@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from e2e.tests.front_play import haproxy, relocate, start_front
+from e2e.harness.front_play import haproxy, relocate, start_front
 from kimik3_operator.planner import FrontPlan
 from kimik3_operator.render.front import CONFIG_ENV, HEALTH_PATH, PROBES, ROUTES, front_config
 from tests.simulator.sims import free_port

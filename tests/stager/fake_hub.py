@@ -245,7 +245,7 @@ def _handler(hub: FakeHub, host: str) -> type[BaseHTTPRequestHandler]:
                 if host == "cdn" and url.path.startswith("/cdn/"):
                     m = re.fullmatch(r"/cdn/([0-9a-f]{64})", url.path)
                     found = hub.blob(m.group(1)) if m else None
-                    if found is None:
+                    if m is None or found is None:
                         return self._error(entry, 404, "EntryNotFound")
                     return self._serve_bytes(entry, found[0], found[1], {"ETag": f'"{m.group(1)}"'})
                 if host == "hub" and (hop := self._foreign_hop(path)):

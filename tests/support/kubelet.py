@@ -1,5 +1,5 @@
 """The kubelet's `$(VAR)` expansion of a container's command, args and env values, for whatever plays
-the kubelet in tests (e2e/tests/pod_runner.py, e2e/tests/stager.py, the simulator tests).
+the kubelet in tests (e2e/harness/pod_runner.py, e2e/harness/stager.py, the simulator tests).
 
 As k8s.io/kubernetes third_party/forked/golang/expansion/expand.go does it, left to right: `$$` is
 `$`; `$(NAME)` (NAME: anything up to the next `)`) is NAME's value when the environment has it,

@@ -207,7 +207,7 @@ class Stager:
 
 
 def main() -> None:
-    """`python -m e2e.tests.stager DIR [PIDFILE]`: keep staging until SIGTERM (scripts/demo.sh)."""
+    """`python -m e2e.harness.stager DIR [PIDFILE]`: keep staging until SIGTERM (scripts/demo.sh)."""
     root, stop = host_daemon()
     stager = Stager(root).start()
     print(f"staging pods' commands run here; fake Hub {stager.hub.endpoint}, fake S3 {stager.s3.endpoint}", flush=True)

@@ -181,7 +181,7 @@ def _ok(url: str) -> bool:
 
 
 def main() -> None:
-    """`python -m e2e.tests.traffic PODS_JSON NAMESPACE NAME`: one streamed chat request through the
+    """`python -m e2e.harness.traffic PODS_JSON NAMESPACE NAME`: one streamed chat request through the
     deployment's router (as the pod runner plays it on loopback); prints the answer and its TTFT."""
     import sys
     from pathlib import Path

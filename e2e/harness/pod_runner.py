@@ -5,7 +5,7 @@ the Kimi K3 engine simulator (`python -m kimik3_simulator`) with the pod's rende
 and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
 status); for every Running router pod it starts the real `vllm-router` (from the router image's own
 hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args, and its front: Debian's
-HAProxy, the router image's, on the pod's rendered configuration (e2e/tests/front_play.py).
+HAProxy, the router image's, on the pod's rendered configuration (e2e/harness/front_play.py).
 
 Pod IPs are loopback addresses here (the cluster's KIMIK3_POD_CIDR), so each process listens on its
 own pod IP at the rendered ports, as it would in its pod's network namespace: the one rewrite is the
@@ -209,7 +209,7 @@ class Proc:
     cut: threading.Event = field(default_factory=threading.Event)
     """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
     front: subprocess.Popen[bytes] | None = None
-    """A router pod's front (HAProxy, e2e/tests/front_play.py), in front of `proc`, the router."""
+    """A router pod's front (HAProxy, e2e/harness/front_play.py), in front of `proc`, the router."""
 
     @property
     def url(self) -> str:
@@ -668,7 +668,7 @@ def prometheus_targets() -> Path | None:
 
 
 def main() -> None:
-    """`python -m e2e.tests.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
+    """`python -m e2e.harness.pod_runner DIR [PIDFILE]`: keep playing pods until SIGTERM (scripts/demo.sh)."""
     root, stop = host_daemon()
     runner = PodRunner(root, targets=prometheus_targets()).start()
     print(f"serving and router pods run here, on their (loopback) pod IPs: {root / 'pods.json'}", flush=True)

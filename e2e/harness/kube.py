@@ -79,7 +79,7 @@ def apply(obj: dict[str, Any], *extra: str, check: bool = True) -> subprocess.Co
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5) -> T:
     """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
@@ -108,7 +108,7 @@ def is_ready(obj: dict[str, Any]) -> bool:
 
 
 def host_daemon() -> tuple[Path, threading.Event]:
-    """For `python -m e2e.tests.X DIR [PIDFILE]` processes the demo leaves running: the folder
+    """For `python -m e2e.harness.X DIR [PIDFILE]` processes the demo leaves running: the folder
     (made), the pidfile (written), and an event SIGTERM sets."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
