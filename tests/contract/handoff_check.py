@@ -56,6 +56,7 @@ CITED = {
     ("v1/worker/utils.py", 515, 560): "select_common_block_size",
     (NIXL, 1063, 1082): "_sync_block_size_with_kernel: physical_blocks_per_logical = block // kernel",
     (NIXL, 2338, 2387): "_split_remote_blocks",
+    (NIXL, 2498, 2500): "the split runs for hybrid MLA models in pull mode",
     (NIXL, 2720, 2723): "tp_ratio and block_size_ratio at the handshake",
     (NIXL, 2731, 2749): "the head-sharded draft rule (no such regions for K3)",
     (NIXL, 2766, 2779): "prefix caching with heterogeneous physical_blocks_per_logical",
@@ -75,6 +76,8 @@ EXPECTED = {
         "d0fa5a042d6c8be81d13645a12d7cf859b246803a0deb9e242609feedaa46717",
     "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:2338-2387":
         "f0c086fd343a30a696478ac96c68298f69c0f5a401895b5847664c8b06fdd2fd",
+    "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:2498-2500":
+        "0cc405b4152af00c8d2eb6d56879a59cd72f22adcd24a2fa3c3745e937da808d",
     "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:2720-2723":
         "c8c892e7b05e4eccdb69ba54a409c88f69169782957c81b927c3b78aba28d1f8",
     "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:2731-2749":
@@ -262,12 +265,14 @@ def handshake(prefill: dict[str, Any], decode: dict[str, Any], prefix_caching: b
 
 def kda_keeps_default_sizes() -> list[str]:
     errors = []
-    lineage = _lineage("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend")
-    if lineage[-1].name != "AttentionBackend":
-        errors.append(f"K3's KDA backend no longer derives from AttentionBackend alone: {[c.name for c in lineage]}")
-    for cls in lineage:
-        if cls.name != "AttentionBackend" and _member([cls], "get_supported_kernel_block_sizes") is not None:
-            errors.append(f"{cls.name}, a base of K3's KDA backend, now sets its own kernel block sizes")
+    for module, name in (("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
+                         ("vllm.models.kimi_k3.amd.kda_metadata", "KimiK3ROCmKDABackend")):
+        lineage = _lineage(module, name)
+        if lineage[-1].name != "AttentionBackend":
+            errors.append(f"{name} no longer derives from AttentionBackend alone: {[c.name for c in lineage]}")
+        for cls in lineage:
+            if cls.name != "AttentionBackend" and _member([cls], "get_supported_kernel_block_sizes") is not None:
+                errors.append(f"{cls.name}, a base of K3's KDA backend {name}, now sets its own kernel block sizes")
     return errors
 
 

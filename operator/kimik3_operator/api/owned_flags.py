@@ -16,8 +16,12 @@ from __future__ import annotations
 from collections.abc import Collection
 
 _PARALLELISM = "pools[].<role>.parallelism"
-_OFFLOAD = ("not offered yet: vLLM 0.33.0 would silently replace a prefill/decode role's NIXL connector with the "
-            "offloading one (config/vllm.py:1151-1185)")
+_OFFLOAD = ("not offered yet (a typed option is planned): vLLM 0.33.0 would silently replace a prefill/decode "
+            "role's NIXL connector with the offloading one (config/vllm.py:1151-1185)")
+_KERNEL_BLOCKS = ("the planner: the MLA attention backend fixes the kernel blocks a prefill/decode hand-off is cut "
+                  "into, which vLLM's NIXL handshake compares (planner/handoff.py)")
+_BLOCK = ("the planner: it moves K3's KV block, which the planner derives and paired roles must cut alike "
+          "(planner/blocks.py, planner/handoff.py)")
 OWNED_FLAGS: dict[str, str] = {
     "--model": "model.uri", "--served-model-name": "model.servedName", "--host": "fixed: 0.0.0.0",
     "--port": "fixed: 8000", "--tensor-parallel-size": _PARALLELISM, "-tp": _PARALLELISM,
@@ -79,10 +83,11 @@ OWNED_FLAGS: dict[str, str] = {
     "--mm-encoder-tp-mode": "the planner: data on tensor-parallel roles (planner/vision.py)",
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
-    "--block-size": "the planner: K3's KV block follows the tensor size, and every prefill/decode pair must cut it "
-                    "alike for vLLM's NIXL handshake (planner/blocks.py, planner/handoff.py)",
+    "--block-size": _BLOCK,
     "--kv-offloading-size": _OFFLOAD,
     "--kv-offloading-backend": _OFFLOAD,
+    "--attention-backend": _KERNEL_BLOCKS, "--attention-config": _KERNEL_BLOCKS, "-ac": _KERNEL_BLOCKS,
+    "--mamba-cache-dtype": _BLOCK, "--kv-cache-dtype-skip-layers": _BLOCK,
 }
 
 

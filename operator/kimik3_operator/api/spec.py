@@ -410,10 +410,11 @@ class Engine(SpecModel):
     max_model_len: Annotated[int, Field(ge=1, le=MAX_MODEL_LEN)] | None = None
     """Context length (--max-model-len); the checkpoint's own limit when omitted."""
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_ds_mla"] | None = None
-    """--kv-cache-dtype for the MLA layers: auto (BF16), fp8 (= fp8_e4m3) or fp8_ds_mla; fp8 halves
-    KV memory. When omitted, fp8 where every pool is an NVIDIA Blackwell GPU (as peers' Kimi K3
-    recipes serve it), else auto; status shows the value used. Prefill and decode always share it
-    (it enters vLLM's NIXL compatibility hash)."""
+    """--kv-cache-dtype for the MLA layers: auto (BF16) or fp8 (= fp8_e4m3); fp8 halves KV memory.
+    fp8_ds_mla is refused (InvalidSpec): it is the sparse-MLA format, which no dense MLA backend of
+    vLLM 0.33.0 stores (docs/pd-handoff.md). When omitted, fp8 where every pool is an NVIDIA
+    Blackwell GPU (as peers' Kimi K3 recipes serve it), else auto; status shows the value used.
+    Prefill and decode always share it (it enters vLLM's NIXL compatibility hash)."""
     kda_state_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """--mamba-ssm-cache-dtype for the KDA recurrent state: auto (float32) or bfloat16, which
     halves the state and the block size vLLM aligns to."""

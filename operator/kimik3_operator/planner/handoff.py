@@ -5,26 +5,31 @@ The rule that bites (docs/pd-handoff.md has the whole list of checks):
   and 2,944 at TP4 with FP8 KV, for instance.
 - Each worker cuts B into kernel blocks: B itself when every attention backend of the transfer
   layers runs it, else the largest explicit size of one that divides B (`select_common_block_size`,
-  v1/worker/utils.py:515-553); the NIXL worker calls B / kernel block its
+  v1/worker/utils.py:515-560); the NIXL worker calls B / kernel block its
   `physical_blocks_per_logical` (`_sync_block_size_with_kernel`, nixl/base_worker.py:1063-1082).
 - K3's transfer layers are its MLA layers (and the DSpark draft's, the same MLA class:
   models/kimi_k3/nvidia/mla.py:324-331) on the backend the platform picks (`MLA_PRIORITY`), and its
   KDA layers, whose backend runs any block (KimiK3KDAAttentionBackend is a GDNAttentionBackend,
   which keeps the default `MultipleOf(1)`).
-- With prefix caching on, the handshake raises RuntimeError for a mamba hybrid whose peer has
-  another `physical_blocks_per_logical` (nixl/base_worker.py:2767-2779): the first hand-off fails.
+- The decode (the local side in pull mode) checks that the tensor sizes divide one another, splits
+  a remote block its own kernel block is no multiple of into common units (each split multiplies the
+  remote's blocks per logical block), checks that its kernel block is a multiple of the remote's,
+  and, with prefix caching on, refuses a peer with another `physical_blocks_per_logical`
+  (nixl/base_worker.py:2766-2779). `handshake_problem` replays these in that order.
 
 So on Blackwell (FLASHINFER_MLA, 64-token kernel blocks) and on Hopper with FP8 KV (FLASHMLA, 64)
 a prefill and a decode must have the same B, which for K3 means the same tensor-parallel size
-(every other input of B is deployment-wide). On Hopper with BF16 KV (FLASH_ATTN_MLA runs any
-multiple of 16) and on MI355X (AITER MLA runs any size) every role's ratio is 1 and tensor sizes
-may differ. The router pairs every prefill with every decode of a deployment, across pools, so the
-rule holds for all of them.
+(every other input of B is deployment-wide). Where the kernel runs the whole block (Hopper with BF16
+KV: FLASH_ATTN_MLA; MI355X: AITER MLA) both ratios are 1, and a pair passes only when the decode's B
+is a multiple of the prefill's, so no split is needed: an H200 prefill at TP8 (768 tokens) with a
+decode at TP4 (1,536) passes, the reverse does not. The router pairs every prefill with every decode
+of a deployment, across pools, so the rule holds for all of them.
 
 One `--block-size` for every role would equalise B too, but only at the largest B of any paired role,
 padding every other role's KDA page to it (7.4x the KDA bytes per sequence on a TP8 decode beside a
 TP1 prefill) and coarsening its prefix hits to that many tokens: the planner never picks that, and
-`--block-size` is owned (the planner derives B).
+`--block-size` is owned (the planner derives B), as are the flags that choose the attention backend
+or move B otherwise.
 """
 
 from __future__ import annotations
@@ -97,11 +102,12 @@ def mla_backend(gpu: GpuSpec, kv_cache_dtype: str) -> str:
         if kv_cache_dtype in backend.kv_dtypes and (
                 backend.capability_majors is None or major in backend.capability_majors):
             return name
+    sparse = (" (fp8_ds_mla is the sparse-MLA format; Kimi K3's MLA is dense): use auto or fp8"
+              if kv_cache_dtype == "fp8_ds_mla" else "")
     raise PlanningError(
         INVALID_SPEC,
         f"engine.kvCacheDtype {kv_cache_dtype}: no dense MLA attention backend of vLLM 0.33.0 stores it on "
-        f"{gpu.product} (fp8_ds_mla is the sparse-MLA format; Kimi K3's MLA is dense), so the engines would not "
-        "start; use auto or fp8")
+        f"{gpu.product}, so the engines would not start{sparse}")
 
 
 def kernel_block(block: int, backend: MlaBackend) -> int:
@@ -179,13 +185,14 @@ def refused_pairs(roles: Sequence[HandoffBlocks], prefix_caching: bool) -> list[
             if (problem := handshake_problem(p, d, prefix_caching)) is not None]
 
 
-def refusal(refused: Sequence[Refused]) -> PlanningError:
-    """PDIncompatible naming the refused pairs with their numbers."""
+def refusal(refused: Sequence[Refused], why: str = "", *, depends_on_nodes: bool = False) -> PlanningError:
+    """PDIncompatible naming the refused pairs with their numbers; `why`: what the planner tried."""
     shown = "; ".join(f"{p.describe()} with {d.describe()}: {problem}" for p, d, problem in refused[:3])
     more = f" (and {len(refused) - 3} more pairs)" if len(refused) > 3 else ""
     return PlanningError(
         PD_INCOMPATIBLE,
-        f"vLLM 0.33.0's NIXL handshake would refuse {shown}{more}. The router pairs every prefill with every "
-        "decode, across pools. K3's KV block follows the tensor-parallel size, so give every prefill and decode "
-        "role one tensor size (e.g. prefill parallelism {tensor: 8, data: 2, expert: true} beside a TP8 decode), "
-        "or leave parallelism out and the planner picks one")
+        f"vLLM 0.33.0's NIXL handshake would refuse {shown}{more}{why}. The router pairs every prefill with "
+        "every decode, across pools. K3's KV block follows the tensor-parallel size, so give every prefill and "
+        "decode role one tensor size (e.g. prefill parallelism {tensor: 8, data: 2, expert: true} beside a TP8 "
+        "decode), or leave the prefill's parallelism out and the planner gives it the decodes' size",
+        depends_on_nodes=depends_on_nodes)

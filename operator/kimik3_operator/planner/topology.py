@@ -159,29 +159,33 @@ def paired_blocks(engine: EngineSettings, pools: tuple[PoolPlan, ...]) -> list[H
 def align_handoff(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: tuple[PoolPlan, ...],
                   facts: Mapping[str, PoolFacts]) -> tuple[PoolPlan, ...]:
     """Every prefill/decode pair must pass vLLM's NIXL handshake (handoff.py). When the roles' own
-    layouts do not, the roles whose parallelism the spec leaves out are planned again at one tensor
-    size: the spec's own for its explicit roles, else a decode's (decode layouts are
-    the tightest), else a prefill's. A spec whose explicit roles disagree, or whose roles fit no
-    shared tensor size, is refused with each role's numbers."""
+    layouts do not, the prefill roles whose parallelism the spec leaves out are planned again at one
+    tensor size: a decode's, else an explicit prefill's. Decodes are never laid out again: their
+    layout is the tight one (memory, inter-token latency), and moving a decode to a prefill's tensor
+    size could double its GPUs or cut its speed (a TP8 decode forced to TP1 x DP16). A spec that
+    still leaves a pair vLLM refuses is refused with each pair's numbers, and why the re-plan failed."""
     refused = refused_pairs(paired_blocks(engine, pools), engine.prefix_caching)
     if not refused:
         return pools
     given = {(p.name, name) for p in spec.pools for name, r in p.roles() if r.parallelism is not None}
-    auto = [(p.name, r) for p in pools for r in p.roles if r.role in PAIRED and (p.name, r.role) not in given]
-    explicit = [r.layout.tensor for p in pools for r in p.roles if r.role in PAIRED and (p.name, r.role) in given]
-    tried = explicit or [r.layout.tensor for kind in ("decode", "prefill") for _, r in auto if r.role == kind]
+    movable = {(p.name, r.role) for p in pools for r in p.roles
+               if r.role == "prefill" and (p.name, r.role) not in given}
+    tried = [r.layout.tensor for kind in ("decode", "prefill") for p in pools for r in p.roles
+             if r.role == kind and (p.name, r.role) not in movable]
     by_name = {p.name: p for p in spec.pools}
-    for tensor in dict.fromkeys(tried) if auto else ():
-        forced: dict[str, dict[str, int]] = {name: {r.role: tensor for n, r in auto if n == name} for name in by_name}
+    why = ""
+    for tensor in dict.fromkeys(tried) if movable else ():
         try:
             candidate = tuple(
-                plan_pool(spec, engine, by_name[p.name], facts.get(p.name, PoolFacts()), forced[p.name])
-                if forced[p.name] else p for p in pools)
-        except PlanningError:
+                plan_pool(spec, engine, by_name[p.name], facts.get(p.name, PoolFacts()), {"prefill": tensor})
+                if (p.name, "prefill") in movable else p for p in pools)
+        except PlanningError as exc:
+            why = f" (its prefill planned at tensor size {tensor}: {exc.message})"
             continue
         if not refused_pairs(paired_blocks(engine, candidate), engine.prefix_caching):
             return candidate
-    raise refusal(refused)
+    from_nodes = any(p.gpu.product == "Auto" for p in spec.pools if p.prefill is not None or p.decode is not None)
+    raise refusal(refused, why, depends_on_nodes=from_nodes)
 
 
 def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
@@ -368,9 +372,15 @@ def compat_hash(engine: EngineSettings, pools: tuple[PoolPlan, ...] = ()) -> str
     the images the paired roles run: vLLM's own NIXL handshake hashes its version with the model
     config and refuses a peer whose hash differs (docs/vllm-facts.md §0 item 5), so a new serving image
     is a new revision, rolled with the hold, never a prefill of one version handed to a decode of
-    another. An aggregated pool's image pairs with nothing and stays out."""
+    another. An aggregated pool's image pairs with nothing and stays out. So is a change of any
+    paired role's KV block (its tensor size): the handshake compares how each side cuts its block
+    (handoff.py), and an old prefill of another block would be refused by every new decode."""
     contract = engine.pd_contract()
-    images = sorted({pool.image for pool in pools if any(role.role in ("prefill", "decode") for role in pool.roles)})
+    images = sorted({pool.image for pool in pools if any(role.role in PAIRED for role in pool.roles)})
     if images:
         contract["images"] = images
+    blocks = sorted([pool.name, role.role, role.block_size] for pool in pools for role in pool.roles
+                    if role.role in PAIRED and role.block_size)
+    if blocks:
+        contract["kv_blocks"] = blocks
     return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()[:16]
