@@ -189,15 +189,18 @@ def align_handoff(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: tup
 
 
 def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
-    """vLLM's NIXL handshake hashes the attention backend it resolved, which follows the GPU
-    generation: prefill and decode on different generations (or vendors) would never pair."""
+    """Prefill and decode on different generations (or vendors) are refused: their MLA backends
+    differ (handoff.py: FLASHINFER_MLA on Blackwell, FLASH_ATTN_MLA or FLASHMLA on Hopper), vLLM's
+    handshake hash names only the first attention layer's backend (for K3 possibly its KDA one, the
+    same on both), so nothing would catch a mismatch in the MLA pages, and no one has run such a pair
+    (docs/pd-handoff.md)."""
     kinds = {(CATALOG[p.gpu_product].vendor, CATALOG[p.gpu_product].generation)
              for p in pools if p.gpu_product for r in p.roles if r.role in ("prefill", "decode")}
     if len(kinds) > 1:
         seen = ", ".join(f"{v} {g}" for v, g in sorted(kinds))
         raise PlanningError(PD_INCOMPATIBLE,
-                            f"prefill and decode run on different GPU generations ({seen}): vLLM's NIXL "
-                            "handshake compares the attention backend, which differs between them; keep "
+                            f"prefill and decode run on different GPU generations ({seen}): their MLA "
+                            "attention backends differ and no such pair is known to hand over KV; keep "
                             "paired roles on one generation or serve each pool aggregated")
 
 
