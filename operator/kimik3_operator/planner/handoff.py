@@ -114,8 +114,9 @@ def kernel_block(block: int, backend: MlaBackend) -> int:
     """vLLM's select_common_block_size over the MLA backend and the KDA backend (which runs any size)."""
     if backend.runs(block) and block % KDA_KERNEL_MULTIPLE == 0:
         return block
-    for size in sorted((s for s in backend.kernel_blocks if block % s == 0), reverse=True):
-        return size
+    divisors = [s for s in backend.kernel_blocks if block % s == 0]
+    if divisors:
+        return max(divisors)
     raise PlanningError(INVALID_SPEC, f"no kernel block of {backend.source} divides the KV block of {block} tokens")
 
 
