@@ -101,11 +101,10 @@ def with_tensor(role: str, count: int, fabric: Fabric, tensor: int) -> Iterator[
     DEP with that tensor size (expert parallelism over tensor x data ranks)."""
     own = [c for c in candidates(role, count, fabric) if c.tensor == tensor]
     yield from own
-    dep = Layout(tensor=tensor, data=count // tensor, expert=True)
     if (not own and role != "aggregated" and count % tensor == 0 and tensor <= fabric.nvlink_gpus
             and KDA_HEADS % tensor == 0 and NUM_EXPERTS % count == 0
             and (count <= fabric.gpus_per_node or count % fabric.gpus_per_node == 0)):
-        yield dep
+        yield Layout(tensor=tensor, data=count // tensor, expert=True)
 
 
 def choose_layout(role: str, fabric: Fabric, mem: MemoryInputs, tensor: int | None = None) -> Layout:

@@ -195,7 +195,7 @@ def check_pd_pairing(pools: tuple[PoolPlan, ...]) -> None:
     same on both), so nothing would catch a mismatch in the MLA pages, and no one has run such a pair
     (docs/pd-handoff.md)."""
     kinds = {(CATALOG[p.gpu_product].vendor, CATALOG[p.gpu_product].generation)
-             for p in pools if p.gpu_product for r in p.roles if r.role in ("prefill", "decode")}
+             for p in pools if p.gpu_product for r in p.roles if r.role in PAIRED}
     if len(kinds) > 1:
         seen = ", ".join(f"{v} {g}" for v, g in sorted(kinds))
         raise PlanningError(PD_INCOMPATIBLE,
