@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kimik3_operator.api import spec as api
 from kimik3_operator.api import v1alpha1 as v1
+from kimik3_operator.api.router_policies import POLICY_NAMES
 from kimik3_operator.kimi_k3 import MAX_MODEL_LEN
 from kimik3_operator.planner.catalog import CATALOG
 
@@ -312,7 +313,7 @@ def _model(draw: Draw) -> dict[str, Any]:
     return m
 
 
-ROUTER_POLICIES = ("CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoaded", "Random")
+ROUTER_POLICIES = POLICY_NAMES
 ROUTER_AMOUNTS = ("250m", "1", "1.5", "4", "512Mi", "1Gi", "3Gi")
 REQUEST_BYTES = ("512Ki", "1Mi", "30Mi", "40Mi", "512Mi", "513Mi")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from kimik3_operator.api import SpecModel, spec
+from kimik3_operator.api import SpecModel, role_settings, spec
 from kimik3_operator.api import v1alpha1 as v1
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ INVALID: dict[str, Callable[[], dict[str, Any]]] = {
 def all_rules() -> list[tuple[type, str]]:
     """Every (model, rule message) declared anywhere in the API."""
     out = []
-    for obj in vars(spec).values():
+    for obj in {**vars(spec), **vars(role_settings)}.values():
         if isinstance(obj, type) and issubclass(obj, SpecModel) and obj is not SpecModel:
             out += [(obj, r.message) for r in obj.__dict__.get("rules", ())]
     return out

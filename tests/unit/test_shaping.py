@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from kimik3_operator.api.role_settings import Eplb
 from kimik3_operator.kimi_k3 import BYTES_PER_EXPERT, MOE_LAYERS, NUM_EXPERTS
 from kimik3_operator.planner import Layout
 from kimik3_operator.planner.catalog import CATALOG
@@ -13,7 +14,6 @@ from kimik3_operator.planner.memory import memory_fit
 from kimik3_operator.planner.shaping import (
     PREFILL_TOKENS_CEILING,
     PREFILL_TOKENS_FLOOR,
-    ShapeOverrides,
     capture_ceiling,
     capture_grid,
     redundant_experts,
@@ -92,14 +92,16 @@ def test_no_eplb_with_mega_moe() -> None:
 @pytest.mark.parametrize("role", ["prefill", "decode", "aggregated"])
 def test_overrides_win_and_the_capture_follows_an_overridden_batch(role: str) -> None:
     dep = Layout(tensor=1, data=16, expert=True)
-    given = ShapeOverrides(max_num_seqs=40, long_prefill_token_threshold=0, eplb=True, redundant_experts=32)
+    given = {"max_num_seqs": 40, "long_prefill_token_threshold": 0,
+             "eplb": Eplb.model_validate({"enabled": True, "redundantExperts": 32})}
     s = shape(role, CATALOG["GB300"], dep, None, batch_at_slo=900, input_tokens=8192, spec_tokens=3,
               overrides=given, **COMMON)
     assert (s.max_num_seqs, s.long_prefill_token_threshold, s.eplb_redundant_experts) == (40, 0, 32)
     if role != "prefill":
         assert s.max_cudagraph_capture_size == 160
     off = shape(role, CATALOG["GB300"], dep, None, batch_at_slo=900, input_tokens=8192, spec_tokens=3,
-                overrides=ShapeOverrides(eplb=False, max_num_batched_tokens=2048, max_cudagraph_capture_size=64),
+                overrides={"eplb": Eplb.model_validate({"enabled": False}), "max_num_batched_tokens": 2048,
+                           "max_cudagraph_capture_size": 64},
                 **COMMON)
     assert off.eplb_redundant_experts is None and off.max_num_batched_tokens == 2048
     assert off.max_cudagraph_capture_size == 64

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from .role_settings import owned_spellings
+
 _PARALLELISM = "pools[].<role>.parallelism"
 _OFFLOAD = ("not offered yet (a typed option is planned): vLLM 0.33.0 would silently replace a prefill/decode "
             "role's NIXL connector with the offloading one (config/vllm.py:1151-1185)")
@@ -65,13 +67,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
     "--fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
     "--no-fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
-    "--max-num-seqs": "pools[].<role>.engine.maxNumSeqs",
-    "--max-num-batched-tokens": "pools[].<role>.engine.maxNumBatchedTokens",
-    "--max-cudagraph-capture-size": "pools[].<role>.engine.maxCudagraphCaptureSize",
-    "--long-prefill-token-threshold": "pools[].<role>.engine.longPrefillTokenThreshold",
-    "--enable-eplb": "pools[].<role>.engine.eplb", "--no-enable-eplb": "pools[].<role>.engine.eplb",
-    "--disable-eplb": "pools[].<role>.engine.eplb",
-    "--eplb-config": "pools[].<role>.engine.eplb",
+    **owned_spellings(),  # the per-role engine settings' (role_settings.py)
     "--chat-template": "engine.chatTemplate",
     "--load-format": "model.loading", "--enable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--no-enable-ep-weight-filter": "model.loading (with expert parallelism)",

@@ -11,12 +11,13 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from ..contract import uri as model_uri
 from ..gpus import PRODUCTS as GPU_PRODUCTS
 from ..gpus import products_with
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
+from . import role_settings, router_policies
 from .base import Rule, SpecModel, list_map
 from .owned_flags import CEL_FLAG_NAME, OWNED_FLAGS, cel_option_in, cel_owned, owned_flag, owner_of
 from .quantity import PATTERN as QUANTITY_PATTERN
@@ -560,43 +561,10 @@ class RoleAutoscaling(SpecModel):
     )
 
 
-class Eplb(SpecModel):
-    """Expert-parallel load balancing (--enable-eplb, --eplb-config): vLLM moves hot experts between
-    ranks and keeps redundant copies of them."""
-
-    enabled: bool = True
-    """Turn EPLB on (needs expert parallelism) or off."""
-    redundant_experts: Annotated[int, Field(ge=0, le=4096)] | None = None
-    """Redundant experts per MoE layer across the expert group (num_redundant_experts); one per
-    expert-parallel rank when omitted and they fit in memory. 896 plus it must divide by the
-    expert-parallel size."""
-
-    rules = (
-        Rule(
-            cel="self.enabled || !has(self.redundantExperts)",
-            message="eplb.redundantExperts needs eplb.enabled (vLLM keeps redundant experts only with EPLB)",
-            check=lambda e: e.enabled or e.redundant_experts is None,
-            field_path=".redundantExperts",
-        ),
-    )
-
-
-class RoleEngine(SpecModel):
-    """Per-role vLLM scheduler and CUDA-graph settings; each omitted value is the planner's, derived
-    from the perf model's batch at the SLO (status and `kimik3 plan` show the values used)."""
-
-    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = None
-    """Sequences one data-parallel rank runs at once (--max-num-seqs)."""
-    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1 << 21)] | None = None
-    """Tokens one data-parallel rank schedules per step (--max-num-batched-tokens)."""
-    max_cudagraph_capture_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
-    """Largest batch, in tokens, with a captured CUDA graph (--max-cudagraph-capture-size)."""
-    long_prefill_token_threshold: Annotated[int, Field(ge=0, le=MAX_MODEL_LEN)] | None = None
-    """Tokens a long prompt may schedule per step while others wait (--long-prefill-token-threshold;
-    0 turns the cap off)."""
-    eplb: Eplb | None = None
-    """Expert load balancing; the planner's choice (on for data-parallel expert roles on NVIDIA where
-    the redundant experts fit in memory) when omitted."""
+class _RoleEngineRules(SpecModel):
+    """Per-role vLLM scheduler, CUDA-graph and expert-balancing settings; each omitted value is the
+    planner's, derived from the perf model's batch at the SLO (status and `kimik3 plan` show the values
+    used). Its fields are the rows of role_settings.py."""
 
     rules = (
         Rule(
@@ -608,6 +576,13 @@ class RoleEngine(SpecModel):
             field_path=".maxNumBatchedTokens",
         ),
     )
+
+
+if TYPE_CHECKING:
+    RoleEngine = _RoleEngineRules  # its fields are read through the rows (role_settings.given)
+else:
+    RoleEngine = create_model("RoleEngine", __base__=_RoleEngineRules, __module__=__name__,
+                              __doc__=_RoleEngineRules.__doc__, **role_settings.spec_fields())
 
 
 class Role(SpecModel):
@@ -818,10 +793,10 @@ class Rollout(SpecModel):
     )
 
 
-RouterPolicy = Literal["CacheAware", "RoundRobin", "ConsistentHash", "StickyLeastLoaded", "Random"]
-"""vllm-router's policies that work with nothing beside the engines. Left out: PowerOfTwo (it reads
-a /get_load vLLM does not serve, so every load reads 0, and it refuses to start with one worker of
-a role) and KvAware (it needs the engines' KV events over ZMQ)."""
+if TYPE_CHECKING:
+    RouterPolicy = str
+else:  # the enum is the policy table's names (router_policies.py), in its order
+    RouterPolicy = Literal[router_policies.POLICY_NAMES]
 
 
 class RouterRequests(SpecModel):
@@ -948,12 +923,8 @@ class Router(SpecModel):
     replicas: Annotated[int, Field(ge=0, le=64)] = 2
     """Router replicas. 0 renders no router: clients then reach a role's Service directly, and
     prefill/decode roles do not disaggregate (a decode engine prefills every prompt itself)."""
-    policy: RouterPolicy = "CacheAware"
-    """How the aggregated router picks an engine: CacheAware (the engine that already holds the
-    longest prefix of the prompt, unless the load is too uneven; it asks every engine to tokenize the
-    prompt first) | RoundRobin | ConsistentHash (by the session: the X-Session-ID, X-User-ID, ...
-    header; no tokenizer call; a request without one lands anywhere) | StickyLeastLoaded (a session
-    stays on the engine it started on; new sessions go to the least loaded) | Random."""
+    policy: RouterPolicy = Field(default="CacheAware", description=(
+        f"How the aggregated router picks an engine: {router_policies.described()}."))
     prefill_policy: RouterPolicy = "CacheAware"
     """How the prefill/decode router picks a prefill engine (the values of policy)."""
     decode_policy: RouterPolicy = "CacheAware"

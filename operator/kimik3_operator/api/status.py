@@ -3,10 +3,11 @@ changes. Its attribute docstrings are what `kubectl explain` prints for `.status
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, create_model
 
+from . import role_settings
 from .base import StatusModel, list_map
 from .meta import Condition, Timestamp
 from .spec import RoleName, RouterMode, RouterPolicy
@@ -83,7 +84,7 @@ class ColdStartStatus(StatusModel):
     """One CUDA graph per captured batch size."""
 
 
-class RoleStatus(StatusModel):
+class _RoleStatusBase(StatusModel):
     """What a role resolved to and how many replicas are up."""
 
     role: RoleName
@@ -128,16 +129,6 @@ class RoleStatus(StatusModel):
     """The RDMA NICs each pod requests, e.g. "8 x rdma/ib" (pods whose traffic leaves the node)."""
     block_size: int | None = None
     """The KV block size vLLM will use for this role."""
-    max_num_seqs: int | None = None
-    """--max-num-seqs per data-parallel rank."""
-    max_num_batched_tokens: int | None = None
-    """--max-num-batched-tokens per data-parallel rank."""
-    max_cudagraph_capture_size: int | None = None
-    """--max-cudagraph-capture-size; vLLM's default when absent."""
-    long_prefill_token_threshold: int | None = None
-    """--long-prefill-token-threshold; vLLM's default (no cap) when absent."""
-    eplb_redundant_experts: int | None = None
-    """Redundant experts per MoE layer with EPLB on (--enable-eplb); absent when EPLB is off."""
     replicas_source: Literal["spec", "workload", "default"] | None = None
     """Where the replica count came from: the spec, rate matching on spec.workload, or the default."""
     workload: str | None = None
@@ -160,6 +151,13 @@ class RoleStatus(StatusModel):
     """How the engines run K3's vision tower (vLLM's --mm-encoder-tp-mode): data, whole on every
     tensor-parallel rank with the images split among them; weights, on a single-GPU rank; off,
     images turned off (multimodal.maxImagesPerPrompt 0), the tower not loaded (docs/multimodal.md)."""
+
+
+if TYPE_CHECKING:
+    RoleStatus = _RoleStatusBase  # the engine settings' fields are read through role_settings' rows
+else:  # the values of the per-role engine settings used (role_settings.py), after the rest
+    RoleStatus = create_model("RoleStatus", __base__=_RoleStatusBase, __module__=__name__,
+                              __doc__=_RoleStatusBase.__doc__, **role_settings.status_fields())
 
 
 class PoolStatus(StatusModel):

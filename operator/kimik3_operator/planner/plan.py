@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import RoleName
+from ..api.router_policies import BY_NAME
 from ..kimi_k3 import kv_cache_family, ssm_cache_dtype
 from .cold_start import ColdStart
 from .errors import PlanningError as PlanningError
@@ -250,8 +251,8 @@ class Plan:
         return [(pool, role) for pool in self.pools for role in pool.roles]
 
     def router_tokenizes(self, pool: str, role: str) -> bool:
-        """A router in front of this role picks its engines prefix-aware (CacheAware), which needs
-        the prompt's token ids from the engines themselves.
+        """A router in front of this role picks its engines by the prompt's tokens (CacheAware: the
+        `tokenizes` column of api/router_policies.py), which needs the token ids from the engines.
 
         vllm-router 0.1.17's cache_aware policy POSTs `{route}/render` to every candidate engine and
         falls back to `/tokenize` only on 404/405/501 (src/backend/preprocess.rs:179-316; a 403 is
@@ -260,7 +261,8 @@ class Plan:
         entrypoints/common/cli_args.py:216-221); with it the Python frontend serves /render and the
         Rust frontend answers 501 and serves /tokenize (tests/contract/test_simulator_rs_frontend.py
         runs the wheel's vllm-rs). Without the flag every request is routed least-loaded."""
-        return any((pool, role) in r.routes and (role, "CacheAware") in r.policies for r in self.routers)
+        return any((pool, role) in r.routes and BY_NAME[policy].tokenizes
+                   for r in self.routers for kind, policy in r.policies if kind == role)
 
     @property
     def gpus(self) -> int:

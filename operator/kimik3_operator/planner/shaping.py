@@ -37,15 +37,19 @@ recipes set per-role --max-num-seqs / --max-num-batched-tokens (docs/vllm-facts.
   (make_kimi_k3_mega_moe_expert_params_mapping, model.py:343), nor on AMD (its specialized decode
   refuses EPLB: models/kimi_k3/amd/specialized_decode/runtime/__init__.py:98).
 
-Every value may be overridden per role (pools[].<role>.engine); an override wins as given, and
-the capture size follows an overridden max_num_seqs.
+Every value may be overridden per role (pools[].<role>.engine, one row per setting in
+api/role_settings.py); an override wins as given, and the capture size follows an overridden
+max_num_seqs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
+from ..api.role_settings import ROLE_SETTINGS, Eplb, given
+from ..api.spec import RoleEngine
 from ..kimi_k3 import BYTES_PER_EXPERT, MOE_LAYERS, NUM_EXPERTS
 from .catalog import GpuSpec
 from .memory import memory_fit
@@ -61,16 +65,14 @@ PREFILL_SEQS_CEILING = 256
 REDUNDANT_EXPERTS_PER_RANK = 1
 
 
-@dataclass(frozen=True)
-class ShapeOverrides:
-    """What the spec's per-role engine block sets (None: the planner's value)."""
+Overrides = Mapping[str, Any]
+"""What a role's engine block sets, by setting name (api/role_settings.py); a name left out, or None:
+the planner's value."""
 
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_cudagraph_capture_size: int | None = None
-    long_prefill_token_threshold: int | None = None
-    eplb: bool | None = None
-    redundant_experts: int | None = None
+
+def overrides_of(engine: RoleEngine | None) -> dict[str, Any]:
+    """A role's engine block as Overrides."""
+    return {s.name: value for s in ROLE_SETTINGS if (value := given(engine, s.name)) is not None}
 
 
 def capture_ceiling(gpu: GpuSpec | None) -> int:
@@ -132,35 +134,45 @@ def redundant_experts(gpu: GpuSpec | None, layout: Layout, moe_backend: str | No
 
 def shape(role: str, gpu: GpuSpec | None, layout: Layout, moe_backend: str | None, *,
           batch_at_slo: float | None, input_tokens: int, max_model_len: int | None, kv_dtype: str,
-          spec_tokens: int, ssm_dtype: str, overrides: ShapeOverrides = ShapeOverrides()) -> EngineShape:
+          spec_tokens: int, ssm_dtype: str, overrides: Overrides | None = None) -> EngineShape:
     """The shape of one role; `batch_at_slo` is the perf model's decode batch per replica."""
-    o = overrides
-    eplb = redundant_experts(gpu, layout, moe_backend, max_model_len=max_model_len, kv_dtype=kv_dtype,
-                             spec_tokens=spec_tokens, ssm_dtype=ssm_dtype)
-    if o.eplb is False:
-        eplb = None
-    elif o.eplb or o.redundant_experts is not None:
-        eplb = o.redundant_experts if o.redundant_experts is not None else (eplb or 0)
+    o = overrides or {}
+    seqs_given: int | None = o.get("max_num_seqs")
+    tokens_given: int | None = o.get("max_num_batched_tokens")
+    capture_given: int | None = o.get("max_cudagraph_capture_size")
+    threshold_given: int | None = o.get("long_prefill_token_threshold")
+    eplb = _eplb(o.get("eplb"), redundant_experts(gpu, layout, moe_backend, max_model_len=max_model_len,
+                                                  kv_dtype=kv_dtype, spec_tokens=spec_tokens, ssm_dtype=ssm_dtype))
     if role == "prefill":
-        budget = o.max_num_batched_tokens or prefill_tokens(input_tokens)
-        seqs = o.max_num_seqs or min(PREFILL_SEQS_CEILING, max(SEQS_FLOOR, math.ceil(4 * budget / input_tokens)))
+        budget = tokens_given or prefill_tokens(input_tokens)
+        seqs = seqs_given or min(PREFILL_SEQS_CEILING, max(SEQS_FLOOR, math.ceil(4 * budget / input_tokens)))
         return EngineShape(
             max_num_seqs=seqs, max_num_batched_tokens=max(budget, seqs),
-            max_cudagraph_capture_size=o.max_cudagraph_capture_size,
-            long_prefill_token_threshold=_threshold(o, input_tokens, budget, max_model_len),
+            max_cudagraph_capture_size=capture_given,
+            long_prefill_token_threshold=_threshold(threshold_given, input_tokens, budget, max_model_len),
             eplb_redundant_experts=eplb)
-    seqs = o.max_num_seqs or decode_seqs(batch_at_slo, layout.data, spec_tokens, gpu)
-    capture = o.max_cudagraph_capture_size or capture_grid(seqs * (1 + spec_tokens))
+    seqs = seqs_given or decode_seqs(batch_at_slo, layout.data, spec_tokens, gpu)
+    capture = capture_given or capture_grid(seqs * (1 + spec_tokens))
     floor = AGGREGATED_TOKENS_FLOOR if role == "aggregated" else 0
-    budget = o.max_num_batched_tokens or max(capture, floor)
+    budget = tokens_given or max(capture, floor)
     return EngineShape(
         max_num_seqs=seqs, max_num_batched_tokens=budget, max_cudagraph_capture_size=capture,
-        long_prefill_token_threshold=_threshold(o, input_tokens, budget, max_model_len)
-        if role == "aggregated" else o.long_prefill_token_threshold,
+        long_prefill_token_threshold=_threshold(threshold_given, input_tokens, budget, max_model_len)
+        if role == "aggregated" else threshold_given,
         eplb_redundant_experts=eplb)
 
 
-def _threshold(o: ShapeOverrides, input_tokens: int, budget: int, max_model_len: int | None) -> int:
-    if o.long_prefill_token_threshold is not None:
-        return o.long_prefill_token_threshold
+def _eplb(given_eplb: Eplb | None, planned: int | None) -> int | None:
+    """The spec's EPLB block over the planner's choice: off, its redundant experts, or on with the
+    planner's count (0 where the planner would leave EPLB off)."""
+    if given_eplb is None:
+        return planned
+    if not given_eplb.enabled:
+        return None
+    return given_eplb.redundant_experts if given_eplb.redundant_experts is not None else (planned or 0)
+
+
+def _threshold(given_threshold: int | None, input_tokens: int, budget: int, max_model_len: int | None) -> int:
+    if given_threshold is not None:
+        return given_threshold
     return long_prefill_threshold(input_tokens, budget, max_model_len)

@@ -16,6 +16,7 @@ from collections.abc import Set
 
 from ..api import KimiK3DeploymentSpec
 from ..api.reasons import INVALID_SPEC, SLO_UNATTAINABLE
+from ..api.role_settings import given as role_setting
 from ..api.spec import Workload
 from ..kimi_k3 import PUBLISHED
 from .catalog import CATALOG
@@ -130,7 +131,7 @@ def assign_replicas(spec: KimiK3DeploymentSpec, engine: EngineSettings, pools: t
     workload = spec.workload or DEFAULT_WORKLOAD
     ttft_ms = spec.slo.ttft_milliseconds if spec.slo else None
     itl_ms = spec.slo.itl_milliseconds if spec.slo else None
-    given = {(p.name, name): r.engine.max_num_seqs if r.engine else None for p in spec.pools for name, r in p.roles()}
+    given = {(p.name, name): role_setting(r.engine, "max_num_seqs") for p in spec.pools for name, r in p.roles()}
     predicted = {(p.name, r.role): predict(p, r, engine, workload, itl_ms, given.get((p.name, r.role)))
                  for p in pools for r in p.roles}
     for pool in pools:

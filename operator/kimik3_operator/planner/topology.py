@@ -36,7 +36,7 @@ from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, Pool
 from .pod_resources import NodeShape, node_shape, serving_resources
 from .router import router_plans
 from .scheduling import role_placement
-from .shaping import ShapeOverrides, graph_ceiling, shape
+from .shaping import graph_ceiling, overrides_of, shape
 from .split import DEFAULT_WORKLOAD, assign_replicas
 from .timeouts import startup_timeouts
 from .traps import check_traps
@@ -85,16 +85,11 @@ def with_shapes(spec: KimiK3DeploymentSpec, engine: EngineSettings,
 
     def one(pool: PoolPlan, role: RolePlan) -> RolePlan:
         given = roles[(pool.name, role.role)].engine
-        overrides = ShapeOverrides(
-            max_num_seqs=given.max_num_seqs, max_num_batched_tokens=given.max_num_batched_tokens,
-            max_cudagraph_capture_size=given.max_cudagraph_capture_size,
-            long_prefill_token_threshold=given.long_prefill_token_threshold,
-            eplb=given.eplb.enabled if given.eplb else None,
-            redundant_experts=given.eplb.redundant_experts if given.eplb else None) if given else ShapeOverrides()
         result = shape(role.role, CATALOG.get(pool.gpu_product or ""), role.layout, role.moe_backend,
                        batch_at_slo=role.predicted.get("decodeBatchAtSlo"), input_tokens=input_tokens,
                        max_model_len=engine.max_model_len, kv_dtype=engine.kv_dtype_family,
-                       spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype, overrides=overrides)
+                       spec_tokens=engine.speculative_tokens, ssm_dtype=engine.ssm_dtype,
+                       overrides=overrides_of(given))
         check_shape(f"pool {pool.name} role {role.role}", role, result, engine.max_model_len)
         return dataclasses.replace(role, shape=result)
 

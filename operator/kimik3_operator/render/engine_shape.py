@@ -1,4 +1,5 @@
-"""The per-role shaping flags of a `vllm serve` command line (planner/shaping.py decides them).
+"""The per-role engine settings of a `vllm serve` command line (api/role_settings.py has one row per
+setting with its spelling; planner/shaping.py decides the values).
 
 Spellings are vLLM 0.33.0's: --max-num-seqs and --max-num-batched-tokens (engine/arg_utils.py:
 1742-1756), --long-prefill-token-threshold (:1773), --max-cudagraph-capture-size (:1826-1828),
@@ -9,8 +10,7 @@ compilation and EPLB settings must agree across the expert group.
 
 from __future__ import annotations
 
-import json
-
+from ..api.role_settings import ROLE_SETTINGS
 from ..planner import RolePlan
 
 
@@ -18,13 +18,4 @@ def shape_args(role: RolePlan) -> list[str]:
     shape = role.shape
     if shape is None:
         return []
-    args = ["--max-num-seqs", str(shape.max_num_seqs),
-            "--max-num-batched-tokens", str(shape.max_num_batched_tokens)]
-    if shape.max_cudagraph_capture_size is not None:
-        args += ["--max-cudagraph-capture-size", str(shape.max_cudagraph_capture_size)]
-    if shape.long_prefill_token_threshold is not None:
-        args += ["--long-prefill-token-threshold", str(shape.long_prefill_token_threshold)]
-    if shape.eplb_redundant_experts is not None:
-        config = {"num_redundant_experts": shape.eplb_redundant_experts}
-        args += ["--enable-eplb", "--eplb-config", json.dumps(config, separators=(",", ":"))]
-    return args
+    return [arg for s in ROLE_SETTINGS for arg in s.args(getattr(shape, s.status_field))]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
+from ..api.role_settings import ROLE_SETTINGS
 from ..api.status import PoolStatus, RoleStatus, RouterStatus
 from ..planner import PoolPlan, RolePlan, RouterPlan
 
@@ -39,11 +40,7 @@ ROLE_FIELDS = {
     "expert_dispatch": "expert_dispatch",
     "kv_transport": "kv_transport",
     "rdma_nics": "rdma_request",
-    "max_num_seqs": "shape.max_num_seqs",
-    "max_num_batched_tokens": "shape.max_num_batched_tokens",
-    "max_cudagraph_capture_size": "shape.max_cudagraph_capture_size",
-    "long_prefill_token_threshold": "shape.long_prefill_token_threshold",
-    "eplb_redundant_experts": "shape.eplb_redundant_experts",
+    **{s.status_field: f"shape.{s.status_field}" for s in ROLE_SETTINGS},
     "pod_resources": "pod_resources_fields",
     "load_format": "load_format",
     "expert_weight_filter": "expert_weight_filter",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..api.role_settings import ROLE_SETTINGS
 from ..planner import Plan, PoolPlan, RolePlan, RouterPlan
 from ..planner.layout import describe
 from ..planner.perf import CALIBRATION
@@ -122,12 +123,8 @@ def shape_line(pool: PoolPlan, role: RolePlan) -> str:
     """A role's engine shape and, with speculation, its point prediction beside the bounds."""
     s, p = role.shape, role.predicted
     assert s is not None
-    parts = [f"max-num-seqs {s.max_num_seqs}", f"max-num-batched-tokens {s.max_num_batched_tokens}"]
-    if s.max_cudagraph_capture_size is not None:
-        parts.append(f"cudagraph capture <= {s.max_cudagraph_capture_size}")
-    if s.long_prefill_token_threshold is not None:
-        parts.append(f"long-prefill threshold {s.long_prefill_token_threshold}")
-    parts.append(f"EPLB +{s.eplb_redundant_experts} experts" if s.eplb_redundant_experts is not None else "EPLB off")
+    parts = [text for setting in ROLE_SETTINGS
+             if (text := setting.report_text(getattr(s, setting.status_field))) is not None]
     if "speculativeTokensPerSecondBatch1" in p:
         parts.append(f"spec {p['speculativeTokensPerSecondBatch1']:.0f} tok/s@1 at acceptance "
                      f"{p['speculativeAcceptance']:.2f} ({p['speculativeTokensPerSecondBatch1AtLowAcceptance']:.0f}"

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.router_policies import ROUTER_POLICIES
 from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..planner import Plan, RouterPlan
 from ..planner.images import ROUTER_IMAGE
@@ -91,13 +92,7 @@ vllm-router 0.1.17 logs every request's session key at info there, three lines a
 (src/policies/consistent_hash.rs:356-415): a client's x-user-id or x-session-id in the pod's logs.
 The same template whatever the policies, so no policy change rolls the router for it."""
 
-POLICY_FLAG = {
-    "CacheAware": "cache_aware",
-    "RoundRobin": "round_robin",
-    "ConsistentHash": "consistent_hash",
-    "StickyLeastLoaded": "sticky_least_loaded",
-    "Random": "random",
-}
+POLICY_FLAG = {p.name: p.flag for p in ROUTER_POLICIES}
 """API policy -> the router's spelling of it."""
 
 
