@@ -15,7 +15,7 @@ from kimik3_operator.k8s.cache import Observation, active_pod_view, child_view, 
 from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.k8s.config_maps import ConfigMapKey
 from kimik3_operator.planner.facts import node_view
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from tests.support.cases import base_deployment
 from tests.support.nodes import b200_nodes, gb300_rack
 
@@ -180,6 +180,6 @@ NODES = gb300_rack() + b200_nodes()
 
 
 def staged(cluster: MemoryCluster, **kw: Any) -> MemoryCluster:
-    reconcile(cluster, "ns", "k3", **kw)
+    reconcile(Pass(cluster, "ns", "k3", **kw))
     cluster.finish_staging()
     return cluster

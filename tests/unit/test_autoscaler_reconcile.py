@@ -9,7 +9,7 @@ from typing import Any
 
 from kimik3_operator.contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER
 from kimik3_operator.reconcile.autoscaler import SloScaler
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from tests.support.clocks import Clock, FakePrometheus
 from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 
@@ -39,19 +39,19 @@ def _serving(body: dict[str, Any]) -> tuple[Clock, FakePrometheus, SloScaler, Me
     clock, prometheus = Clock(), FakePrometheus()
     scaler = _scaler(prometheus, clock)
     cluster = staged(MemoryCluster(body, NODES))
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", 2)
     return clock, prometheus, scaler, cluster
 
 
 def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() -> None:
     cluster = staged(MemoryCluster(pd_body(), NODES))
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 2 and _owners(cluster.objects[DECODE]) == {FIELD_MANAGER}
     cluster.deployment = {**_autoscaled({"minReplicas": 1, "maxReplicas": 4, "mode": "HPA"}),
                           "status": cluster.deployment["status"]}
     cluster.deployment["metadata"].update(uid="uid-1", generation=2)
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     lws = cluster.objects[DECODE]
     assert lws["spec"]["replicas"] == 2  # never reset to the default of 1
     assert _owners(lws) == {AUTOSCALER_FIELD_MANAGER}
@@ -59,23 +59,23 @@ def test_a_role_turning_autoscaled_keeps_its_count_and_hands_it_to_the_scaler() 
     # The HPA writes through /scale: it stands, and status counts it.
     cluster.scale("k3-gb300-decode", 3)
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", 3)
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["replicas"] == 3 and decode["autoscaling"]["scaler"] == "HorizontalPodAutoscaler/k3-gb300-decode"
     # Off again: the spec's count is the operator's, and the HPA goes.
     cluster.deployment = {**pd_body(), "status": cluster.deployment["status"]}
     cluster.deployment["metadata"].update(uid="uid-1", generation=3)
-    out = reconcile(cluster, "ns", "k3")
+    out = reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 2 and FIELD_MANAGER in _owners(cluster.objects[DECODE])
     assert "HorizontalPodAutoscaler/k3-gb300-decode" in out.deleted
 
 
 def test_a_new_autoscaled_role_starts_at_its_planned_count() -> None:
     cluster = staged(MemoryCluster(_autoscaled({"minReplicas": 3, "maxReplicas": 4, "mode": "HPA"}), NODES))
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     lws = cluster.objects[DECODE]
     assert lws["spec"]["replicas"] == 3 and AUTOSCALER_FIELD_MANAGER in _owners(lws)
 
@@ -86,7 +86,7 @@ def test_the_slo_scaler_scales_up_on_load_then_holds_without_writing() -> None:
                          "prompt_tokens": 100.0}
     clock.now += 15
     cluster.writes.clear()
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 4  # 31 in flight at 10 per replica
     assert "replicas k3-gb300-decode 4" in cluster.writes and "event Normal ScaledUp" in cluster.writes
     assert any('kimik3_role="decode"' in q and "vllm:num_requests_running" in q for q in prometheus.queries)
@@ -94,11 +94,11 @@ def test_the_slo_scaler_scales_up_on_load_then_holds_without_writing() -> None:
     assert decode["replicas"] == 4 and decode["autoscaling"]["lastScale"].startswith("up 2 -> 4: RequestsInFlight 31")
     # Not due yet, then due with the same load while the new replicas start: no writes at all.
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", 4, ready=2)
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     cluster.writes.clear()
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.writes == []
 
 
@@ -110,7 +110,7 @@ def test_a_rising_load_scales_up_a_predicted_cold_start_ahead_and_the_event_says
     prometheus.values = {"num_requests": 15.0, "inter_token_latency": 0.010, "time_to_first_token": 0.5,
                          "deriv": 8.0 / lead}
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3
     trend = next(q for q in prometheus.queries if q.startswith("deriv("))
     span = -(-lead // 3)  # a third of the lead: longer than five 60 s windows
@@ -127,7 +127,7 @@ def test_the_slo_scaler_never_asks_beyond_the_pools_free_gpus() -> None:
     clock, prometheus, scaler, cluster = _serving(body)
     prometheus.values = {"num_requests": 500.0}
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     replicas = cluster.objects[DECODE]["spec"]["replicas"]
     assert 2 < replicas < 64  # as many 2-tray TP8 groups as the rack's trays hold
     assert "event Warning InsufficientCapacity" in cluster.writes
@@ -135,11 +135,11 @@ def test_the_slo_scaler_never_asks_beyond_the_pools_free_gpus() -> None:
     # and the status says it serves, short of its target.
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", replicas)
     cluster.report("LeaderWorkerSet", "k3-b200-prefill", 1)
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     cluster.writes.clear()
     for _ in range(3):
         clock.now += 15
-        reconcile(cluster, "ns", "k3", scaler=scaler)
+        reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"]["replicas"] == replicas
     assert cluster.writes == []
     status = cluster.deployment["status"]
@@ -153,7 +153,7 @@ def test_without_metrics_the_slo_scaler_holds() -> None:
     clock, prometheus, scaler, cluster = _serving(_autoscaled())
     before = copy.deepcopy(cluster.objects[DECODE]["spec"])
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"] == before
 
 
@@ -163,7 +163,7 @@ def test_the_slo_scaler_never_scales_into_the_one_prefill_one_decode_trap() -> N
     clock, prometheus, scaler, cluster = _serving(body)
     prometheus.values = {"num_requests": 0.0, "inter_token_latency": 0.010}
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 2  # 1 decode beside 1 prefill: vllm#52627
     accepted = _autoscaled({"minReplicas": 1, "maxReplicas": 4, "target": 10},
                            autoscaling={"scaleDownCooldownSeconds": 0},
@@ -171,7 +171,7 @@ def test_the_slo_scaler_never_scales_into_the_one_prefill_one_decode_trap() -> N
     cluster.deployment = {**accepted, "status": cluster.deployment["status"]}
     cluster.deployment["metadata"].update(uid="uid-1", generation=2)
     clock.now += 15
-    reconcile(cluster, "ns", "k3", scaler=scaler)
+    reconcile(Pass(cluster, "ns", "k3", scaler=scaler))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 1
 
 
@@ -182,7 +182,7 @@ def test_a_scaling_decision_is_written_at_once_whatever_the_status_pace() -> Non
 
     clock, prometheus, scaler, cluster = _serving(_autoscaled())
     cluster.report("LeaderWorkerSet", "k3-gb300-decode", 3, ready=3)
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     pace = StatusPace(clock=lambda: 0.0)
     pace.wrote(("ns", "k3"))  # a status write just now, as far as the pace can tell
     # Inter-token latency over its 40 ms target at the load three replicas take: a breach begins,
@@ -191,7 +191,7 @@ def test_a_scaling_decision_is_written_at_once_whatever_the_status_pace() -> Non
                          "prompt_tokens": 100.0}
     clock.now += 15
     before = copy.deepcopy(cluster.deployment["status"])
-    out = reconcile(cluster, "ns", "k3", scaler=scaler, pace=pace)
+    out = reconcile(Pass(cluster, "ns", "k3", scaler=scaler, pace=pace))
     assert cluster.objects[DECODE]["spec"]["replicas"] == 3 and out.phase == before["phase"]
     assert out.status_written and out.due is None  # the same story, written at once
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]

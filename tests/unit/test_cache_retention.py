@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kimik3_operator.planner import plan_deployment, pool_facts
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from kimik3_operator.render import render_weights
 from kimik3_operator.render.names import Owner
 from tests.support.cases import base_deployment
@@ -48,23 +48,23 @@ def test_the_claim_is_retained_by_default_and_owned_only_with_delete() -> None:
 @pytest.mark.parametrize(("policy", "pruned"), [(None, False), ("Delete", True)])
 def test_a_claim_no_checkpoint_needs_is_pruned_only_with_delete(policy: str | None, pruned: bool) -> None:
     cluster = MemoryCluster(_body(policy), gb300_rack())
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert CLAIM in cluster.objects
     cluster.deployment["spec"]["model"] = {"uri": "pvc://weights/kimi-k3",
                                            **({"cache": {"retentionPolicy": policy}} if policy else {})}
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert (CLAIM not in cluster.objects) is pruned
     assert ("delete PersistentVolumeClaim/k3-model-cache" in cluster.writes) is pruned
 
 
 def test_a_deployment_recreated_under_the_name_adopts_the_retained_claim() -> None:
     cluster = MemoryCluster(_body(None), gb300_rack())
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     claim = copy.deepcopy(cluster.objects[CLAIM])
     # deleted and created again: a new uid; garbage collection took every owned child but the claim
     cluster.objects = {CLAIM: claim}
     cluster.deployment["metadata"]["uid"] = "uid-2"
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     adopted = cluster.objects[CLAIM]
     assert adopted["metadata"]["uid"] == claim["metadata"]["uid"] and "ownerReferences" not in adopted["metadata"]
     assert not [w for w in cluster.writes if w.startswith("delete")]
@@ -72,8 +72,8 @@ def test_a_deployment_recreated_under_the_name_adopts_the_retained_claim() -> No
 
 def test_switching_the_policy_sets_or_drops_the_owner_reference() -> None:
     cluster = MemoryCluster(_body("Delete"), gb300_rack())
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.objects[CLAIM]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     cluster.deployment["spec"]["model"]["cache"] = {"retentionPolicy": "Retain"}
-    reconcile(cluster, "ns", "k3")  # server-side apply drops the reference the last apply set
+    reconcile(Pass(cluster, "ns", "k3"))  # server-side apply drops the reference the last apply set
     assert "ownerReferences" not in cluster.objects[CLAIM]["metadata"]

@@ -15,7 +15,7 @@ from kimik3_operator.api import reasons
 from kimik3_operator.planner.disaggregation import MIN_TRANSFERRED_SHARE, PromptSources, Verdict, judge, judge_pool
 from kimik3_operator.prometheus import PrometheusError
 from kimik3_operator.reconcile.disaggregation import CHECK_SECONDS, WINDOW_SECONDS, DisaggregationProbe
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from kimik3_operator.render.names import Owner
 from kimik3_operator.render.promql import prompt_tokens_query, selector
 from tests.support.cases import base_deployment
@@ -75,7 +75,7 @@ def test_a_serving_pd_deployment_shows_the_verdict_and_an_event_when_it_turns() 
     probe = _probe(prometheus, clock)
     cluster = staged(MemoryCluster(pd_body(), NODES))
     prometheus.values = {LOCAL: 20.0, EXTERNAL: 980.0}
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     condition = _disaggregating(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("True", "PromptsTransferred")
     assert "pool gb300: 98% of the prompt tokens" in condition["message"]
@@ -87,11 +87,11 @@ def test_a_serving_pd_deployment_shows_the_verdict_and_an_event_when_it_turns() 
     cluster.writes.clear()
     prometheus.values = {LOCAL: 900.0, EXTERNAL: 100.0}
     clock.now += CHECK_SECONDS - 1
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     assert len(prometheus.queries) == asked and cluster.writes == []
 
     clock.now += 1
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     condition = _disaggregating(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("False", "DecodeRecomputesPrompts")
     assert "only 10% of the prompt tokens" in condition["message"]
@@ -100,7 +100,7 @@ def test_a_serving_pd_deployment_shows_the_verdict_and_an_event_when_it_turns() 
     # The same verdict measured again: no write.
     cluster.writes.clear()
     clock.now += CHECK_SECONDS
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     assert len(prometheus.queries) == asked + 4 and cluster.writes == []
 
 
@@ -109,14 +109,14 @@ def test_an_aggregated_deployment_has_no_condition_and_asks_nothing() -> None:
     body = base_deployment(name="k3", namespace="ns")
     body["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
     cluster = staged(MemoryCluster(body, NODES))
-    reconcile(cluster, "ns", "k3", probe=_probe(prometheus, clock))
+    reconcile(Pass(cluster, "ns", "k3", probe=_probe(prometheus, clock)))
     assert _disaggregating(cluster) is None and prometheus.queries == []
 
 
 def test_nothing_to_ask_or_no_answer_is_unknown_not_a_verdict() -> None:
     clock = Clock()
     cluster = staged(MemoryCluster(pd_body(), NODES))
-    reconcile(cluster, "ns", "k3", probe=_probe(FakePrometheus(), clock, url=None))
+    reconcile(Pass(cluster, "ns", "k3", probe=_probe(FakePrometheus(), clock, url=None)))
     condition = _disaggregating(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("Unknown", "NoMetrics")
     assert "--prometheus-url" in condition["message"]
@@ -126,7 +126,7 @@ def test_nothing_to_ask_or_no_answer_is_unknown_not_a_verdict() -> None:
             raise PrometheusError(f"Prometheus at {URL} unreachable: ConnectionError")
 
     clock.now += CHECK_SECONDS
-    reconcile(cluster, "ns", "k3", probe=_probe(Down(), clock))
+    reconcile(Pass(cluster, "ns", "k3", probe=_probe(Down(), clock)))
     condition = _disaggregating(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("Unknown", "MetricsUnavailable")
 
@@ -135,15 +135,15 @@ def test_the_condition_goes_when_the_deployment_stops_disaggregating() -> None:
     clock, prometheus = Clock(), FakePrometheus()
     probe = _probe(prometheus, clock)
     cluster = staged(MemoryCluster(pd_body(), NODES))
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     assert _disaggregating(cluster) is not None
     aggregated = base_deployment(name="k3", namespace="ns")
     aggregated["spec"]["pools"][0]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-GB300"}
     cluster.deployment = {**aggregated, "status": cluster.deployment["status"]}
     cluster.deployment["metadata"].update(uid="uid-1", generation=2)
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     cluster.finish_staging()
-    reconcile(cluster, "ns", "k3", probe=probe)
+    reconcile(Pass(cluster, "ns", "k3", probe=probe))
     assert _disaggregating(cluster) is None
 
 

@@ -14,7 +14,7 @@ from kimik3_operator.contract.kueue import GROUP_INDEX_ANNOTATION, JOB_UID_LABEL
 from kimik3_operator.k8s import RejectedApiError
 from kimik3_operator.planner.queueing import QueuedRole, judge_admission
 from kimik3_operator.reconcile.queueing import CHECK_SECONDS, MISSING_SECONDS, QueueProbe, kueue_groups
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from tests.support.clocks import Clock
 from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
 
@@ -115,7 +115,7 @@ def test_a_queued_role_is_labelled_judged_and_read_at_its_pace() -> None:
     clock = Clock()
     probe = QueueProbe(clock=clock)
     cluster = staged(KueueCluster(_queued(), NODES), queues=probe)
-    outcome = reconcile(cluster, "ns", "k3", queues=probe)
+    outcome = reconcile(Pass(cluster, "ns", "k3", queues=probe))
     decode = cluster.objects["LeaderWorkerSet", "k3-gb300-decode"]
     assert decode["metadata"]["labels"][QUEUE_LABEL] == "gpus"
     assert QUEUE_LABEL not in cluster.objects["LeaderWorkerSet", "k3-b200-prefill"]["metadata"]["labels"]
@@ -130,11 +130,11 @@ def test_a_queued_role_is_labelled_judged_and_read_at_its_pace() -> None:
     assert cluster.workloads is not None
     cluster.workloads += [workload(uid, 0, admitted=True), workload(uid, 1)]
     clock.now += CHECK_SECONDS - 1
-    reconcile(cluster, "ns", "k3", queues=probe)
+    reconcile(Pass(cluster, "ns", "k3", queues=probe))
     assert len(cluster.lists) == 1 and _admitted(cluster)["reason"] == reasons.NO_WORKLOAD  # type: ignore[index]
     clock.now += 1
     cluster.writes.clear()
-    reconcile(cluster, "ns", "k3", queues=probe)
+    reconcile(Pass(cluster, "ns", "k3", queues=probe))
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("False", "Pending")
     assert _queued_replicas(cluster) == {"decode": 1, "prefill": 0}
@@ -144,14 +144,14 @@ def test_a_queued_role_is_labelled_judged_and_read_at_its_pace() -> None:
     cluster.workloads[1] = workload(uid, 1, admitted=True)
     clock.now += CHECK_SECONDS
     cluster.writes.clear()
-    outcome = reconcile(cluster, "ns", "k3", queues=probe)
+    outcome = reconcile(Pass(cluster, "ns", "k3", queues=probe))
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("True", reasons.ADMITTED)
     assert _queued_replicas(cluster) == {"decode": 0, "prefill": 0}
     assert "event Normal Admitted" in cluster.writes
     cluster.writes.clear()
     clock.now += CHECK_SECONDS
-    reconcile(cluster, "ns", "k3", queues=probe)
+    reconcile(Pass(cluster, "ns", "k3", queues=probe))
     assert cluster.writes == []
 
 
@@ -164,7 +164,7 @@ def test_no_kueue_or_no_answer_is_said(workloads: list[dict[str, Any]] | None, f
     cluster = KueueCluster(_queued(), NODES)
     cluster.workloads, cluster.fail = workloads, fail
     staged(cluster)
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == (status, reason)
     assert ("event Warning KueueMissing" in cluster.writes) == (reason == reasons.KUEUE_MISSING)
@@ -172,7 +172,7 @@ def test_no_kueue_or_no_answer_is_said(workloads: list[dict[str, Any]] | None, f
 
 def test_an_unqueued_deployment_reads_no_workload_and_has_no_condition() -> None:
     cluster = staged(KueueCluster(pd_body(), NODES))
-    reconcile(cluster, "ns", "k3")
+    reconcile(Pass(cluster, "ns", "k3"))
     assert cluster.lists == [] and _admitted(cluster) is None
 
 
@@ -203,13 +203,13 @@ def test_a_surge_group_of_a_rolling_update_needs_quota_too() -> None:
     spec.replicas groups only, the surge group waits and the rollout with it; status says so."""
     clock = Clock()
     cluster = staged(KueueCluster(_queued(), NODES))
-    reconcile(cluster, "ns", "k3", queues=QueueProbe(clock=clock))
+    reconcile(Pass(cluster, "ns", "k3", queues=QueueProbe(clock=clock)))
     decode = cluster.objects["LeaderWorkerSet", "k3-gb300-decode"]
     uid = decode["metadata"]["uid"]
     decode["status"] = {**decode.get("status", {}), "replicas": 3}  # 2 planned + 1 surging
     assert cluster.workloads is not None
     cluster.workloads += [workload(uid, 0, admitted=True), workload(uid, 1, admitted=True), workload(uid, 2)]
-    reconcile(cluster, "ns", "k3", queues=QueueProbe(clock=clock))
+    reconcile(Pass(cluster, "ns", "k3", queues=QueueProbe(clock=clock)))
     condition = _admitted(cluster)
     assert condition is not None and (condition["status"], condition["reason"]) == ("False", "Pending")
     assert "1 of 3 group(s) wait" in condition["message"] and _queued_replicas(cluster)["decode"] == 1
@@ -243,12 +243,12 @@ def test_a_missing_kueue_is_asked_about_once_a_minute_not_every_pass() -> None:
     cluster = KueueCluster(_queued(), NODES)
     cluster.workloads = None
     staged(cluster, queues=probe)
-    outcome = reconcile(cluster, "ns", "k3", queues=probe)
+    outcome = reconcile(Pass(cluster, "ns", "k3", queues=probe))
     asked = len(cluster.lists)
     assert outcome.due == MISSING_SECONDS
     clock.now += CHECK_SECONDS * 3
-    reconcile(cluster, "ns", "k3", queues=probe)
+    reconcile(Pass(cluster, "ns", "k3", queues=probe))
     assert len(cluster.lists) == asked
     clock.now += MISSING_SECONDS
-    reconcile(cluster, "ns", "k3", queues=probe)
+    reconcile(Pass(cluster, "ns", "k3", queues=probe))
     assert len(cluster.lists) == asked + 1

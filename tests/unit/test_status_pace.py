@@ -3,7 +3,7 @@ written at most once per PACE_SECONDS; a new story at once; a held-back one by t
 
 from __future__ import annotations
 
-from kimik3_operator.reconcile.reconciler import reconcile
+from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from kimik3_operator.reconcile.status import compute_status
 from kimik3_operator.reconcile.status_pace import PACE_SECONDS, StatusPace
 from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
@@ -50,18 +50,18 @@ def test_a_held_back_status_is_written_by_the_pass_it_asks_for() -> None:
     clock = Clock()
     pace = StatusPace(clock=clock)
     cluster = staged(MemoryCluster(pd_body(), NODES))
-    first = reconcile(cluster, "ns", "k3", pace=pace)  # serving children applied: a new story
+    first = reconcile(Pass(cluster, "ns", "k3", pace=pace))  # serving children applied: a new story
     assert first.status_written and first.due is None
     lws = cluster.objects[("LeaderWorkerSet", "k3-gb300-decode")]
     lws["status"] = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0, "observedGeneration": 1}
     lws["metadata"]["generation"] = 1
     before = cluster.deployment["status"]
     clock.now += 1
-    held = reconcile(cluster, "ns", "k3", pace=pace)
+    held = reconcile(Pass(cluster, "ns", "k3", pace=pace))
     assert not held.status_written and held.due == PACE_SECONDS - 1
     assert cluster.deployment["status"] == before
     clock.now += held.due
-    later = reconcile(cluster, "ns", "k3", pace=pace)
+    later = reconcile(Pass(cluster, "ns", "k3", pace=pace))
     assert later.status_written and later.due is None
     (decode,) = [r for p in cluster.deployment["status"]["pools"] for r in p["roles"] if r["role"] == "decode"]
     assert decode["updatedReplicas"] == 2

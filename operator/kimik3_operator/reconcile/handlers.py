@@ -40,7 +40,7 @@ from .disaggregation import DisaggregationProbe
 from .pass_memo import PassMemo
 from .queue import WorkQueue
 from .queueing import QueueProbe
-from .reconciler import Outcome, reconcile
+from .reconciler import Outcome, Pass, reconcile
 from .settings import OperatorConfig
 from .status_pace import StatusPace
 
@@ -99,9 +99,9 @@ class State:
             started, cpu, result = time.monotonic(), time.thread_time(), "error"
             api_time()  # from here on, this pass's
             try:
-                outcome = reconcile(self.cluster, namespace, name, tools_image=self.config.tools_image,
-                                    scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
-                                    probe=self.probe, queues=self.queues)
+                outcome = reconcile(Pass(self.cluster, namespace, name, tools_image=self.config.tools_image,
+                                         scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
+                                         probe=self.probe, queues=self.queues))
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

@@ -1,4 +1,5 @@
-"""One reconcile pass: read -> plan -> render -> apply -> prune -> status (written on change).
+"""One reconcile pass, in named stages over one context (Pass): observe -> plan -> apply -> prune -> status
+(written on change); a problem in plan or apply ends the pass in fail.
 
 Every trigger (create, spec update, resume, a child's event, the periodic resync) runs this
 same level-based function, so the result depends only on what is in the cluster now.
@@ -9,7 +10,7 @@ only the status says why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,13 +22,13 @@ from ..api.reasons import APPLY_REJECTED, CHAT_TEMPLATE_INVALID, INVALID_SPEC, M
 from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..contract.names import ANNOTATION_HASH
 from ..k8s import Cluster, MissingApiError, RejectedApiError
-from ..k8s.cache import deployment_mark
+from ..k8s.cache import Observation, deployment_mark
 from ..planner import Plan, PlanningError, plan_deployment, with_staged
 from ..planner.capacity import shortfalls
 from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
-from ..render import Owner, render_routers, render_serving, render_weights
+from ..render import Owner, RoleEndpoints, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .disaggregation import DisaggregationProbe
@@ -37,7 +38,7 @@ from .queueing import QueueProbe, queued_roles, recheck_seconds
 from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
 from .status import compute_status, transitions
 from .status_pace import StatusPace
-from .weights_status import weights_state
+from .weights_status import WeightsState, weights_state
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
@@ -74,127 +75,204 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
                for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def reconcile(cluster: Cluster, namespace: str, name: str, now: Callable[[], str] = utc_now,
-              tools_image: str = OPERATOR_IMAGE, scaler: SloScaler | None = None,
-              body: dict[str, Any] | None = None, memo: PassMemo | None = None,
-              pace: StatusPace | None = None, probe: DisaggregationProbe | None = None,
-              queues: QueueProbe | None = None) -> Outcome:
-    """One pass over deployment `name`; `body` when the caller holds a fresher copy than the cache,
-    `memo` what earlier passes worked out (node facts, GPU usage, plans), `pace` when this
-    deployment's status was last written (without it every change is written at once), `probe`
-    what measures whether a P/D deployment that serves disaggregates (no Disaggregating condition
-    without it), `queues` what reads Kueue's Workloads of queued roles (read on every pass without it)."""
-    outcome = Outcome()
-    mine = deployment_label(Owner(name=name, namespace=namespace, uid=""))  # what its children carry
-    seen = cluster.observe(namespace, name, mine, body)
-    body = seen.deployment
+@dataclass
+class Pass:
+    """One pass's context: its inputs, what each stage finds for the next, and its Outcome.
+
+    Inputs: the deployment, the cluster, and the long-lived helpers a caller may hand in. `body` when
+    the caller holds a fresher copy than the cache; `memo` what earlier passes worked out (node facts,
+    GPU usage, plans); `pace` when this deployment's status was last written (without it every change
+    is written at once); `probe` what measures whether a P/D deployment that serves disaggregates (no
+    Disaggregating condition without it); `queues` what reads Kueue's Workloads of queued roles (read
+    on every pass without it); `scaler` the SLO autoscaler."""
+
+    cluster: Cluster
+    namespace: str
+    name: str
+    now: Callable[[], str] = utc_now
+    tools_image: str = OPERATOR_IMAGE
+    scaler: SloScaler | None = None
+    body: dict[str, Any] | None = None
+    memo: PassMemo = field(default_factory=PassMemo)
+    pace: StatusPace | None = None
+    probe: DisaggregationProbe | None = None
+    queues: QueueProbe = field(default_factory=QueueProbe)
+    outcome: Outcome = field(default_factory=Outcome)
+
+    # observe
+    seen: Observation = field(default_factory=lambda: Observation(deployment=None))
+    owner: Owner = field(default_factory=lambda: Owner(name="", namespace="", uid=""))
+    generation: int = 0
+    previous: KimiK3DeploymentStatus | None = None
+    # plan
+    cr: KimiK3Deployment | None = None
+    facts: dict[str, PoolFacts] = field(default_factory=dict)
+    own_pods: list[dict[str, Any]] = field(default_factory=list)
+    plan: Plan | None = None
+    # apply
+    live: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    current: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    wanted: set[tuple[str, str]] = field(default_factory=set)
+    held: dict[tuple[str, str], int] = field(default_factory=dict)
+    weights: WeightsState | None = None
+    endpoints: Sequence[RoleEndpoints] = ()
+    pairs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def planned(self) -> Plan:
+        """The plan, once the plan stage has run."""
+        assert self.plan is not None, "the plan stage has not run"
+        return self.plan
+
+
+def reconcile(p: Pass) -> Outcome:
+    """One pass over deployment `p.name`: observe, plan, apply, prune, status. A planning or apply
+    problem ends the pass with a status that says why (fail), and changes nothing that runs."""
+    if not observe(p):
+        return p.outcome  # gone or going: garbage collection removes the children
+    try:
+        plan(p)
+        apply(p)
+    except PlanningError as error:
+        fail(p, error)
+        return p.outcome
+    prune(p)
+    status(p)
+    return p.outcome
+
+
+def observe(p: Pass) -> bool:
+    """Read everything the pass needs, once; False when the deployment is gone or going."""
+    mine = deployment_label(Owner(name=p.name, namespace=p.namespace, uid=""))  # what its children carry
+    p.seen = p.cluster.observe(p.namespace, p.name, mine, p.body)
+    body = p.seen.deployment
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return outcome  # gone or going: garbage collection removes the children
+        return False
     meta = ObjectMeta.model_validate(body["metadata"])
-    owner = Owner(name=meta.name, namespace=meta.namespace, uid=meta.uid)
-    previous = _previous_status(body)
+    p.owner, p.generation = Owner(name=meta.name, namespace=meta.namespace, uid=meta.uid), meta.generation
+    p.previous = _previous_status(body)
+    p.live = {_key(o): o for o in p.seen.children}
+    p.own_pods = [o for o in p.seen.pods if (o.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    return True
 
-    def fail(error: PlanningError) -> Outcome:
-        outcome.error = error
-        _write_status(cluster, pace, owner, previous, outcome, compute_status(
-            owner=owner, generation=meta.generation, previous=previous, plan=None, error=error,
-            workloads={}, now=now()))
-        return outcome
 
-    memo = memo or PassMemo()
-    prometheus_url = scaler.prometheus_url if scaler else None
-    plan_key = ((meta.uid, meta.generation, seen.nodes_revision, prometheus_url)
-                if meta.uid and meta.generation and seen.nodes_revision is not None else None)
+def plan(p: Pass) -> None:
+    """The spec, validated and planned over the nodes' facts (remembered while neither changes)."""
+    seen, memo = p.seen, p.memo
+    assert seen.deployment is not None
+    prometheus_url = p.scaler.prometheus_url if p.scaler else None
+    plan_key = ((p.owner.uid, p.generation, seen.nodes_revision, prometheus_url)
+                if p.owner.uid and p.generation and seen.nodes_revision is not None else None)
     if (known := memo.plans.get(plan_key)) is None:
         try:
-            cr = KimiK3Deployment.model_validate(body)
+            p.cr = KimiK3Deployment.model_validate(seen.deployment)
         except ValidationError as exc:
-            return fail(PlanningError(INVALID_SPEC, first_error(exc)))
+            raise PlanningError(INVALID_SPEC, first_error(exc)) from None
     else:
-        cr = known[0]
-    facts = {pool.name: memo.facts.pool(pool.node_selector, seen.nodes, seen.nodes_revision) for pool in cr.spec.pools}
-    own_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        p.cr = known[0]
+    p.facts = {pool.name: memo.facts.pool(pool.node_selector, seen.nodes, seen.nodes_revision)
+               for pool in p.cr.spec.pools}
+    _check_not_stranded(p.cr, p.facts, p.own_pods)
+    if known is None:
+        p.plan = plan_deployment(p.cr.spec, p.facts, prometheus_url=prometheus_url)
+        memo.plans.put(plan_key, p.cr, p.plan)
+    else:
+        p.plan = known[1]
 
-    try:
-        _check_not_stranded(cr, facts, own_pods)
-        if known is None:
-            plan = plan_deployment(cr.spec, facts, prometheus_url=prometheus_url)
-            memo.plans.put(plan_key, cr, plan)
-        else:
-            plan = known[1]
-    except PlanningError as exc:
-        return fail(exc)
 
-    used = memo.usage.used_except(seen.active_pods, seen.active_pods_revision, deployment_mark, (namespace, mine))
-    live = {_key(o): o for o in seen.children}
-    current: dict[tuple[str, str], dict[str, Any]] = {}
-    held: dict[tuple[str, str], int] = {}
+def apply(p: Pass) -> None:
+    """Apply the children: the weights first (nothing new serves until its checkpoints are staged at a
+    known commit), then the serving workloads and routers, or, while a revision stages, only the
+    routers of what serves. An API the cluster lacks or refuses is a planning problem of its own."""
     try:
-        # Weights first: nothing new serves until its checkpoints are staged at a known commit.
-        desired = render_weights(owner, plan, tools_image)
-        _apply_all(cluster, desired, live, current, outcome)
-        jobs = {n: o for (k, n), o in current.items() if k == JOB.kind}
-        progress = {n: o for (k, n), o in current.items() if k == CONFIG_MAP.kind}
-        job_pods = [p for p in seen.pods if (p["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "weights"]
-        weights = weights_state(owner, plan.weights, jobs, job_pods, progress, previous.weights if previous else ())
-        wanted = {_key(o) for o in desired}
-        plan = with_staged(plan, weights.commits) if weights.all_staged else plan
-        paired = serving_hash(plan, own_pods, _selected_hashes(live))
-        endpoints = leader_endpoints(plan, own_pods)
-        pairs = revision_pairs(plan, own_pods)
-        if weights.all_staged:
-            # each role's count as this pass applies it (an autoscaled role's: its scaler's)
-            counted = with_live_counts(owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind})
-            replicas: dict[tuple[str, str], int] = {(p.name, r.role): r.replicas for p, r in counted.role_plans()}
-            held = partitions(plan, own_pods, replicas)
-            serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, pairs), held)
-            if held and old_routers(plan, own_pods):
-                outcome.due = ROLLOUT_POLL_SECONDS
-            if (problem := _chat_template_problem(cluster, plan, serving, live)) is not None:
-                return fail(problem)
-            hand_over(cluster, owner, plan, {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind},
-                      serving)
-            _apply_all(cluster, serving, live, current, outcome)
-            wanted |= {_key(o) for o in serving}
-        else:
-            # What serves now keeps serving (a new revision stages into a folder of its own), and
-            # its routers keep following the leaders that serve.
-            wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
-            _apply_all(cluster, [o for o in render_routers(owner, plan, pairs) if _key(o) in live],
-                       live, current, outcome)
+        _apply_children(p)
     except MissingApiError as exc:
         hint = BY_KIND[exc.kind].missing_hint
-        return fail(PlanningError(MISSING_DEPENDENCY, f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True))
+        raise PlanningError(MISSING_DEPENDENCY, f"{exc}: {hint}" if hint else str(exc), depends_on_nodes=True) from None
     except RejectedApiError as exc:
-        return fail(PlanningError(APPLY_REJECTED, f"the API server refused {exc.kind} {exc.name}: {exc.message}"))
-    for key, obj in live.items():
-        if key not in wanted and _owned_by(obj, meta.uid) and BY_KIND[key[0]].pruned:
-            cluster.delete(obj)
-            outcome.deleted.append("/".join(key))
+        raise PlanningError(APPLY_REJECTED, f"the API server refused {exc.kind} {exc.name}: {exc.message}") from None
 
-    kept = {k: o for k, o in {**live, **current}.items() if k in wanted}
+
+def _apply_children(p: Pass) -> None:
+    owner, live, own_pods = p.owner, p.live, p.own_pods
+    plan = p.planned
+    desired = render_weights(owner, plan, p.tools_image)
+    _apply_all(p, desired)
+    jobs = {n: o for (k, n), o in p.current.items() if k == JOB.kind}
+    progress = {n: o for (k, n), o in p.current.items() if k == CONFIG_MAP.kind}
+    job_pods = [o for o in p.seen.pods if (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "weights"]
+    p.weights = weights = weights_state(owner, plan.weights, jobs, job_pods, progress,
+                                        p.previous.weights if p.previous else ())
+    p.wanted = {_key(o) for o in desired}
+    p.plan = plan = with_staged(plan, weights.commits) if weights.all_staged else plan
+    paired = serving_hash(plan, own_pods, _selected_hashes(live))
+    p.endpoints = leader_endpoints(plan, own_pods)
+    p.pairs = revision_pairs(plan, own_pods)
+    if not weights.all_staged:
+        # What serves now keeps serving (a new revision stages into a folder of its own), and its
+        # routers keep following the leaders that serve.
+        p.wanted |= {k for k in live if BY_KIND[k[0]].stage != WEIGHTS}
+        _apply_all(p, [o for o in render_routers(owner, plan, p.pairs) if _key(o) in live])
+        return
+    lws = {n: o for (k, n), o in live.items() if k == LEADER_WORKER_SET.kind}
+    # each role's count as this pass applies it (an autoscaled role's: its scaler's)
+    counted = with_live_counts(owner, plan, lws)
+    replicas: dict[tuple[str, str], int] = {(pool.name, r.role): r.replicas for pool, r in counted.role_plans()}
+    p.held = partitions(plan, own_pods, replicas)
+    serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, p.pairs), p.held)
+    if p.held and old_routers(plan, own_pods):
+        p.outcome.due = ROLLOUT_POLL_SECONDS
+    if (problem := _chat_template_problem(p.cluster, plan, serving, live)) is not None:
+        raise problem
+    hand_over(p.cluster, owner, plan, lws, serving)
+    _apply_all(p, serving)
+    p.wanted |= {_key(o) for o in serving}
+
+
+def prune(p: Pass) -> None:
+    """Delete what this deployment owns and no longer wants (kinds that are pruned at all)."""
+    for key, obj in p.live.items():
+        if key not in p.wanted and _owned_by(obj, p.owner.uid) and BY_KIND[key[0]].pruned:
+            p.cluster.delete(obj)
+            p.outcome.deleted.append("/".join(key))
+
+
+def status(p: Pass) -> None:
+    """The status of what now runs: live counts, Kueue's admission, the SLO scaler's step, and the
+    conditions; written only when it changed (and when the pace allows)."""
+    owner, namespace, name, plan = p.owner, p.namespace, p.name, p.planned
+    used = p.memo.usage.used_except(p.seen.active_pods, p.seen.active_pods_revision, deployment_mark,
+                                    (namespace, deployment_label(owner)))
+    kept = {k: o for k, o in {**p.live, **p.current}.items() if k in p.wanted}
     workloads: dict[str, Mapping[str, Any]] = {n: o for (k, n), o in kept.items() if k == LEADER_WORKER_SET.kind}
     plan = with_live_counts(owner, plan, workloads)
-    admission = (queues or QueueProbe()).admission(cluster, owner, queued_roles(owner, plan, workloads))
+    admission = p.queues.admission(p.cluster, owner, queued_roles(owner, plan, workloads))
     waiting = admission.waiting if admission else {}
     if admission and (again := recheck_seconds(admission)) is not None:
-        outcome.due = min(again, outcome.due or again)
-    scaling = previous_autoscaling(previous)
-    if scaler is not None and scaler.due((namespace, name), plan):
-        scaling, rescaled = scaler.step(cluster, owner, plan, facts, used, workloads, scaling, owner.reference(),
-                                        waiting)
+        p.outcome.due = min(again, p.outcome.due or again)
+    scaling = previous_autoscaling(p.previous)
+    pace = p.pace
+    if p.scaler is not None and p.scaler.due((namespace, name), plan):
+        scaling, rescaled = p.scaler.step(p.cluster, owner, plan, p.facts, used, workloads, scaling,
+                                          owner.reference(), waiting)
         workloads = {**workloads, **rescaled}
         plan = with_live_counts(owner, plan, workloads)
         pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
     scaling = autoscaling_statuses(owner, plan, scaling)
-    _write_status(cluster, pace, owner, previous, outcome, compute_status(
-        owner=owner, generation=meta.generation, previous=previous, plan=plan, error=None,
-        workloads=workloads, now=now(), capacity=shortfalls(plan, facts, used, {k: plan.max_surge for k in held}),
-        weights=weights, endpoints=endpoints, pairs=pairs,
+    _write_status(p, pace, compute_status(
+        owner=owner, generation=p.generation, previous=p.previous, plan=plan, error=None,
+        workloads=workloads, now=p.now(), capacity=shortfalls(plan, p.facts, used, {k: plan.max_surge for k in p.held}),
+        weights=p.weights, endpoints=p.endpoints, pairs=p.pairs,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
-        disaggregating=probe.verdict(owner, plan) if probe is not None and workloads else None,
+        disaggregating=p.probe.verdict(owner, plan) if p.probe is not None and workloads else None,
         admission=admission))
-    return outcome
+
+
+def fail(p: Pass, error: PlanningError) -> None:
+    """End the pass on a problem: only the status says why."""
+    p.outcome.error = error
+    _write_status(p, p.pace, compute_status(owner=p.owner, generation=p.generation, previous=p.previous,
+                                            plan=None, error=error, workloads={}, now=p.now()))
 
 
 def _chat_template_problem(cluster: Cluster, plan: Plan, serving: list[dict[str, Any]],
@@ -225,16 +303,15 @@ def _selected_hashes(live: dict[tuple[str, str], dict[str, Any]]) -> set[str]:
             if (h := ((o.get("spec") or {}).get("selector") or {}).get(LABEL_COMPAT))}
 
 
-def _apply_all(cluster: Cluster, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
-               current: dict[tuple[str, str], dict[str, Any]], outcome: Outcome) -> None:
+def _apply_all(p: Pass, desired: list[dict[str, Any]]) -> None:
     for obj in desired:
-        if BY_KIND[obj["kind"]].create_only and _key(obj) in live:
-            current[_key(obj)] = live[_key(obj)]
+        if BY_KIND[obj["kind"]].create_only and _key(obj) in p.live:
+            p.current[_key(obj)] = p.live[_key(obj)]
             continue
-        result = cluster.apply(obj, live.get(_key(obj)))
-        current[_key(obj)] = result.obj
+        result = p.cluster.apply(obj, p.live.get(_key(obj)))
+        p.current[_key(obj)] = result.obj
         if result.written:
-            outcome.applied.append("/".join(_key(obj)))
+            p.outcome.applied.append("/".join(_key(obj)))
 
 
 def _check_not_stranded(cr: KimiK3Deployment, facts: dict[str, PoolFacts], own_pods: list[dict[str, Any]]) -> None:
@@ -266,8 +343,8 @@ def _previous_status(body: dict[str, Any]) -> KimiK3DeploymentStatus | None:
         return None  # written by something else: replace it wholesale
 
 
-def _write_status(cluster: Cluster, pace: StatusPace | None, owner: Owner, previous: KimiK3DeploymentStatus | None,
-                  outcome: Outcome, status: KimiK3DeploymentStatus) -> None:
+def _write_status(p: Pass, pace: StatusPace | None, status: KimiK3DeploymentStatus) -> None:
+    owner, previous, outcome = p.owner, p.previous, p.outcome
     outcome.phase = status.phase
     if previous == status:
         return
@@ -275,11 +352,11 @@ def _write_status(cluster: Cluster, pace: StatusPace | None, owner: Owner, previ
     if pace is not None and (wait := pace.wait(key, previous, status)) > 0:
         outcome.due = min(wait, outcome.due or wait)
         return
-    cluster.apply_status(owner.namespace, owner.name, status.wire())
+    p.cluster.apply_status(owner.namespace, owner.name, status.wire())
     if pace is not None:
         pace.wrote(key)
     outcome.status_written = True
     log.info("Updated status of %s/%s: phase %s", owner.namespace, owner.name, status.phase)
     for type_, reason, message in transitions(previous, status):
-        cluster.post_event(owner.reference(), owner.namespace, type_, reason, message)
+        p.cluster.post_event(owner.reference(), owner.namespace, type_, reason, message)
         outcome.events.append(reason)
