@@ -74,15 +74,10 @@ source "$HERE/versions.env"
 
 CACHE="${KIMIK3_CACHE:-$HOME/.cache/kimik3-e2e}"
 STATE="${KIMIK3_STATE:-$CACHE/state}"
-BIN_K8S="$CACHE/bin/k8s-v$K8S_VERSION"
-BIN_ETCD="$CACHE/bin/etcd-v$ETCD_VERSION"
-BIN_KWOK="$CACHE/bin/kwok-v$KWOK_VERSION"
-BIN_LWS="$CACHE/bin/lws-v$LWS_VERSION"
-BIN_KUEUE="$CACHE/bin/kueue-v$KUEUE_VERSION"
-BIN_HELM="$CACHE/bin/helm-v$HELM_VERSION"
-BIN_PROMETHEUS="$CACHE/bin/prometheus-v$PROMETHEUS_DEB_VERSION"
-BIN_KEDA="$CACHE/bin/keda-v$KEDA_VERSION"
-BIN_PROMETHEUS_ADAPTER="$CACHE/bin/prometheus-adapter-v$PROMETHEUS_ADAPTER_VERSION"
+# From the component rows (components.py): PORT_KEYS and PORT_DEFAULT, the build folders BIN_<KEY>
+# (BIN_KEYS), the components with a kubeconfig (KUBECONFIG_COMPONENTS) and issue_component_certs.
+COMPONENT_SHELL="$(python3 -S "$HERE/components.py" shell)" || { echo "components.py shell failed" >&2; exit 1; }
+eval "$COMPONENT_SHELL"
 # build.sh puts the module cache here; its copies of kwok, LWS and KEDA carry the stage and CRD YAMLs.
 KWOK_SRC="$CACHE/go/mod/sigs.k8s.io/kwok@v$KWOK_VERSION"
 LWS_SRC="$CACHE/go/mod/sigs.k8s.io/lws@v$LWS_VERSION"
@@ -140,20 +135,7 @@ now_ms() { date +%s%3N; }
 # Ports
 
 declare -A PORT=()
-# New keys go at the end: a key's offset from KIMIK3_PORT_BASE is its place in this list.
-PORT_KEYS=(ETCD_PORT ETCD_PEER_PORT APISERVER_PORT KCM_PORT SCHEDULER_PORT LWS_WEBHOOK_PORT LWS_HEALTH_PORT
-  PROMETHEUS_PORT KEDA_GRPC_PORT KEDA_HEALTH_PORT KEDA_METRICS_API_PORT KEDA_METRICS_API_METRICS_PORT
-  PROMETHEUS_ADAPTER_PORT REGISTRY_PORT KUBELET_PORT KUBELET_HEALTHZ_PORT KUEUE_WEBHOOK_PORT KUEUE_HEALTH_PORT)
-# Upstream's defaults where they do not clash with another component's (KEDA's health 8081 is
-# LWS's, its metrics API server's 6443 the API server's, its /metrics 8080 a common one).
-declare -A PORT_DEFAULT=(
-  [ETCD_PORT]=2379 [ETCD_PEER_PORT]=2380 [APISERVER_PORT]=6443 [KCM_PORT]=10257
-  [SCHEDULER_PORT]=10259 [LWS_WEBHOOK_PORT]=9443 [LWS_HEALTH_PORT]=8081
-  [PROMETHEUS_PORT]=9090 [KEDA_GRPC_PORT]=9666 [KEDA_HEALTH_PORT]=8082 [KEDA_METRICS_API_PORT]=6444
-  [KEDA_METRICS_API_METRICS_PORT]=8083 [PROMETHEUS_ADAPTER_PORT]=6445
-  [REGISTRY_PORT]=5000 [KUBELET_PORT]=10250 [KUBELET_HEALTHZ_PORT]=10248
-  [KUEUE_WEBHOOK_PORT]=9444 [KUEUE_HEALTH_PORT]=8084
-)
+# PORT_KEYS (in offset order from KIMIK3_PORT_BASE) and PORT_DEFAULT come from the component rows.
 
 # Precedence per port: KIMIK3_<KEY> > KIMIK3_PORT_BASE + offset > ports.env of the running cluster
 # > default. Remembering the running cluster's ports keeps `status`/`env`/`down` right without
@@ -259,20 +241,9 @@ ensure_pki() {
   issue admin "/O=system:masters/CN=kimik3-e2e-admin" serving \
     kubernetes kubernetes.default kubernetes.default.svc kubernetes.default.svc.cluster.local \
     "IP:$(kubernetes_service_ip)"
-  issue kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager"
-  issue kube-scheduler "/O=system:masters/CN=system:kube-scheduler"
-  issue kwok "/O=system:masters/CN=kimik3-e2e:kwok"
-  issue lws-manager "/O=system:masters/CN=kimik3-e2e:lws-manager"
-  issue kueue-manager "/O=system:masters/CN=kimik3-e2e:kueue-manager"
-  issue compute-domain-controller "/O=system:masters/CN=kimik3-e2e:compute-domain-controller"
   # For the operator under test, so its writes are told apart from the test driver's kubectl.
   issue operator "/O=system:masters/CN=kimik3-e2e:operator"
-  issue keda-operator "/O=system:masters/CN=kimik3-e2e:keda-operator" serving "keda-operator.$KEDA_NAMESPACE.svc"
-  issue keda-metrics-apiserver "/O=system:masters/CN=kimik3-e2e:keda-metrics-apiserver" serving \
-    "keda-metrics-apiserver.$KEDA_NAMESPACE.svc"
-  issue service-proxy "/O=system:masters/CN=kimik3-e2e:service-proxy"
-  issue prometheus-adapter "/O=system:masters/CN=kimik3-e2e:prometheus-adapter" serving \
-    "prometheus-adapter.$ADAPTER_NAMESPACE.svc"
+  issue_component_certs # one per component row with an identity (components.py)
   ISSUER=front-proxy-ca issue front-proxy-client "/CN=$FRONT_PROXY_CLIENT"
   if [[ ! -s $PKI/sa.key || ! -s $PKI/sa.pub ]]; then
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key.tmp" 2>/dev/null
@@ -389,8 +360,7 @@ write_configs() {
   mkdir -p "$CONF" "$STATE/kubeconfigs" "$RUN" "$LOGS" "$STATE/kwok" "$STATE/apiserver"
   write_file "$KUBECONFIG_FILE" 600 < <(kubeconfig admin)
   local c
-  for c in kube-controller-manager kube-scheduler kwok lws-manager kueue-manager compute-domain-controller \
-    keda-operator keda-metrics-apiserver prometheus-adapter; do
+  for c in "${KUBECONFIG_COMPONENTS[@]}"; do
     write_file "$STATE/kubeconfigs/$c.kubeconfig" 600 "$c" < <(kubeconfig "$c")
   done
   write_file "$STATE/kubeconfigs/operator.kubeconfig" 600 < <(kubeconfig operator)
@@ -540,9 +510,11 @@ source "$HERE/node.sh"
 export_layout() {
   local key
   export K3E_HERE="$HERE" K3E_STATE="$STATE" K3E_PKI="$PKI" K3E_CONF="$CONF" K3E_RUN="$RUN" K3E_LOGS="$LOGS"
-  export K3E_PROM_DIR="$PROM_DIR" K3E_AUDIT_LOG="$AUDIT_LOG" K3E_BIN_K8S="$BIN_K8S" K3E_BIN_ETCD="$BIN_ETCD"
-  export K3E_BIN_KWOK="$BIN_KWOK" K3E_BIN_LWS="$BIN_LWS" K3E_BIN_KUEUE="$BIN_KUEUE"
-  export K3E_BIN_PROMETHEUS="$BIN_PROMETHEUS" K3E_BIN_KEDA="$BIN_KEDA" K3E_BIN_PROMETHEUS_ADAPTER="$BIN_PROMETHEUS_ADAPTER"
+  export K3E_PROM_DIR="$PROM_DIR" K3E_AUDIT_LOG="$AUDIT_LOG"
+  for key in "${BIN_KEYS[@]}"; do
+    local var="BIN_$key"
+    export "K3E_BIN_$key=${!var}"
+  done
   for key in "${PORT_KEYS[@]}"; do export "K3E_PORT_$key=${PORT[$key]}"; done
   K3E_SERVICE_CIDR="$(service_cidr)" K3E_POD_CIDR="$(pod_cidr)" K3E_KUBERNETES_IP="$(kubernetes_service_ip)"
   K3E_NODE_IP="$(node_ip)" K3E_NODE_CHAIN="$(node_nat_chain)" K3E_NODE_SUBNET="$(node_subnet)"

@@ -10,8 +10,12 @@ needs. `supervisor.py` derives the start order, the stop order and the waits fro
 body is the shell function `step_<name>` of cluster.sh (dashes as underscores); with `undo=True`,
 `down` runs `undo_<name>` once everything that needs the step is gone.
 
-Paths, ports and the node's addresses come from cluster.sh (`export_layout`) as K3E_* variables:
-cluster.sh stays the one place that decides them, this file only uses them.
+A row also says what cluster.sh prepares for it: its ports (key, upstream default, offset from
+KIMIK3_PORT_BASE), its identity (the certificate it proves itself with, and its kubeconfig) and where
+its binary is built (`BINARIES`). cluster.sh reads them as shell (`components.py shell`, evaluated at
+its start) and keeps only what a shell must do: resolve the ports, issue the certificates, write the
+files. Paths, resolved ports and the node's addresses come back from cluster.sh (`export_layout`)
+as K3E_* variables.
 """
 
 from __future__ import annotations
@@ -120,6 +124,42 @@ def containerd_answers(layout: Layout) -> bool:
 # The rows
 
 
+@dataclass(frozen=True)
+class Port:
+    """A port a component listens on. `default` is upstream's where it does not clash with another
+    component's; `offset` its place after KIMIK3_PORT_BASE, fixed once given (a new port takes the
+    next free one, so the other ports of a test cluster stay where they were)."""
+
+    key: str
+    default: int
+    offset: int
+    loopback: bool = True
+    """On 127.0.0.1: the supervisor checks it is free before a start and closed after a stop."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The certificate a component proves itself with, signed by the cluster CA: a client certificate
+    (O=system:masters, so the audit log names it by `cn`), also a serving one when `serving` is given
+    (for localhost, 127.0.0.1 and those names: DNS names, or IP:ADDRESS). Text in `cn` and `serving`
+    is expanded by cluster.sh ($NODE_NAME, $(node_ip)). With `kubeconfig`, cluster.sh writes
+    kubeconfigs/<component>.kubeconfig for it."""
+
+    cn: str
+    serving: tuple[str, ...] | None = None
+    kubeconfig: bool = True
+
+
+BINARIES: dict[str, tuple[str, str]] = {
+    "K8S": ("k8s", "K8S_VERSION"), "ETCD": ("etcd", "ETCD_VERSION"), "KWOK": ("kwok", "KWOK_VERSION"),
+    "LWS": ("lws", "LWS_VERSION"), "KUEUE": ("kueue", "KUEUE_VERSION"), "HELM": ("helm", "HELM_VERSION"),
+    "PROMETHEUS": ("prometheus", "PROMETHEUS_DEB_VERSION"), "KEDA": ("keda", "KEDA_VERSION"),
+    "PROMETHEUS_ADAPTER": ("prometheus-adapter", "PROMETHEUS_ADAPTER_VERSION"),
+}
+"""Where build.sh puts each pinned build: $CACHE/bin/<folder>-v$<version variable of versions.env>
+(helm is no component: the tests and the demo run it)."""
+
+
 Argv = Callable[[Layout], list[str]]
 Probe = Callable[[Layout], bool]
 
@@ -136,13 +176,19 @@ class Component:
     binary: Callable[[Layout], str]
     args: Argv
     probe: Probe = _running
-    ports: tuple[str, ...] = ()  # port keys (PORT_KEYS in cluster.sh) it listens on at 127.0.0.1
+    ports: tuple[Port, ...] = ()
     needs: tuple[str, ...] = ()
     env: Callable[[Layout], dict[str, str]] = lambda _: {}
     ready_timeout: int = 60
     before_start: tuple[str, ...] = ()  # steps run again before each (re)start
     # A Python script run by the project venv's Python: argv[1] is the script, not argv[0].
     script: bool = False
+    identity: Identity | None = None
+
+    @property
+    def port_keys(self) -> tuple[str, ...]:
+        """The keys of the ports it listens on at 127.0.0.1."""
+        return tuple(p.key for p in self.ports if p.loopback)
 
     def argv(self, layout: Layout) -> list[str]:
         head = [layout.env.get("PYTHON") or "python3"] if self.script else []
@@ -295,20 +341,24 @@ def _usr(path: str) -> Callable[[Layout], str]:
 
 COMPONENTS: tuple[Component | Step, ...] = (
     Step("node-network", undo=True),  # the real node's bridge and guards: before anything calls a Service address
-    Component("etcd", _bin("ETCD", "etcd"), _etcd, ports=("ETCD_PORT", "ETCD_PEER_PORT"), ready_timeout=30,
+    Component("etcd", _bin("ETCD", "etcd"), _etcd, ports=(Port("ETCD_PORT", 2379, 0), Port("ETCD_PEER_PORT", 2380, 1)),
+              ready_timeout=30,
               probe=lambda c: '"health":"true"' in http_get(f"http://127.0.0.1:{c.port('ETCD_PORT')}/health")[1]),
-    Component("kube-apiserver", _bin("K8S", "kube-apiserver"), _apiserver, ports=("APISERVER_PORT",),
+    Component("kube-apiserver", _bin("K8S", "kube-apiserver"), _apiserver, ports=(Port("APISERVER_PORT", 6443, 2),),
               needs=("etcd", "node-network"), ready_timeout=120,
               probe=_https_ok("/readyz", "APISERVER_PORT", client_cert=True)),
     # The CRDs before KCM: its garbage collector discovers resource types when it starts and then only
     # every 30 s, so objects owned by a kind whose CRD came later would outlive their owner by 30 s.
     Step("crds", needs=("kube-apiserver",)),
-    Component("kube-controller-manager", _bin("K8S", "kube-controller-manager"), _kcm, ports=("KCM_PORT",),
+    Component("kube-controller-manager", _bin("K8S", "kube-controller-manager"), _kcm,
+              ports=(Port("KCM_PORT", 10257, 3),),
+              identity=Identity("system:kube-controller-manager"),
               needs=("crds",), probe=_https_ok("/healthz", "KCM_PORT")),
     Component("kube-scheduler", _bin("K8S", "kube-scheduler"),
               lambda c: [f"--kubeconfig={c.kubeconfig('kube-scheduler')}", *_secure(c, "kube-scheduler"),
                          f"--secure-port={c.port('SCHEDULER_PORT')}", "--leader-elect=false"],
-              ports=("SCHEDULER_PORT",), needs=("kube-apiserver",), probe=_https_ok("/healthz", "SCHEDULER_PORT")),
+              ports=(Port("SCHEDULER_PORT", 10259, 4),), needs=("kube-apiserver",),
+              probe=_https_ok("/healthz", "SCHEDULER_PORT"), identity=Identity("system:kube-scheduler")),
     # Each kwok process holds the node Leases under a new identity and waits for its predecessor's to
     # expire (~40 s): release-node-leases hands them over before every start. The lease duration
     # makes kwok renew node Leases (without them KCM marks nodes NotReady after ~50 s); the pod CIDR
@@ -319,18 +369,18 @@ COMPONENTS: tuple[Component | Step, ...] = (
                          "--manage-all-nodes=false",
                          f"--manage-nodes-with-annotation-selector={c.fake_node_annotation}",
                          f"--cidr={c.pod_cidr}", "--node-lease-duration-seconds=40"],
-              needs=("kube-apiserver",), before_start=("release-node-leases",)),
+              needs=("kube-apiserver",), before_start=("release-node-leases",), identity=Identity("kimik3-e2e:kwok")),
     # The web UI's assets are not unpacked (other Debian packages); the HTTP API is all we use.
     Component("prometheus", _bin("PROMETHEUS", "prometheus"),
               lambda c: [f"--config.file={c.conf}/prometheus.yml", f"--storage.tsdb.path={c.prom_dir}/data",
                          "--storage.tsdb.retention.time=1d",
                          f"--web.listen-address=127.0.0.1:{c.port('PROMETHEUS_PORT')}", "--log.level=warn"],
-              ports=("PROMETHEUS_PORT",), probe=_http_ok("/-/ready", "PROMETHEUS_PORT")),
+              ports=(Port("PROMETHEUS_PORT", 9090, 7),), probe=_http_ok("/-/ready", "PROMETHEUS_PORT")),
     # The real node: its state folders and cgroups, its registry (with the pause image) and containerd,
     # then the kubelet, which serves on the bridge's address; the Service rules beside them.
     Step("node-state", undo=True),
     Component("registry", _usr("/usr/bin/docker-registry"), lambda c: ["serve", f"{c.conf}/registry.yml"],
-              ports=("REGISTRY_PORT",), needs=("node-state",), ready_timeout=30,
+              ports=(Port("REGISTRY_PORT", 5000, 13),), needs=("node-state",), ready_timeout=30,
               probe=lambda c: ok(f"http://{c.registry}/v2/")),
     # containerd pulls only from the loopback registry (node.sh's hosts.toml for it and for ghcr.io);
     # any other registry name goes to a proxy address nothing listens on, never off the machine.
@@ -341,18 +391,20 @@ COMPONENTS: tuple[Component | Step, ...] = (
     Component("lws-manager", _bin("LWS", "lws-manager"),  # after its CRDs: it fails on unknown kinds
               lambda c: [f"--kubeconfig={c.kubeconfig('lws-manager')}", f"--config={c.conf}/lws.yaml",
                          "--zap-log-level=info"],
-              ports=("LWS_WEBHOOK_PORT", "LWS_HEALTH_PORT"), needs=("crds",),
+              ports=(Port("LWS_WEBHOOK_PORT", 9443, 5), Port("LWS_HEALTH_PORT", 8081, 6)), needs=("crds",),
+              identity=Identity("kimik3-e2e:lws-manager"),
               probe=lambda c: webhook_served(c, "LWS_HEALTH_PORT", "LWS_WEBHOOK_PORT")),
     Step("python"),  # the project venv's, for the two scripts (K3E_PYTHON)
     Component("compute-domain-controller", _here("compute_domain_controller.py"),
               lambda c: [c.kubeconfig("compute-domain-controller"), f"{c.run}/compute-domain-controller.ready"],
-              needs=("crds", "python"), script=True, ready_timeout=30, probe=_ready_file("compute-domain-controller")),
+              needs=("crds", "python"), script=True, ready_timeout=30, probe=_ready_file("compute-domain-controller"),
+              identity=Identity("kimik3-e2e:compute-domain-controller")),
     Component("service-proxy", _here("service_proxy.py"),
               lambda c: [f"--kubeconfig={c.kubeconfig('service-proxy')}", f"--chain={c.node_chain}",
                          f"--kubernetes-ip={c.kubernetes_ip}", f"--apiserver=127.0.0.1:{c.port('APISERVER_PORT')}",
                          f"--pod-subnet={c.node_subnet}", f"--ready-file={c.run}/service-proxy.ready"],
               needs=("kube-apiserver", "node-network", "python"), script=True, ready_timeout=30,
-              probe=_ready_file("service-proxy")),
+              probe=_ready_file("service-proxy"), identity=Identity("kimik3-e2e:service-proxy")),
     Step("cluster-objects", needs=("crds",)),  # storage class, played-pods policy, fake nodes
     Step("lws-webhooks", needs=("lws-manager",)),  # only once the manager serves them
     # Kueue manages LeaderWorkerSets: after the LWS CRDs and webhooks. Its metrics server's certificate
@@ -360,23 +412,31 @@ COMPONENTS: tuple[Component | Step, ...] = (
     Component("kueue-manager", _bin("KUEUE", "kueue-manager"),
               lambda c: [f"--kubeconfig={c.kubeconfig('kueue-manager')}", f"--config={c.conf}/kueue.yaml",
                          "--zap-log-level=info"],
-              ports=("KUEUE_WEBHOOK_PORT", "KUEUE_HEALTH_PORT"), needs=("lws-webhooks",),
+              ports=(Port("KUEUE_WEBHOOK_PORT", 9444, 16), Port("KUEUE_HEALTH_PORT", 8084, 17)),
+              needs=("lws-webhooks",),
+              identity=Identity("kimik3-e2e:kueue-manager"),
               env=lambda c: {"KUEUE_METRICS_CERT_DIR": f"{c.pki}/kueue-webhook"},
               probe=lambda c: webhook_served(c, "KUEUE_HEALTH_PORT", "KUEUE_WEBHOOK_PORT")),
     Step("kueue-webhooks", needs=("kueue-manager",)),
     Step("metrics-services", needs=("kube-apiserver",)),
     # readyz is a plain ping; the gRPC metrics service starts with the manager, a moment later.
-    Component("keda-operator", _bin("KEDA", "keda"), _keda_operator, ports=("KEDA_GRPC_PORT", "KEDA_HEALTH_PORT"),
-              needs=("crds",), env=_keda_env,
+    Component("keda-operator", _bin("KEDA", "keda"), _keda_operator,
+              ports=(Port("KEDA_GRPC_PORT", 9666, 8), Port("KEDA_HEALTH_PORT", 8082, 9)), needs=("crds",),
+              env=_keda_env,
+              identity=Identity("kimik3-e2e:keda-operator", serving=("keda-operator.$KEDA_NAMESPACE.svc",)),
               probe=lambda c: ok(f"http://127.0.0.1:{c.port('KEDA_HEALTH_PORT')}/readyz")
               and port_open(c.port("KEDA_GRPC_PORT"))),
     # Once Prometheus answers: it lists the series at start.
     Component("prometheus-adapter", _bin("PROMETHEUS_ADAPTER", "prometheus-adapter"), _prometheus_adapter,
-              ports=("PROMETHEUS_ADAPTER_PORT",), needs=("prometheus", "metrics-services"),
+              ports=(Port("PROMETHEUS_ADAPTER_PORT", 6445, 12),), needs=("prometheus", "metrics-services"),
+              identity=Identity("kimik3-e2e:prometheus-adapter",
+                                serving=("prometheus-adapter.$ADAPTER_NAMESPACE.svc",)),
               probe=_https_ok("/readyz", "PROMETHEUS_ADAPTER_PORT")),
     # Once the operator's gRPC metrics service answers.
     Component("keda-metrics-apiserver", _bin("KEDA", "keda-adapter"), _keda_metrics_apiserver,
-              ports=("KEDA_METRICS_API_PORT", "KEDA_METRICS_API_METRICS_PORT"),
+              ports=(Port("KEDA_METRICS_API_PORT", 6444, 10), Port("KEDA_METRICS_API_METRICS_PORT", 8083, 11)),
+              identity=Identity("kimik3-e2e:keda-metrics-apiserver",
+                                serving=("keda-metrics-apiserver.$KEDA_NAMESPACE.svc",)),
               needs=("keda-operator", "metrics-services"), env=_keda_env,
               probe=_https_ok("/readyz", "KEDA_METRICS_API_PORT")),
     # Only once their servers answer: an unavailable aggregated API fails discovery, which stalls
@@ -388,7 +448,37 @@ COMPONENTS: tuple[Component | Step, ...] = (
               lambda c: [f"--config={c.conf}/kubelet.yaml", f"--kubeconfig={c.kubeconfig('kubelet')}",
                          f"--root-dir={c.node_dir}/kubelet", f"--hostname-override={c.node_name}",
                          f"--node-ip={c.node_ip}", "--node-labels=kimik3.dev/e2e-node=real"],
-              ports=("KUBELET_HEALTHZ_PORT",),  # and KUBELET_PORT on the node's bridge address
+              ports=(Port("KUBELET_HEALTHZ_PORT", 10248, 15), Port("KUBELET_PORT", 10250, 14, loopback=False)),
+              identity=Identity("system:node:$NODE_NAME", serving=("$NODE_NAME", "IP:$(node_ip)")),
               needs=("pause-image", "kube-apiserver", "node-network"),
               probe=_http_ok("/healthz", "KUBELET_HEALTHZ_PORT")),
 )
+
+
+def shell() -> str:
+    """What cluster.sh evaluates at its start: the ports (PORT_KEYS in offset order, PORT_DEFAULT),
+    the build folders (BIN_<KEY>), the components with a kubeconfig, and `issue_component_certs`."""
+    components = [r for r in COMPONENTS if isinstance(r, Component)]
+    ports = sorted((p for c in components for p in c.ports), key=lambda p: p.offset)
+    if [p.offset for p in ports] != list(range(len(ports))):
+        raise SystemExit(f"port offsets must be 0..{len(ports) - 1}, each once: {[(p.key, p.offset) for p in ports]}")
+    lines = [f"PORT_KEYS=({' '.join(p.key for p in ports)})",
+             "declare -A PORT_DEFAULT=(" + " ".join(f"[{p.key}]={p.default}" for p in ports) + ")",
+             f"BIN_KEYS=({' '.join(BINARIES)})",
+             *(f'BIN_{key}="$CACHE/bin/{folder}-v${version}"' for key, (folder, version) in BINARIES.items()),
+             "KUBECONFIG_COMPONENTS=(" + " ".join(c.name for c in components
+                                                  if c.identity and c.identity.kubeconfig) + ")",
+             "issue_component_certs() {"]
+    for c in components:
+        if c.identity is not None:
+            serving = "" if c.identity.serving is None else " serving" + "".join(f' "{n}"' for n in c.identity.serving)
+            lines.append(f'  issue {c.name} "/O=system:masters/CN={c.identity.cn}"{serving}')
+    return "\n".join([*lines, "}"]) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["shell"]:
+        raise SystemExit("usage: components.py shell")
+    sys.stdout.write(shell())

@@ -53,9 +53,7 @@ write_node_configs() {
   local plugin
   for plugin in bridge host-local loopback; do ln -sfn "/usr/lib/cni/$plugin" "$NODE_DIR/cni/bin/$plugin"; done
   ln -sfn "$HERE/cni/kimik3-host-loopback" "$NODE_DIR/cni/bin/kimik3-host-loopback"
-  issue kubelet "/O=system:masters/CN=system:node:$NODE_NAME" serving "$NODE_NAME" "IP:$(node_ip)"
-  write_file "$STATE/kubeconfigs/kubelet.kubeconfig" 600 kubelet < <(kubeconfig kubelet)
-  write_file "$STATE/kubeconfigs/service-proxy.kubeconfig" 600 service-proxy < <(kubeconfig service-proxy)
+  # The kubelet's and the service proxy's certificates and kubeconfigs: their component rows (ensure_pki).
 
   write_file "$CONF/registry.yml" 644 registry <<EOF
 version: 0.1

@@ -79,7 +79,7 @@ def check_table() -> None:
         for hook in row.before_start if isinstance(row, Component) else ():
             if not isinstance(ROWS.get(hook), Step):
                 raise Failed(f"{row.name} runs {hook} before it starts, which is not a step of the table")
-    ports = [p for r in rows if isinstance(r, Component) for p in r.ports]
+    ports = [p.key for r in rows if isinstance(r, Component) for p in r.ports]
     if len(set(ports)) != len(ports):
         raise Failed(f"a port is claimed twice: {sorted(p for p in ports if ports.count(p) > 1)}")
     start_order()  # raises on a cycle
@@ -302,7 +302,7 @@ def start(layout: Layout, name: str) -> None:
     if pid_of(layout, row) is not None:
         log(f"{name} runs with an old command line or config; restarting it")
         stop(layout, [name])
-    for key in row.ports:
+    for key in row.port_keys:
         if port_open(layout.port(key)):
             raise Failed(f"port {layout.port(key)} (for {name}) is in use by another process; "
                          "choose ports with KIMIK3_PORT_BASE")
@@ -378,7 +378,7 @@ def crash(layout: Layout, names: Sequence[str]) -> None:
             time.sleep(0.1)
         if _alive(pid):
             raise Failed(f"{name} survived SIGKILL")
-        for key in row.ports:
+        for key in row.port_keys:
             deadline = time.monotonic() + 10
             while port_open(layout.port(key)) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -414,7 +414,7 @@ def status(layout: Layout) -> int:
             state = "healthy (old command line: next up restarts it)"
         else:
             state = "healthy"
-        ports = ",".join(str(layout.port(k)) for k in row.ports)
+        ports = ",".join(str(layout.port(k)) for k in row.port_keys)
         print(f"{name:<26} {pid or '-'!s:<8} {ports:<12} {state}")
     return worst
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ CLUSTER = Path(__file__).resolve().parents[2] / "e2e" / "cluster"
 sys.path.insert(0, str(CLUSTER))
 import components  # noqa: E402
 import supervisor  # noqa: E402
-from components import Component, Layout, Step  # noqa: E402
+from components import Component, Layout, Port, Step  # noqa: E402
 
 CLUSTER_SH = (CLUSTER / "cluster.sh").read_text()
 ROWS = supervisor.ROWS
@@ -51,11 +52,25 @@ def test_every_step_has_its_shell_function_and_every_shell_step_a_row() -> None:
     assert defined == wanted
 
 
-def test_every_port_a_component_claims_is_one_cluster_sh_resolves() -> None:
-    keys = set(re.search(r"PORT_KEYS=\(([^)]*)\)", CLUSTER_SH, re.S).group(1).split())  # type: ignore[union-attr]
-    claimed = {p for r in components.COMPONENTS if isinstance(r, Component) for p in r.ports}
-    assert claimed <= keys
-    assert keys - claimed == {"KUBELET_PORT"}  # on the node's bridge address, not on 127.0.0.1
+def test_cluster_sh_takes_ports_certificates_kubeconfigs_and_builds_from_the_rows() -> None:
+    """The rows are the one place: cluster.sh evaluates `components.py shell` and names none of them."""
+    shell = subprocess.run([sys.executable, "-S", str(CLUSTER / "components.py"), "shell"], capture_output=True,
+                           text=True, check=True).stdout
+    rows = [r for r in components.COMPONENTS if isinstance(r, Component)]
+    ports = sorted((p for r in rows for p in r.ports), key=lambda p: p.offset)
+    assert f"PORT_KEYS=({' '.join(p.key for p in ports)})" in shell
+    assert [p.offset for p in ports] == list(range(len(ports)))  # a new port takes the next offset
+    assert [p.key for p in ports if not p.loopback] == ["KUBELET_PORT"]  # on the node's bridge address
+    kubeconfigs = shell.split("KUBECONFIG_COMPONENTS=(")[1].split(")")[0].split()
+    for r in rows:
+        assert (f"  issue {r.name} " in shell) == (r.identity is not None)
+        assert (r.name in kubeconfigs) == bool(r.identity and r.identity.kubeconfig)
+    assert 'eval "$COMPONENT_SHELL"' in CLUSTER_SH
+    for key, (folder, version) in components.BINARIES.items():
+        assert f'BIN_{key}="$CACHE/bin/{folder}-v${version}"' in shell
+        assert f'"$BIN/{folder}-v${version}"' in (CLUSTER / "build.sh").read_text(), f"build.sh builds no {folder}"
+    for listed in ("PORT_KEYS=(", "[ETCD_PORT]=", "issue kube-scheduler", "BIN_K8S="):
+        assert listed not in CLUSTER_SH + (CLUSTER / "node.sh").read_text(), f"cluster.sh still lists {listed}"
 
 
 def test_up_starts_each_row_after_what_it_needs_and_waits_for_the_components_first(tmp_path: Path) -> None:
@@ -121,7 +136,8 @@ def test_restart_stops_what_it_names_and_starts_it_in_start_order() -> None:
     ((Step("a", needs=("nothing",)),), "a needs nothing"),
     ((Step("a"), Step("a")), "twice"),
     ((Component("x", str, list, before_start=("y",)), Component("y", str, list)), "not a step"),
-    ((Component("x", str, list, ports=("P",)), Component("y", str, list, ports=("P",))), "port is claimed twice"),
+    ((Component("x", str, list, ports=(Port("P", 1, 0),)), Component("y", str, list, ports=(Port("P", 1, 1),))),
+     "port is claimed twice"),
 ])
 def test_a_table_that_cannot_be_run_is_refused(rows: tuple[Component | Step, ...], error: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
