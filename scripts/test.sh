@@ -9,6 +9,7 @@
 #                              and first of its 18 loopback ports (16400); the demo's cluster uses
 #                              $CACHE/state and the usual ports
 #   scripts/test.sh -k NAME    extra arguments go to both pytest runs
+#   KIMIK3_STEP_TIMES=FILE     append `step<TAB>seconds` for lint, make-test and e2e (.ci/run's budget guard)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,6 +21,7 @@ mkdir -p "$CACHE"
 export KIMIK3_STATE="${KIMIK3_TEST_STATE:-$CACHE/test-state}"
 export KIMIK3_PORT_BASE="${KIMIK3_TEST_PORT_BASE:-16400}"
 t0=$SECONDS
+step_took() { [[ -z ${KIMIK3_STEP_TIMES:-} ]] || printf '%s\t%s\n' "$1" "$2" >>"$KIMIK3_STEP_TIMES"; }
 
 # The cold build of the cluster binaries is the long pole: start it first, test while it runs.
 "$ROOT/e2e/cluster/build.sh" >"$CACHE/build.log" 2>&1 &
@@ -37,7 +39,9 @@ export PATH="$VENV/bin:$PATH"
 source "$ROOT/e2e/debian-packages.sh"
 ensure_debian_packages "$CACHE/apt.log" haproxy make
 echo "== make lint: ruff, types (mypy: strict on api, planner, render, contract, kimi_k3), import contracts"
+lint_t0=$SECONDS
 make --no-print-directory lint VENV="$VENV"
+step_took lint $((SECONDS - lint_t0))
 # make test (unit, schema, render, contract, security, fuzz and the other suites under tests/) runs
 # beside the e2e suite, at the lowest priority: pytest keeps one core busy, and the e2e suite leaves
 # about half of this 2-core machine idle while it waits on its cluster (bench/README.md, CI time).
@@ -48,8 +52,10 @@ pytest_args=""
 (($# == 0)) || pytest_args="$(printf '%q ' "$@")" # printf with no argument would print ''
 UNIT_LOG="$CACHE/make-test.log"
 echo "== make test, beside the builds and the e2e suite (log: $UNIT_LOG)"
-setsid -w nice -n 19 make --no-print-directory test VENV="$VENV" ARGS="$pytest_args" NONE_OK="$#" \
-  >"$UNIT_LOG" 2>&1 </dev/null &
+# Its own time goes to KIMIK3_STEP_TIMES as it ends (beside the e2e suite it rarely ends last).
+setsid -w nice -n 19 bash -c 't0=$SECONDS; rc=0; make --no-print-directory test VENV="$1" ARGS="$2" NONE_OK="$3" || rc=$?
+  [[ -z ${KIMIK3_STEP_TIMES:-} ]] || printf "make-test\t%s\n" $((SECONDS - t0)) >>"$KIMIK3_STEP_TIMES"; exit $rc' \
+  _ "$VENV" "$pytest_args" "$#" >"$UNIT_LOG" 2>&1 </dev/null &
 unit_pid=$!
 stop_unit() { kill -- "-$unit_pid" 2>/dev/null || true; }
 trap stop_unit EXIT
@@ -89,6 +95,7 @@ if [[ $rc == 5 ]]; then
   exit 1
 fi
 echo "== e2e took $((SECONDS - e2e_t0))s"
+step_took e2e $((SECONDS - e2e_t0))
 
 echo "== make test (log: $UNIT_LOG)"
 unit_rc=0

@@ -22,6 +22,11 @@ when its process answers the pod's own readinessProbe, and unready after its fai
 (KIMIK3_COLD_START_SECONDS, KIMIK3_COLD_START_TIME_SCALE). Pods of other namespaces
 stay kwok's (no process, Ready after KIMIK3_POD_READY_DELAY_MS).
 
+A process that exits is restarted as the kubelet restarts a container (e2e/harness/restarts.py): at
+once, then after a back-off that doubles from 10 s to 300 s, reported with restartCount, the
+CrashLoopBackOff wait and lastState.terminated (exit code, and OOMKilled when the kernel killed it in
+its memory cgroup); LWS then recreates a serving group whose pod restarted.
+
 Headless workers (worker index > 0) serve nothing over HTTP and are not started. A process whose pod
 is deleted (or replaced: another uid) is stopped the kubelet's way (`_leave`): preStop pause, SIGTERM,
 SIGKILL at the grace period, and only then the pod object goes (a delete with grace 0, the kubelet's
@@ -53,6 +58,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -68,6 +74,7 @@ from tests.support import kubelet
 
 from .front_play import relocate, start_front
 from .kube import LIST_ERRORS, api_list, host_daemon, is_ready, kubectl, kubectl_until_ok
+from .restarts import MemoryCgroup, Restarts
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
@@ -123,6 +130,7 @@ class KubeletView(TypedDict):
     container: str
     probe: Probe | None
     statuses: list[dict[str, Any]]
+    restarts: Restarts
 
 
 def _kubelet_view(pod: dict[str, Any], container: dict[str, Any]) -> KubeletView:
@@ -132,7 +140,8 @@ def _kubelet_view(pod: dict[str, Any], container: dict[str, Any]) -> KubeletView
     return {"pre_stop": float(sleep.get("seconds") or 0),
             "grace": float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
             "container": container["name"], "probe": Probe.of(pod, container),
-            "statuses": (pod.get("status") or {}).get("containerStatuses") or []}
+            "statuses": (pod.get("status") or {}).get("containerStatuses") or [],
+            "restarts": Restarts(container["name"])}
 
 
 def router_venv() -> Path:
@@ -177,6 +186,9 @@ class Probe:
                    int(probe.get("successThreshold", 1)), float(probe.get("timeoutSeconds", 1)), is_ready(pod))
 
 
+Respawn = Callable[[], "subprocess.Popen[bytes]"]
+
+
 @dataclass
 class Proc:
     namespace: str
@@ -210,6 +222,18 @@ class Proc:
     """Set when its address is handed to a new pod (below): its preStop pause ends at once."""
     front: subprocess.Popen[bytes] | None = None
     """A router pod's front (HAProxy, e2e/harness/front_play.py), in front of `proc`, the router."""
+    respawn: Respawn | None = None
+    """Starts its process again, as it was started (a kubelet's restart of the container)."""
+    restarts: Restarts = field(default_factory=lambda: Restarts(""))
+    """Its container's restarts, back-off and last exit (restarts.py)."""
+    cgroup: MemoryCgroup = field(default_factory=lambda: MemoryCgroup(None))
+
+    def container_statuses(self, ready: bool) -> list[dict[str, Any]]:
+        """The pod's containerStatuses as its kubelet reports them now: its container's with `ready`,
+        its restarts and its last exit; the others as they were."""
+        mine = next((c for c in self.statuses if c.get("name") == self.container), None)
+        others = [c for c in self.statuses if c.get("name") != self.container]
+        return [*others, self.restarts.status(mine, ready, self.pod, self.namespace, self.uid)]
 
     @property
     def url(self) -> str:
@@ -315,7 +339,8 @@ class PodRunner:
             return next((p for p in self.procs.values() if p.ip == ip and p.kind != ROUTER and p.alive()), None)
 
     def kill(self, proc: Proc, sig: signal.Signals = signal.SIGKILL) -> None:
-        """What a crashed container looks like to its peers; the pod itself stays Running, as kwok keeps it."""
+        """A crashed container: its peers see it go, and the runner then reports the exit and restarts it
+        as its kubelet would (`_mind_exits`); the pod object stays (LWS recreates a serving group)."""
         proc.proc.send_signal(sig)
         proc.proc.wait(10)
 
@@ -330,8 +355,32 @@ class PodRunner:
                 continue
             try:
                 self._sync(pods, nodes)
+                self._mind_exits()
             except Exception as exc:  # noqa: BLE001 - a broken start must show in a test, not end the loop
                 self.problems.append(repr(exc))
+
+    def _mind_exits(self) -> None:
+        """The kubelet's part when a container exits (restarts.py): report the exit, then start it
+        again after its back-off, and report that. The pod object stays; LWS recreates a serving
+        group once its restartCount rises."""
+        with self._lock:
+            procs = list(self.procs.values())
+        for proc in procs:
+            r = proc.restarts
+            if r.restart_at is None and not proc.alive():
+                r.crashed(proc.proc.returncode, proc.cgroup.oom_killed(), time.monotonic(), time.time())
+                if proc.probe is not None:
+                    proc.probe.settle(False)
+                if not _set_ready(proc, False):
+                    self.problems.append(f"reporting the exit of {proc.namespace}/{proc.pod} failed")
+            elif r.restart_at is not None and time.monotonic() >= r.restart_at and proc.respawn is not None:
+                with self._lock:
+                    if self.procs.get(proc.uid) is not proc:
+                        continue  # deleted meanwhile: nothing to restart
+                    proc.proc = proc.respawn()
+                    r.restarted(time.time())
+                    proc.started = time.monotonic()
+                _set_ready(proc, False)
 
     def _sync(self, pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> None:
         wanted: dict[str, dict[str, Any]] = {}
@@ -381,13 +430,22 @@ class PodRunner:
                   "metadata.namespace": pod["metadata"]["namespace"], "spec.nodeName": pod["spec"].get("nodeName", "")}
         return kubelet.container_env(container, fields=fields)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str],
+               cgroup: MemoryCgroup | None = None) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.root / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, cwd=self.root, start_new_session=True)
+        if cgroup is not None:
+            cgroup.add(proc.pid)
         return proc, log
+
+    def _restartable(self, name: str, argv: list[str], env: dict[str, str],
+                     cgroup: MemoryCgroup) -> tuple[subprocess.Popen[bytes], Path, Respawn]:
+        """A started process, and how to start it again the same way."""
+        proc, log = self._spawn(name, argv, env, cgroup)
+        return proc, log, lambda: self._spawn(name, argv, env, cgroup)[0]
 
     def _bindable(self, pod: dict[str, Any]) -> str | None:
         """The pod's IP when this machine can listen on it for the pod (a loopback address, see the
@@ -420,11 +478,13 @@ class PodRunner:
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
         }
         # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
-        proc, log = self._spawn(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
-                                [sys.executable, "-m", "kimik3_simulator", *argv, "--host", ip], sim_env)
+        cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))
+        proc, log, respawn = self._restartable(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
+                                               [sys.executable, "-m", "kimik3_simulator", *argv, "--host", ip],
+                                               sim_env, cgroup)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
-                    labels=dict(meta["labels"]), **_kubelet_view(pod, container))
+                    labels=dict(meta["labels"]), respawn=respawn, cgroup=cgroup, **_kubelet_view(pod, container))
 
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
@@ -466,12 +526,14 @@ class PodRunner:
                "RUST_LOG": os.environ.get("RUST_LOG") or pod_env.get("RUST_LOG", "info")}
         name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
         played = self._start_front(pod, front, ip, name) if front is not None else None
-        proc, log = self._spawn(name, argv, env)
+        cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))
+        proc, log, respawn = self._restartable(name, argv, env, cgroup)
         view = _kubelet_view(pod, container)
         if front is not None:
             view["probe"] = Probe.of(pod, front)  # the pod's readiness is its front's probe
         return Proc(meta["namespace"], meta["name"], meta["uid"], ROUTER, ip, ROUTER_PORT, proc, log,
-                    metrics_port=29000, labels=dict(meta["labels"]), front=played, **view)
+                    metrics_port=29000, labels=dict(meta["labels"]), front=played, respawn=respawn, cgroup=cgroup,
+                    **view)
 
     def _start_front(self, pod: dict[str, Any], container: dict[str, Any], ip: str,
                      name: str) -> subprocess.Popen[bytes]:
@@ -507,6 +569,7 @@ class PodRunner:
                     return  # the runner itself stops: stop() ends it, and it stays on `leaving` till then
             try:
                 self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
+                proc.cgroup.remove()
                 if proc.deleted:
                     # Should it fail, the loop removes the pod once this one is off `leaving`.
                     _remove(proc.namespace, proc.pod, proc.uid)
@@ -606,23 +669,28 @@ def _answers(ip: str, probe: Probe) -> bool:
 
 
 def _set_ready(proc: Proc, ready: bool) -> bool:
-    """The kubelet's status update for a readiness change, on this pod only (its uid: a group's pod
-    comes back under the same name): the Ready and ContainersReady conditions (merged by type; the
-    reason goes when ready) and containerStatuses whole (an atomic list) with `ready` set. True
-    once the API server took it."""
+    """The kubelet's status update for a readiness change or a container's exit or restart, on this
+    pod only (its uid: a group's pod comes back under the same name): the Ready and ContainersReady
+    conditions (merged by type; the reason goes when ready) and containerStatuses whole (an atomic
+    list) with `ready`, the restarts and the last exit (Proc.container_statuses). True once the API
+    server took it."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     condition = {"status": "True" if ready else "False", "lastTransitionTime": now,
                  "reason": None if ready else "ContainersNotReady"}
-    statuses = [{**c, "ready": ready if c.get("name") == proc.container else c.get("ready", False)}
-                for c in proc.statuses]
     patch = {"metadata": {"uid": proc.uid}, "status": {
         "conditions": [{"type": kind, **condition} for kind in ("Ready", "ContainersReady")],
-        **({"containerStatuses": statuses} if statuses else {})}}
+        "containerStatuses": proc.container_statuses(ready)}}
     try:
         return kubectl("patch", "pod", proc.pod, "-n", proc.namespace, "--subresource=status", "--type=strategic",
                        "-p", json.dumps(patch), check=False, timeout=20).returncode == 0
     except subprocess.TimeoutExpired:  # the API server is away: the next probe round writes it
         return False
+
+
+def _memory_limit(container: dict[str, Any]) -> int | None:
+    """The container's memory limit in bytes, if it has one."""
+    limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    return int(quantity(str(limit))) if limit else None
 
 
 def _managed_pods() -> list[dict[str, Any]]:
