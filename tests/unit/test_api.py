@@ -145,7 +145,8 @@ def test_crd_lists_of_named_things_are_list_maps() -> None:
 
 def test_crd_has_printer_columns_and_status_subresource() -> None:
     version = custom_resource_definition()["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "GPUs", "Endpoint", "Age"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Reason", "Ready", "GPUs", "Endpoint", "Age"]
     assert version["subresources"] == {"status": {}}
     assert custom_resource_definition()["spec"]["names"]["shortNames"] == ["k3"]
 

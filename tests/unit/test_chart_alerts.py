@@ -78,6 +78,21 @@ TESTS: list[dict[str, Any]] = [
             {"eval_time": "10m", "alertname": "KimiK3OperatorNoLeader", "exp_alerts": []},
         ],
     },
+    {   # a replica that served crash-loops: the alert within minutes, not ReplicasNotReady's 30
+        "interval": "1m",
+        "input_series": [
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="k3",type="Degraded",status="True",'
+                       'reason="CrashLoopBackOff"}', "values": "0 0 1x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",name="w",type="Degraded",status="True",'
+                       'reason="WeightsFailed"}', "values": "1x20"},
+            {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "3m", "alertname": "KimiK3ReplicaFailing", "exp_alerts": []},
+            _alert("KimiK3ReplicaFailing", "5m", {"namespace": "ml", "name": "k3", "reason": "CrashLoopBackOff"},
+                   "warning"),
+        ],
+    },
     {   # one deployment's decode recomputes its prompts, one is idle, one disaggregates
         "interval": "1m",
         "input_series": [
@@ -111,6 +126,15 @@ def test_alerts_fire_on_what_they_say(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     result = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_failing_replica_alert_keys_on_every_failing_reason() -> None:
+    from kimik3_operator.api.reasons import FAILING
+
+    (rule,) = [r for d in rendered("--set", "metrics.prometheusRule.enabled=true") if d["kind"] == "PrometheusRule"
+               for g in d["spec"]["groups"] for r in g["rules"] if r.get("alert") == "KimiK3ReplicaFailing"]
+    listed = re.search(r'reason=~"([^"]+)"', rule["expr"])
+    assert listed is not None and set(listed.group(1).split("|")) == FAILING
 
 
 def test_every_dashboard_query_is_promql_prometheus_accepts(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
 
     from kimik3_operator.planner.disaggregation import Verdict
     from kimik3_operator.reconcile.disaggregation import DisaggregationProbe
+    from kimik3_operator.reconcile.failing import FailureMemory
     from kimik3_operator.reconcile.handlers import State
     from kimik3_operator.reconcile.queueing import QueueProbe
 
@@ -81,6 +82,8 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
                          ("ns", "kept"): (0.0, Verdict("False", "NoTraffic", ""))}
     state.queues = QueueProbe(clock=lambda: 0.0)
     state.queues._last = {("ns", "gone"): (0.0, (), []), ("ns", "kept"): (0.0, (), [])}
+    state.failures = FailureMemory()
+    state.failures._ready = {("ns", "gone"): {("lws", 0): "r"}, ("ns", "kept"): {("lws", 0): "r"}}
     busy = threading.Lock()
     busy.acquire()
     state._locks = {("ns", "gone"): threading.Lock(), ("ns", "kept"): threading.Lock(), ("ns", "running"): busy}
@@ -89,6 +92,7 @@ def test_what_is_kept_per_deployment_is_dropped_once_it_is_gone() -> None:
     assert set(state._locks) == {("ns", "kept"), ("ns", "running")}  # a pass still running keeps its lock
     assert set(state.probe._last) == {("ns", "kept")}
     assert set(state.queues._last) == {("ns", "kept")}
+    assert set(state.failures._ready) == {("ns", "kept")}
 
 
 def test_every_watched_child_kind_starts_a_pass_on_its_events() -> None:
@@ -122,6 +126,7 @@ def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.Monkey
     import threading
 
     from kimik3_operator.reconcile import handlers
+    from kimik3_operator.reconcile.failing import FailureMemory
     from kimik3_operator.reconcile.pass_memo import PassMemo
     from kimik3_operator.reconcile.reconciler import Outcome
 
@@ -132,7 +137,7 @@ def test_a_held_back_status_gets_the_pass_it_asks_for(monkeypatch: pytest.Monkey
         state.config, state.queue, state._loop = OperatorConfig(), WorkQueue(), asyncio.get_running_loop()
         state._guard, state._locks, state.phases = threading.Lock(), {}, PhaseBook()
         state.cluster = state.scaler = state.pace = state.probe = state.queues = None
-        state.memo = PassMemo()
+        state.memo, state.failures = PassMemo(), FailureMemory()
         started = asyncio.get_running_loop().time()
         await asyncio.to_thread(state.run, "ns", "k3")
         assert len(state.queue) == 0  # not at once

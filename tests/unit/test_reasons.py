@@ -19,9 +19,10 @@ def test_reasons_are_distinct_camel_case_condition_reasons() -> None:
     assert reasons.PLANNING <= set(CATALOGUE.values())
 
 
-FOREIGN = {Path("contract/kueue.py")}
+FOREIGN = {Path("contract/kueue.py"), Path("reconcile/failing.py")}
 """Another project's words read back from the cluster, which a reason may repeat on purpose
-(Kueue's Workload condition `Admitted`, after which our condition and its reason are named)."""
+(Kueue's Workload condition `Admitted`, after which our condition and its reason are named; the
+kubelet's container states, CrashLoopBackOff or OOMKilled, which a failing replica's reason repeats)."""
 
 
 def test_no_operator_module_spells_a_reason() -> None:

@@ -20,6 +20,8 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
+     "description": "Degraded's reason while it is True, else Ready's"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.readySummary",
      "description": "Ready replicas over desired replicas across all roles"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus",

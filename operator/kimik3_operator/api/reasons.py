@@ -39,6 +39,19 @@ ALL_REPLICAS_READY = "AllReplicasReady"
 STABLE = "Stable"
 AS_EXPECTED = "AsExpected"
 
+# ---- a replica or router pod fails, with no change of the spec (reconcile/failing.py) -------------
+CRASH_LOOP = "CrashLoopBackOff"
+OOM_KILLED = "OOMKilled"
+CONTAINER_EXITED = "ContainerExited"
+"""A container exited with an error (its exit code in the message), or cannot be created or run."""
+IMAGE_PULL = "ImagePullBackOff"
+UNSCHEDULABLE = "Unschedulable"
+"""A replica that was Ready lost a pod the scheduler cannot place again."""
+ENGINE_NOT_READY = "EngineNotReady"
+"""An engine that was Ready fails its readiness probe, its container running (hung, overloaded)."""
+FAILING = frozenset({CRASH_LOOP, OOM_KILLED, CONTAINER_EXITED, IMAGE_PULL, UNSCHEDULABLE, ENGINE_NOT_READY})
+"""The Degraded reasons of a failing replica: the chart's KimiK3ReplicaFailing alert keys on them."""
+
 # ---- events of the operator's SLO scaler ---------------------------------------------------------
 SCALED_UP = "ScaledUp"
 SCALED_DOWN = "ScaledDown"

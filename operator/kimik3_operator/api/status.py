@@ -268,6 +268,9 @@ class KimiK3DeploymentStatus(StatusModel):
     """The spec generation this status describes."""
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
     """Summary: Pending | Progressing | Ready | Degraded | Failed."""
+    reason: str | None = None
+    """Why, in a word: the Degraded condition's reason while it is True, else the Ready condition's
+    (a failing replica's CrashLoopBackOff, OOMKilled, ... names the pod in that condition's message)."""
     conditions: Annotated[list[Condition], Field(max_length=16), list_map("type")] = []
     """Ready, Progressing and Degraded, with stable reasons; P/D deployments also Disaggregating
     (whether decode receives its prompts' KV from prefill, measured from the engines' metrics)."""

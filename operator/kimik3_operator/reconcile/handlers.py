@@ -37,6 +37,7 @@ from ..metrics import (
 )
 from .autoscaler import SloScaler
 from .disaggregation import DisaggregationProbe
+from .failing import FailureMemory
 from .pass_memo import PassMemo
 from .queue import WorkQueue
 from .queueing import QueueProbe
@@ -73,6 +74,7 @@ class State:
         self.scaler = SloScaler(config.prometheus_url)
         self.probe = DisaggregationProbe(config.prometheus_url)
         self.queues = QueueProbe()
+        self.failures = FailureMemory()
         self.memo = PassMemo()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
@@ -87,6 +89,7 @@ class State:
         self.scaler.forget_all_but(keys)
         self.probe.forget_all_but(keys)
         self.queues.forget_all_but(keys)
+        self.failures.forget_all_but(keys)
         if self.pace is not None:
             self.pace.forget_all_but(keys)
 
@@ -101,7 +104,7 @@ class State:
             try:
                 outcome = reconcile(Pass(self.cluster, namespace, name, tools_image=self.config.tools_image,
                                          scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
-                                         probe=self.probe, queues=self.queues))
+                                         probe=self.probe, queues=self.queues, failure_memory=self.failures))
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
                 RECONCILE_ERRORS.labels("TransientApiError").inc()

@@ -29,9 +29,10 @@ from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
 from ..planner.images import OPERATOR_IMAGE
 from ..render import Owner, RoleEndpoints, render_routers, render_serving, render_weights
-from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label
+from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label, workload_name
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .disaggregation import DisaggregationProbe
+from .failing import FailureMemory, failing
 from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
 from .queueing import QueueProbe, queued_roles, recheck_seconds
@@ -84,7 +85,8 @@ class Pass:
     GPU usage, plans); `pace` when this deployment's status was last written (without it every change
     is written at once); `probe` what measures whether a P/D deployment that serves disaggregates (no
     Disaggregating condition without it); `queues` what reads Kueue's Workloads of queued roles (read
-    on every pass without it); `scaler` the SLO autoscaler."""
+    on every pass without it); `scaler` the SLO autoscaler; `failure_memory` what earlier passes saw
+    Ready (without it a hung engine reads as starting)."""
 
     cluster: Cluster
     namespace: str
@@ -97,6 +99,8 @@ class Pass:
     pace: StatusPace | None = None
     probe: DisaggregationProbe | None = None
     queues: QueueProbe = field(default_factory=QueueProbe)
+    failure_memory: FailureMemory = field(default_factory=FailureMemory)
+    """Which replica slots were Ready, and the failures last seen on them (reconcile/failing.py)."""
     outcome: Outcome = field(default_factory=Outcome)
 
     # observe
@@ -259,13 +263,16 @@ def status(p: Pass) -> None:
         plan = with_live_counts(owner, plan, workloads)
         pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
     scaling = autoscaling_statuses(owner, plan, scaling)
+    slots = {workload_name(owner, pool.name, role.role): (f"pool {pool.name} role {role.role}", role.replicas)
+             for pool, role in plan.role_plans()}
+    failures = failing(p.failure_memory, (namespace, name), p.seen.pods, slots)
     _write_status(p, pace, compute_status(
         owner=owner, generation=p.generation, previous=p.previous, plan=plan, error=None,
         workloads=workloads, now=p.now(), capacity=shortfalls(plan, p.facts, used, {k: plan.max_surge for k in p.held}),
         weights=p.weights, endpoints=p.endpoints, pairs=p.pairs,
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
         disaggregating=p.probe.verdict(owner, plan) if p.probe is not None and workloads else None,
-        admission=admission))
+        admission=admission, failures=failures))
 
 
 def fail(p: Pass, error: PlanningError) -> None:

@@ -38,6 +38,7 @@ from ..render.names import Owner, workload_name
 from ..render.plan_fields import pool_fields, role_fields, router_fields
 from ..render.router import RouterTargets, router_targets, router_url
 from ..render.services import service_url
+from .failing import Failure
 from .weights_status import WeightsState
 
 READY = "Ready"
@@ -220,6 +221,10 @@ class Seen:
     """Routers that do not serve as rendered yet, one line each."""
     held_back: list[str] = field(default_factory=list)
     """Autoscaled roles whose scaler wants more replicas than the pool's free GPUs hold."""
+    failures: Sequence[Failure] = ()
+    """Replicas and router pods that fail (reconcile/failing.py), not start, roll or scale."""
+    rolling: bool = False
+    """A role's workload is being updated or scaled (its generation, count or updated replicas lag)."""
 
     @property
     def weights_failed(self) -> bool:
@@ -258,8 +263,16 @@ def _routing(s: Seen) -> str:
     return "; ".join(s.routing)
 
 
-Said = tuple[bool, str, Callable[[Seen], str]]
-"""A condition as a situation states it: status, reason, message."""
+def _failing(s: Seen) -> str:
+    return "; ".join(f.line() for f in s.failures)
+
+
+def _failure(s: Seen) -> str:
+    return s.failures[0].reason
+
+
+Said = tuple[bool, str | Callable[[Seen], str], Callable[[Seen], str]]
+"""A condition as a situation states it: status, reason (or how to name it), message."""
 
 
 @dataclass(frozen=True)
@@ -284,6 +297,14 @@ SITUATIONS: tuple[Situation, ...] = (
               (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
     Situation(lambda s: s.weights_failed, "Failed",
               (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
+    # A replica or router pod fails with no change asked for (a crash, an OOM, an image, a hang):
+    # Progressing only while a rollout or scaling goes on beside it.
+    Situation(lambda s: bool(s.failures) and bool(s.lagging) and s.rolling, "Degraded",
+              (False, _failure, _failing), (True, UPDATING, _lagging), (True, _failure, _failing)),
+    Situation(lambda s: bool(s.failures) and bool(s.lagging or s.routing), "Degraded",
+              (False, _failure, _failing), (False, _failure, _failing), (True, _failure, _failing)),
+    Situation(lambda s: bool(s.failures), "Degraded",
+              (True, ALL_REPLICAS_READY, _counts), (False, _failure, _failing), (True, _failure, _failing)),
     # Every engine serves, but the router in front (the one endpoint) does not yet.
     Situation(lambda s: bool(s.routing) and s.serving and not s.lagging, "Progressing",
               (False, ROUTER_NOT_READY, _routing), (True, ROUTER_NOT_READY, _routing), (False, AS_EXPECTED, _routing)),
@@ -319,13 +340,15 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
                    routers: Mapping[str, Mapping[str, Any]] | None = None,
                    autoscaling: Mapping[tuple[str, str], RoleAutoscalingStatus] | None = None,
                    disaggregating: Verdict | None = None, admission: Admission | None = None,
+                   failures: Sequence[Failure] = (),
                    ) -> KimiK3DeploymentStatus:
     """The status to store. `error` (a spec or planning problem) wins over `plan`; replicas that
     are not ready while the nodes lack room for them (`capacity` shortfalls) say so; until the
     checkpoints are staged (`weights`) nothing new serves and the conditions say how far it got;
     the routers (live Deployments by name) find the `endpoints` (routable leaders of every revision,
     `pairs` per revision) and are ready, or it is not Ready. `disaggregating` is the measured
-    verdict of a P/D deployment, `admission` Kueue's of the queued roles; without one its condition goes."""
+    verdict of a P/D deployment, `admission` Kueue's of the queued roles; without one its condition goes.
+    `failures` are the replicas and router pods that fail (reconcile/failing.py): Degraded says why."""
     conditions = list(previous.conditions) if previous else []
 
     def put(type_: str, ok: bool, reason: str, message: str) -> None:
@@ -340,7 +363,8 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         put(DEGRADED, True, reason, message)
         # The last known plan facts stay visible: what runs is still what was last planned.
         return _exported(owner, (previous or KimiK3DeploymentStatus()).model_copy(update={
-            "observed_generation": generation, "phase": "Failed", "conditions": conditions}))
+            "observed_generation": generation, "phase": "Failed", "conditions": conditions,
+            "reason": _headline(conditions)}))
     pools = role_statuses(owner, plan, workloads, autoscaling, admission.waiting if admission else None)
     roles = [(p.name, r) for p in pools for r in p.roles]
     statuses, routing = router_statuses(owner, plan, endpoints, pairs or {}, routers or {})
@@ -350,10 +374,11 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         lagging=[lag for p, r in roles if (lag := role_lag(p, r, workloads.get(r.workload or "") or {}))],
         short=capacity or [], serving=bool(workloads), weights=weights, routing=routing,
         held_back=[f"pool {pool} role {role}: {a.capacity_limited}"
-                   for (pool, role), a in sorted((autoscaling or {}).items()) if a.capacity_limited])
+                   for (pool, role), a in sorted((autoscaling or {}).items()) if a.capacity_limited],
+        failures=failures, rolling=any(_rolling(r, workloads.get(r.workload or "") or {}) for _, r in roles))
     situation = next(s for s in SITUATIONS if s.when(seen))
-    for type_, (ok, reason, describe) in situation.conditions().items():
-        put(type_, ok, reason, describe(seen))
+    for type_, (ok, named, describe) in situation.conditions().items():
+        put(type_, ok, named if isinstance(named, str) else named(seen), describe(seen))
     measured = ((DISAGGREGATING, disaggregating), (ADMITTED_CONDITION, admission.verdict if admission else None))
     for type_, verdict in measured:
         if verdict is None:
@@ -365,6 +390,7 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
     return _exported(owner, KimiK3DeploymentStatus(
         observed_generation=generation,
         phase=situation.phase,
+        reason=_headline(conditions),
         conditions=conditions,
         pools=pools,
         endpoint=endpoint,
@@ -376,6 +402,26 @@ def compute_status(*, owner: Owner, generation: int, previous: KimiK3DeploymentS
         gpus=plan.gpus,
         weights=weights.sources if weights else [],
     ))
+
+
+def _headline(conditions: Sequence[Condition]) -> str | None:
+    """Degraded's reason while it is True, else Ready's (the status's `reason`, a printer column)."""
+    by_type = {c.type: c for c in conditions}
+    degraded, ready = by_type.get(DEGRADED), by_type.get(READY)
+    if degraded is not None and degraded.status == "True":
+        return degraded.reason
+    return ready.reason if ready is not None else None
+
+
+def _rolling(role: RoleStatus, live: Mapping[str, Any]) -> bool:
+    """The role's workload is being updated or scaled: it asks for another count than planned, runs
+    other groups than planned, has not observed its generation, or has groups not updated yet."""
+    status, spec = live.get("status") or {}, live.get("spec") or {}
+    generation = int((live.get("metadata") or {}).get("generation") or 0)
+    return (spec.get("replicas") is not None and int(spec["replicas"]) != role.replicas
+            or int(status.get("replicas") or 0) != role.replicas
+            or int(status.get("observedGeneration") or 0) < generation
+            or int(status.get("updatedReplicas") or 0) < role.replicas)
 
 
 def _exported(owner: Owner, status: KimiK3DeploymentStatus) -> KimiK3DeploymentStatus:
