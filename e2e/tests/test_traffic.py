@@ -27,7 +27,7 @@ import yaml
 
 from e2e.harness.children import planned
 from e2e.harness.kube import ROOT, apply, condition, delete_deployments, get_json, kubectl, wait_for
-from e2e.harness.pod_runner import PodRunner, Proc
+from e2e.harness.pod_runner import COLD_START_TIME_SCALE, PodRunner, Proc
 from e2e.harness.replicas import Exit, Replicas
 from e2e.harness.traffic import (
     SESSION,
@@ -44,10 +44,13 @@ from e2e.harness.traffic import (
 )
 from kimik3_operator.api.reasons import (
     ALL_REPLICAS_READY,
+    CONTAINER_EXITED,
+    CRASH_LOOP,
     DECODE_RECOMPUTES_PROMPTS,
     NO_KV_TRANSFERS,
     PROMPTS_TRANSFERRED,
 )
+from kimik3_operator.render.workloads import PRE_STOP_SECONDS
 from kimik3_simulator.text import IMAGE_TOKENS
 
 from .conftest import REPORT
@@ -384,6 +387,7 @@ def _scale_under_load(pod_runner: PodRunner, namespace: str, name: str, role: st
     for load in loads:
         assert not load.failed(), load.story()
     assert router_uids(namespace) == uids
+    assert _no_warning(namespace, name) == []  # a cold start and a scale-out are no failure
 
 
 def test_scaling_decode_under_load_loses_no_request_and_never_restarts_the_router(
@@ -434,11 +438,15 @@ def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisio
     REPORT.append(f"traffic during a P/D rollout: {load.summary()}, {len(problems)} mismatched; "
                   f"routable capacity in status min {min(capacity, default=-1)}% over {len(capacity)} samples")
     assert new != old and {old, new} <= hashes_seen, (old, new, hashes_seen)
+    assert _no_warning(namespace, "k3-roll") == []  # a rollout is no failure
     assert not problems, problems[:3]
     assert not load.failed(), load.story()
     assert min(capacity) >= 100, capacity
 
 
+REPLACE_SECONDS = 5
+"""What LWS's recreation of a group takes beside the preStop pause here: the old pods' SIGTERM and
+removal, the new pods' creation, scheduling and start (measured 3-4 s on an idle machine)."""
 RECOVERY_BOUND_SECONDS = 15.0
 """How long after an engine dies requests may still fail here: until its pod turns unready (the
 kubelet's readiness probe, 3 misses; the pod runner probes every second) or the router's own
@@ -469,21 +477,69 @@ def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays
     victim = min(engines, key=lambda e: len(_routers_on(namespace, _node_of(namespace, e.pod))))
     killed_at = time.monotonic() - started
     pod_runner.kill(victim)
-    wait_for("the killed engine's pod unready", lambda: (condition(
-        get_json("pod", victim.pod, "-n", namespace), "Ready") or {}).get("status") == "False", timeout=30)
+    # Its kubelet reports the exit and restarts it (e2e/harness/restarts.py); LWS then recreates the group.
+    degraded = wait_for("Degraded naming the killed pod", lambda: _degraded_naming(namespace, name, victim.pod),
+                        timeout=10)
+    warned = wait_for("a Warning event for it", lambda: [
+        e for e in get_json("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")["items"]
+        if e["type"] == "Warning" and e["reason"] == degraded["reason"]] or None, timeout=10)
     unready_at = time.monotonic() - started
+    cold = _cold_start_seconds(namespace, name, role) * float(COLD_START_TIME_SCALE)
+    # Back-off 0 (a first crash restarts at once), then LWS recreates the group (RecreateGroupOnPodRestart):
+    # the restarted container's preStop pause (the kubelet runs it before the stop) and REPLACE_SECONDS
+    # for deleting, creating, scheduling and starting the group's pods; the predicted cold start; 5 s.
+    bound = 0 + PRE_STOP_SECONDS + REPLACE_SECONDS + cold + 5
+    back = wait_for(f"the killed {role} group Ready and routed again", lambda: _routed_again(
+        pod_runner, namespace, role, 2), timeout=bound + 30)
+    recovered = time.monotonic() - started - killed_at
+    cleared = wait_for("Degraded False again", lambda: (c := condition(get_json("k3", name, "-n", namespace),
+                                                                        "Degraded") or {}).get("status") == "False"
+                       and c, timeout=10)
     thread.join(60)
     failed = load.failed()
     last = max((t for t, _ in failed), default=killed_at)
-    REPORT.append(f"chaos: {role} SIGKILLed under 4 req/s: {load.summary()}; failures within "
-                  f"{last - killed_at:.1f} s of the kill (its pod unready after {unready_at - killed_at:.1f} s); "
-                  f"router pods unchanged: {router_uids(namespace) == uids}")
+    REPORT.append(
+        f"chaos: {role} SIGKILLed under 4 req/s: {load.summary()}; failures within {last - killed_at:.1f} s of the "
+        f"kill; Degraded {degraded['reason']} after {unready_at - killed_at:.1f} s ({len(warned)} Warning); the "
+        f"group Ready and routed again after {recovered:.1f} s (bound {bound:.1f} s: preStop {PRE_STOP_SECONDS} s "
+        f"+ replacement {REPLACE_SECONDS} s + cold start {cold:.1f} s + 5 s), Degraded {cleared['reason']} then; "
+        f"router pods unchanged: {router_uids(namespace) == uids}")
+    assert degraded["reason"] in (CONTAINER_EXITED, CRASH_LOOP), degraded
+    assert recovered <= bound, (recovered, bound, [e.pod for e in back])
     assert all(killed_at - 0.5 <= t <= killed_at + RECOVERY_BOUND_SECONDS for t, _ in failed), load.story()
     after = [a for t, a in load.outcomes if t > killed_at + RECOVERY_BOUND_SECONDS]
     assert after and all(a.status == 200 and a.done for a in after)
     assert router_uids(namespace) == uids
     if role == "decode":
         _its_machine_lost(pod_runner, namespace, victim, uids)
+
+
+def _degraded_naming(namespace: str, name: str, pod: str) -> dict[str, Any] | None:
+    c = condition(get_json("k3", name, "-n", namespace), "Degraded") or {}
+    return c if c.get("status") == "True" and pod in c.get("message", "") else None
+
+
+def _cold_start_seconds(namespace: str, name: str, role: str) -> float:
+    """The role's predicted time to Ready after a restart, as status shows it (docs/cold-start.md)."""
+    status = get_json("k3", name, "-n", namespace)["status"]
+    return float(next(r["coldStart"]["readySeconds"] for p in status["pools"] for r in p["roles"] if r["role"] == role))
+
+
+def _routed_again(runner: PodRunner, namespace: str, role: str, count: int) -> list[Proc] | None:
+    """`count` engines of `role` healthy, their pods Ready, and every router listing them."""
+    engines = [e for e in runner.running(namespace, role) if _healthy(e)]
+    if len(engines) != count or not all((condition(get_json("pod", e.pod, "-n", namespace), "Ready") or {}).get(
+            "status") == "True" for e in engines):
+        return None
+    routers = runner.running(namespace, "router")
+    listed = [router_workers(r) for r in routers]
+    return engines if routers and all(w is not None and {e.ip for e in engines} <= w for w in listed) else None
+
+
+def _no_warning(namespace: str, name: str) -> list[str]:
+    """The Warning events of deployment `name`: none while it starts, scales or rolls."""
+    events = get_json("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [f"{e['reason']}: {e['message']}" for e in events if e["type"] == "Warning"]
 
 
 def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set[str]) -> None:
@@ -499,8 +555,14 @@ def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set
     for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
         node["metadata"].pop(key, None)
 
+    def on_lost_node() -> set[str]:
+        return {p["metadata"]["uid"] for p in get_json("pods", "-n", namespace)["items"]
+                if p["spec"].get("nodeName") == node_name}
+
+    lost = on_lost_node()  # the killed group, recreated by LWS after its restart, may be back there
+
     def back() -> list[Proc] | None:
-        engines = [p for p in runner.running(namespace, "decode") if p.uid != victim.uid and _healthy(p)]
+        engines = [p for p in runner.running(namespace, "decode") if p.uid not in lost and _healthy(p)]
         router = next(iter(runner.running(namespace, "router")), None)
         listed = router_workers(router) if router is not None else None
         return engines if len(engines) == 2 and listed is not None and {e.ip for e in engines} <= listed else None
@@ -512,8 +574,7 @@ def _its_machine_lost(runner: PodRunner, namespace: str, victim: Proc, uids: set
     deleted_at = time.monotonic()
     kubectl("delete", "node", node_name)
     try:
-        wait_for("the lost pod collected", lambda: victim.uid not in {p["metadata"]["uid"] for p in get_json(
-            "pods", "-n", namespace, "--field-selector", f"metadata.name={victim.pod}")["items"]}, timeout=120)
+        wait_for("the lost node's pods collected", lambda: not on_lost_node() & lost, timeout=120)
         collected = time.monotonic() - deleted_at
         engines = wait_for("the decode group back on other trays and routed", back, timeout=120)
         recovered = time.monotonic() - deleted_at
