@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 POD_VALUES = {"POD_IP": "10.0.0.1", "LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
 """What the kubelet would expand $(NAME) to; the simulator never connects to these addresses."""
 START_TIMEOUT = 30.0
+PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("operator", "simulator"))
+"""This checkout's operator and simulator, whatever an editable install in the venv points at."""
 
 
 def role_report(scenario: str, role: str, *, scale_out: bool | None = None) -> dict[str, Any]:
@@ -121,7 +123,7 @@ def start(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Sim:
     """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for."""
     port = free_port()
     log = tmp / f"sim-{port}.log"
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "operator"), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "kimik3_simulator", *expand(argv),
