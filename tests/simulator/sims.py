@@ -55,11 +55,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_base(count: int = 16) -> int:
+    """A loopback port where `count` consecutive ports are free: a NIXL side channel's base (5600's
+    stand-in), one port per data-parallel rank."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        taken = False
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    taken = True
+                    break
+        if not taken:
+            return base
+    raise AssertionError(f"no {count} consecutive free loopback ports")
+
+
 @dataclass
 class Sim:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    env: dict[str, str] | None = None
+    """What the test gave it on top of the defaults (start())."""
 
     def get(self, path: str, **kw: Any) -> requests.Response:
         return requests.get(self.url + path, timeout=10, **kw)
@@ -120,16 +142,22 @@ def sse_text(events: list[tuple[float, Any]]) -> str:
 
 
 def start(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Sim:
-    """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for."""
+    """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for. Its
+    NIXL side channel (if it has a KV connector) listens on 127.0.0.1 from a free port base unless
+    `env` names VLLM_NIXL_SIDE_CHANNEL_PORT: engines of one test must not share a port."""
     port = free_port()
     log = tmp / f"sim-{port}.log"
-    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
+    env = dict(env or {})
+    if "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env:
+        env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port_base())
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **env}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "kimik3_simulator", *expand(argv),
              "--host", "127.0.0.1", "--port", str(port)],
             env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    return Sim(f"http://127.0.0.1:{port}", process, log)
+    return Sim(f"http://127.0.0.1:{port}", process, log, env)
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """vLLM's P/D hand-off between a prefill and a decode engine of golden b200-dep16-disaggregated
 (TP8 x DP2 with expert parallelism, NixlConnector kv_producer / kv_consumer), each started from its
-rendered leader command, sharing a handshake folder as NIXL engines share a side channel. The
+rendered leader command, the decode pulling over the prefill's NIXL side channel. The
 requests are what a P/D proxy (vllm-router) sends: the prompt to prefill with do_remote_decode and
 max_tokens 1, then the original request to decode with the kv_transfer_params prefill returned.
 """
@@ -28,8 +28,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(folder: Path, **extra: str) -> dict[str, str]:
-    return {"K3SIM_GPU_PRODUCT": role_report(SCENARIO, "prefill")["gpuProduct"],
-            "K3SIM_HANDSHAKE_DIR": str(folder / "nixl"), "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.9.8.7", **extra}
+    return {"K3SIM_GPU_PRODUCT": role_report(SCENARIO, "prefill")["gpuProduct"], **extra}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +54,10 @@ def test_prefill_answers_with_the_parameters_vllm_returns(pd: tuple[Sim, Sim]) -
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
     assert params["remote_engine_id"] in engine["engine_ids"] and params["remote_engine_id"].endswith(("_dp0", "_dp1"))
     assert params["remote_request_id"].startswith("cmpl-fields-")
-    assert (params["remote_host"], params["tp_size"], params["dcp_size"], params["pp_size"]) == ("10.9.8.7", 8, 1, 1)
-    assert params["remote_port"] == 5600 + int(params["remote_engine_id"][-1])
+    assert (params["remote_host"], params["tp_size"], params["dcp_size"], params["pp_size"]) == ("127.0.0.1", 8, 1, 1)
+    base = int((prefill.env or {})["VLLM_NIXL_SIDE_CHANNEL_PORT"])  # 5600 in a pod
+    assert params["remote_port"] == base + int(params["remote_engine_id"][-1])
+    assert prefill.stats()["nixl"]["listening"] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
     assert params["remote_num_tokens"] == 3999  # the decoder recomputes the last token (KDA state)
     mla, kda = params["remote_block_ids"]
     assert len(mla) == -(-3999 // engine["block_size"]) and len(kda) == 1
