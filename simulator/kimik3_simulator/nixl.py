@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -242,7 +243,10 @@ class SideChannel:
     async def start(self) -> None:
         """Listen on every rank's port; OSError if one cannot be bound (vLLM fails its start too)."""
         for rank, (host, port) in enumerate(self.addresses):
-            self.servers.append(await asyncio.start_server(partial(self._serve, rank), host, port, limit=LINE_LIMIT))
+            # zmq binds IPv4 unless the address is an IPv6 literal (so `localhost` is 127.0.0.1 only)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.servers.append(await asyncio.start_server(partial(self._serve, rank), host, port, family=family,
+                                                           limit=LINE_LIMIT))
         self.reaper = asyncio.create_task(self._reap(), name="nixl-lease-reaper")
 
     async def stop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -57,11 +58,11 @@ def free_port() -> int:
 
 def free_port_base(count: int = 16) -> int:
     """A loopback port where `count` consecutive ports are free: a NIXL side channel's base (5600's
-    stand-in), one port per data-parallel rank."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
+    stand-in), one port per data-parallel rank. Picked below Linux's ephemeral range (32768 up),
+    where outgoing connections do not take ports between the check and the simulator's bind."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 32768 - count)
         taken = False
         for port in range(base, base + count):
             with socket.socket() as s:

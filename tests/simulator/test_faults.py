@@ -193,7 +193,7 @@ def test_exit_at_start_exits_with_its_code_before_listening(tmp_path: Path) -> N
 
 def test_oom_grows_the_memory_to_its_cap_then_exits_137(tmp_path: Path) -> None:
     cap = 192 << 20
-    sim = start(AGG["command"], tmp_path, {**ENV, "K3SIM_FAULTS": "oom:2", "K3SIM_OOM_CAP_BYTES": str(cap)})
+    sim = start(AGG["command"], tmp_path, {**ENV, "K3SIM_FAULTS": "oom:3", "K3SIM_OOM_CAP_BYTES": str(cap)})
     deadline = time.monotonic() + 30
     healthy = False
     while sim.process.poll() is None and time.monotonic() < deadline and not healthy:

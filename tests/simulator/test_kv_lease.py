@@ -162,10 +162,13 @@ def test_a_decode_pulling_from_a_sigkilled_prefill_is_refused(engines: dict[str,
     assert strict.stats()["by_request_id"]["killed-2"]["finish_reason"] == "error"
 
 
+SHORT_LEASE = 3
+
+
 @pytest.fixture(scope="module")
 def short_lease(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    """A prefill whose kv_lease_duration is 2 s: a heartbeat extends a lease to 1 s from then."""
-    with simulator(command("prefill", lease=2), tmp_path_factory.mktemp("short"), ENV) as prefill:
+    """A prefill whose kv_lease_duration is 3 s: a heartbeat extends a lease to 2 s from then."""
+    with simulator(command("prefill", lease=SHORT_LEASE), tmp_path_factory.mktemp("short"), ENV) as prefill:
         yield prefill
 
 
@@ -175,7 +178,7 @@ def test_a_read_after_the_lease_expired_is_counted_and_decodes_corrupt(
     prompt = words(1000, "late")
     params = prefill_params(prefill, prompt, "late")
     expired_before = nixl(prefill)["expired_leases"]
-    wait_for(lambda: nixl(prefill)["expired_leases"] == expired_before + 1, 5, "expired after 2 s")
+    wait_for(lambda: nixl(prefill)["expired_leases"] == expired_before + 1, SHORT_LEASE + 3, "expired")
     assert prefill.metric("vllm:nixl_num_kv_expired_reqs_total") == expired_before + 1
 
     late = decode(decode_, prompt, params, "late")
@@ -187,20 +190,20 @@ def test_a_read_after_the_lease_expired_is_counted_and_decodes_corrupt(
 
 
 def test_heartbeats_keep_the_lease_through_a_transfer_longer_than_it(short_lease: Sim, tmp_path: Path) -> None:
-    """A decode on a slow fabric pulls for ~3 s, longer than the 2 s lease; its heartbeats (every
+    """A decode on a slow fabric pulls for ~4.5 s, longer than the 3 s lease; its heartbeats (every
     step: lease // 6 is 0) keep the blocks the request's until the read."""
     prompt = words(8192, "slow")
-    decode_command = command("decode", lease=2)
+    decode_command = command("decode", lease=SHORT_LEASE)
     per_gpu = engine_config(parse_serve(decode_command), SimSettings(gpu_product=GPU, kv_fabric_gb_s=1.0)
                             ).perf.kv_transfer(8191).seconds - KV_POST_SECONDS  # seconds at 1 GB/s
-    fabric = per_gpu / 3.0
+    fabric = per_gpu / (SHORT_LEASE + 1.5)
     with simulator(decode_command, tmp_path, {**ENV, "K3SIM_KV_FABRIC_GBPS": str(fabric)}) as slow:
         before = nixl(short_lease)
         params = prefill_params(short_lease, prompt, "slow")
         served = decode(slow, prompt, params, "slow", max_tokens=2)
         assert served.status_code == 200, served.text
         record = slow.stats()["by_request_id"]["slow"]
-    assert record["ttft_seconds"] > 2.5 and record["path"] == "remote_prefill"
+    assert record["ttft_seconds"] > SHORT_LEASE + 0.5 and record["path"] == "remote_prefill"
     assert record["corrupt_kv"] is None and CORRUPT_WORD not in served.json()["choices"][0]["text"]
     after = nixl(short_lease)
     assert after["reads"] == before["reads"] + 1 and after["expired_leases"] == before["expired_leases"]
