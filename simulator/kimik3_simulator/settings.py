@@ -70,6 +70,8 @@ from dataclasses import dataclass
 from kimik3_operator.api.vllm_env import RUST_FRONTEND_BODY_BYTES
 from kimik3_operator.kimi_k3 import PUBLISHED
 
+from .faults import FaultError, parse_faults
+
 DEFAULT_GPU = "GB300"
 DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
 ROLES = ("prefill", "decode", "aggregated")
@@ -143,8 +145,6 @@ def _vllm_bool(env: Mapping[str, str], name: str) -> bool:
 
 
 def _faults(raw: str) -> str:
-    from .faults import FaultError, parse_faults  # faults.py imports nothing of this module's users
-
     try:
         parse_faults(raw)
     except FaultError as exc:
