@@ -4,8 +4,9 @@ Give it the command a serving pod would run (plain or wrapped in `sh -c`); appen
 `--host 127.0.0.1 --port N` to move it onto loopback. K3SIM_* variables (settings.py) say what the
 command line does not: the GPU, the DSpark acceptance, the time scale. A `--headless` worker
 command serves nothing and just waits for SIGTERM, like a vLLM worker pod without an API server.
-Exit codes: 0 after SIGTERM/SIGINT and the drain, 1 the engine loop failed, 2 bad command line or
-settings.
+Exit codes: 0 after SIGTERM/SIGINT and the drain, 1 the engine loop failed or the NIXL side channel
+could not be bound, 2 bad command line or settings; the faults of K3SIM_FAULTS (faults.py) add the
+exit_at_start code they name and 137 for an `oom` nothing killed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from aiohttp import web
 from .cmdline import CommandLineError, parse_serve
 from .config import EngineConfig, describe, engine_config, engine_metrics
 from .engine import Engine
-from .nixl import Handshakes
+from .faults import EXIT_AT_START, Fault, Faults, parse_faults
+from .nixl import Nixl
 from .server import Simulator, drain
 from .settings import SettingsError, settings_from_env
 from .stats import SimStats
@@ -41,16 +43,25 @@ async def serve(config: EngineConfig) -> int:
     serve_args = config.serve
     metrics = engine_metrics(config)
     stats = SimStats(config.settings.stats_history)
-    handshakes = Handshakes(config.settings.handshake_dir, config)
-    engine = Engine(config, metrics, stats, handshakes)
-    sim = Simulator(config, engine, stats)
+    nixl = Nixl(config, metrics)
+    faults = Faults(parse_faults(config.settings.faults), config.settings.oom_cap_bytes)
+    engine = Engine(config, metrics, stats, nixl)
+    sim = Simulator(config, engine, stats, faults)
     loop = asyncio.get_running_loop()
     sim.ready_at = loop.time() + config.startup_wall_seconds
+    try:
+        await nixl.start()  # vLLM binds its side channel while the engine starts, before the API server
+    except OSError as exc:
+        log.error("cannot listen on the NIXL side channel %s: %s",
+                  ", ".join(f"{h}:{p}" for h, p in nixl.side_channel.addresses), exc)
+        await nixl.stop()
+        return 1
     runner = web.AppRunner(sim.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, serve_args.host, serve_args.port, shutdown_timeout=2.0).start()
-    handshakes.publish()
-    log.info("%s; listening on %s:%d", describe(config), serve_args.host, serve_args.port)
+    faults.start()
+    log.info("%s; listening on %s:%d%s", describe(config), serve_args.host, serve_args.port,
+             f", NIXL side channel on {', '.join(nixl.as_dict()['listening'])}" if nixl.enabled else "")
     engine_task = asyncio.create_task(engine.run(), name="engine-loop")
     signalled = asyncio.create_task(_until_signalled())
     try:
@@ -64,8 +75,15 @@ async def serve(config: EngineConfig) -> int:
         return 0
     finally:
         signalled.cancel()
-        handshakes.withdraw()
+        faults.released.set()
         await runner.cleanup()
+        await nixl.stop()
+
+
+async def _crash(fault: Fault) -> int:
+    await asyncio.sleep(fault.delay_seconds)
+    print(f"k3sim: fault exit_at_start: exiting with {fault.exit_code} before listening", file=sys.stderr)
+    return fault.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_env()
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         serve_args = parse_serve(argv)
+        crash = next((f for f in parse_faults(settings.faults) if f.kind == EXIT_AT_START), None)
+        if crash is not None:
+            return asyncio.run(_crash(crash))
         if serve_args.headless:
             log.info("headless worker of %s: nothing to serve, waiting for SIGTERM", serve_args.model)
             asyncio.run(_until_signalled())

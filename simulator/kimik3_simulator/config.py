@@ -34,6 +34,7 @@ PREFILL_BACKOFF = 1
 """Trailing prompt tokens a prefill engine leaves to decode: 1 for models with Mamba-like state
 (KDA), so decode can derive h(N) itself (nixl base_scheduler._prefill_backoff)."""
 MAX_PREFIX_CACHE_BLOCKS = 200_000
+DEFAULT_KV_LEASE_SECONDS = 30
 
 
 def resolve_gpu(product: str) -> GpuSpec:
@@ -84,6 +85,28 @@ class EngineConfig:
         """kv_load_failure_policy recompute: a pull that fails is prefilled here instead of failing
         the request (vLLM's default is fail: config/kv_transfer.py:88-91)."""
         return (self.serve.kv_transfer or {}).get("kv_load_failure_policy") == "recompute"
+
+    @property
+    def kv_lease_duration(self) -> float:
+        """Seconds a prefill keeps a finished request's blocks for the decode's read: the connector's
+        kv_connector_extra_config.kv_lease_duration, default 30 (nixl/base_scheduler.py:82-88)."""
+        extra = (self.serve.kv_transfer or {}).get("kv_connector_extra_config") or {}
+        value = extra.get("kv_lease_duration", DEFAULT_KV_LEASE_SECONDS) if isinstance(extra, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SettingsError(f"kv_connector_extra_config.kv_lease_duration={value!r} is not a number of seconds")
+        return float(value)
+
+    @property
+    def kv_lease_extension(self) -> float:
+        """What one heartbeat extends a lease to, from now: 2/3 of the lease in whole seconds, as
+        vLLM computes it (`kv_lease_duration * 2 // 3`, nixl/base_worker.py:631; 0 below 2 s)."""
+        return float(self.kv_lease_duration * 2 // 3)
+
+    @property
+    def kv_heartbeat_interval(self) -> float:
+        """How often a decode heartbeats the prefills it waits on: `kv_lease_duration // 6`
+        (nixl/base_scheduler.py:88; 0, every scheduler step, below 6 s)."""
+        return float(self.kv_lease_duration // 6)
 
     @property
     def transfer_mode(self) -> str:
@@ -152,7 +175,7 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
     large = gpu.usable_bytes >= LARGE_GPU_BYTES
     base_id = str((serve.kv_transfer or {}).get("engine_id") or uuid.uuid4())
     budget = serve.max_num_batched_tokens or (16384 if large else 8192)
-    return EngineConfig(
+    config = EngineConfig(
         serve=serve, settings=settings, gpu=gpu, perf=perf, role=_role(serve, settings),
         engine_ids=tuple(f"{base_id}_dp{r}" if serve.data > 1 else base_id for r in range(serve.data)),
         max_model_len=max_model_len,
@@ -164,6 +187,8 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
         startup_seconds=(settings.startup_seconds if settings.startup_seconds is not None
                          else predicted_startup(serve, gpu, layout, budget, settings.read_bytes_per_s)),
     )
+    config.kv_lease_duration  # noqa: B018 - refused at start, as vLLM's config would be
+    return config
 
 
 def predicted_startup(serve: ServeArgs, gpu: GpuSpec, layout: Layout, budget: int,

@@ -10,8 +10,11 @@ the acceptance length on average (a running credit, so 2.61 emits 2, 3, 3, 2, 3,
 is exact); a sequence whose prompt is done emits its first token. Steps chain on a modelled
 clock, so event-loop wake-up jitter does not add up.
 
-A decode engine told to pull KV (nixl.CONSUME) waits for the transfer off the step loop, as NIXL's
-async load does, then computes the one backoff token and carries on; a prefill engine asked to
+A decode engine told to pull KV (nixl.CONSUME) handshakes with the prefill over its side channel
+as soon as the request arrives and heartbeats its lease while the request waits (nixl.Pull); once
+scheduled it waits for the transfer off the step loop, as NIXL's async load does, reads the blocks
+at the end of the modelled transfer time, then computes the one backoff token and carries on (a
+read the prefill did not hold a lease for marks the request corrupt); a prefill engine asked to
 produce (nixl.PRODUCE) computes all but the backoff token, emits one token and returns the
 kv_transfer_params. Simplifications: no preemption (a full KV budget only holds new requests in
 the queue), no prefill/decode interference beyond the roofline max of the two, no draft-model cost.
@@ -27,7 +30,7 @@ from typing import Any
 
 from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
 from .metrics import EngineMetrics
-from .nixl import CONSUME, PRODUCE, Handoff, Handshakes, produced_params
+from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
 from .prefix_cache import PrefixCache, block_hashes
 from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
@@ -88,6 +91,10 @@ class Sequence:
     credit: float = 0.0
     aborted: bool = False
     problem: str = ""
+    pull: Pull | None = None
+    """The hand-off from the prefill (CONSUME requests)."""
+    corrupt: str = ""
+    """Why the KV this request decodes from was not its prompt's (a second read, a read after expiry)."""
 
     @property
     def prompt_len(self) -> int:
@@ -123,12 +130,12 @@ class StepPlan:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, metrics: EngineMetrics, stats: SimStats, handshakes: Handshakes) -> None:
+    def __init__(self, config: EngineConfig, metrics: EngineMetrics, stats: SimStats, nixl: Nixl) -> None:
         self.config = config
         self.perf = config.perf
         self.metrics = metrics
         self.stats = stats
-        self.handshakes = handshakes
+        self.nixl = nixl
         self.scale = config.settings.time_scale
         cache_blocks = min(config.num_gpu_blocks, MAX_PREFIX_CACHE_BLOCKS)
         self.ranks = [Rank(r, PrefixCache(cache_blocks, config.serve.prefix_caching)) for r in range(config.ranks)]
@@ -153,6 +160,8 @@ class Engine:
         rank = sub.rank if sub.rank is not None else min(self.ranks, key=lambda r: (r.load, r.index)).index
         seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(),
                        hashes=block_hashes(sub.tokens, self.perf.block_size))
+        if sub.handoff.kind == CONSUME and sub.handoff.params is not None:
+            seq.pull = self.nixl.pull(sub.handoff.params, self.wake.set)
         self.ranks[rank].waiting.append(seq)
         self.wake.set()
         return seq
@@ -177,7 +186,8 @@ class Engine:
                 if self.stopping and not self.in_flight:
                     return
                 self.clock = None
-                transfers = [s.transfer_until for r in self.ranks for s in r.running if s.phase == TRANSFER]
+                transfers = [s.transfer_until for r in self.ranks for s in r.running
+                             if s.phase == TRANSFER and s.pull is not None and not s.pull.go.is_set()]
                 self.wake.clear()
                 timeout = max(0.0, min(transfers) - now) if transfers else None
                 try:
@@ -200,15 +210,40 @@ class Engine:
     def _finish_transfers(self, now: float) -> None:
         m = self.metrics
         for rank in self.ranks:
-            for seq in rank.running:
-                if seq.phase == TRANSFER and seq.transfer_until <= now:
-                    seq.computed += seq.external
-                    seq.phase = PREFILL
-                    moved = self.perf.kv_transfer(seq.external)
-                    m.of(m.nixl_xfer_time, rank.index).observe(moved.seconds * self.scale)
-                    m.of(m.nixl_post_time, rank.index).observe(KV_POST_SECONDS * self.scale)
-                    m.of(m.nixl_bytes, rank.index).observe(moved.bytes)
-                    m.of(m.nixl_descriptors, rank.index).observe(moved.descriptors)
+            for seq in list(rank.running):
+                pull = seq.pull
+                if seq.phase != TRANSFER or pull is None:
+                    continue
+                if seq.transfer_until <= now:
+                    pull.read()
+                if not pull.done:
+                    continue
+                if pull.problem:
+                    self._failed_load(rank, seq, now, pull.problem)
+                    continue
+                if pull.state != LEASED:
+                    seq.corrupt = (f"read the KV blocks of request {pull.request_id} from engine {pull.engine_id} "
+                                   f"after they were freed ({pull.state})")
+                seq.computed += seq.external
+                seq.phase = PREFILL
+                moved = self.perf.kv_transfer(seq.external)
+                m.of(m.nixl_xfer_time, rank.index).observe(moved.seconds * self.scale)
+                m.of(m.nixl_post_time, rank.index).observe(KV_POST_SECONDS * self.scale)
+                m.of(m.nixl_bytes, rank.index).observe(moved.bytes)
+                m.of(m.nixl_descriptors, rank.index).observe(moved.descriptors)
+
+    def _failed_load(self, rank: Rank, seq: Sequence, now: float, problem: str) -> None:
+        """The pull failed: under kv_load_failure_policy recompute vLLM's scheduler resets the request
+        and it prefills here (v1/core/sched/scheduler.py:3688-3701), else the request fails (500)."""
+        m = self.metrics
+        m.of(m.nixl_failed_transfers, rank.index).inc()
+        self.nixl.counts["failed_pulls"] += 1
+        seq.problem = problem
+        seq.external = 0
+        seq.computed = seq.local_hit
+        seq.phase = PREFILL
+        if not self.config.recompute_failed_loads:
+            self._finish(rank, seq, now, "error")
 
     def _admit(self, now: float) -> list[Sequence]:
         fresh: list[Sequence] = []
@@ -241,21 +276,17 @@ class Engine:
         if handoff.kind == PRODUCE and n > PREFILL_BACKOFF:
             seq.target = n - PREFILL_BACKOFF  # the prefiller stops short; the decoder recomputes the rest
         seq.phase = PREFILL
-        if handoff.kind != CONSUME:
+        if handoff.kind != CONSUME or seq.pull is None:
             return
-        problem = self.handshakes.check(handoff.remote_engine_id or "")
-        if problem:
-            m.of(m.nixl_failed_transfers, rank.index).inc()
-            seq.problem = problem
-            if not self.config.recompute_failed_loads:
-                self._finish(rank, seq, now, "error")
-            # else vLLM's scheduler resets the request to no computed tokens and it prefills here
-            # (v1/core/sched/scheduler.py:3688-3701): the phase is already PREFILL of the whole prompt
+        if seq.pull.done and seq.pull.problem:  # the handshake already failed while the request waited
+            self._failed_load(rank, seq, now, seq.pull.problem)
             return
         seq.external = max(0, handoff.remote_tokens(n) - seq.local_hit)
         if seq.external:
             seq.phase = TRANSFER
             seq.transfer_until = now + self.perf.kv_transfer(seq.external).seconds * self.scale
+        else:
+            seq.pull.release()  # every token hit the local cache: the prefill is only told to free
 
     def _plan(self) -> StepPlan:
         decodes: list[Sequence] = []
@@ -348,10 +379,13 @@ class Engine:
         elif seq in rank.waiting:
             rank.waiting.remove(seq)
         seq.phase = DONE
+        if seq.pull is not None:
+            seq.pull.release()  # an aborted request still tells the prefill to free its blocks
         params = None
         if seq.sub.handoff.kind == PRODUCE and reason in ("stop", "length"):
             params = produced_params(self.config, rank=rank.index, internal_id=seq.sub.internal_id,
                                      computed_tokens=seq.computed, block_ids=self._blocks(rank, seq.computed))
+            self.nixl.leases.grant(seq.sub.internal_id, rank.index, params["remote_block_ids"])
         seq.events.put_nowait(Output(emitted, reason, params, error=seq.problem if reason == "error" else None))
         self._observe_finished(rank, seq, now, reason)
 
@@ -389,6 +423,7 @@ class Engine:
             "computed_prompt_tokens": max(0, seq.computed - seq.local_hit - seq.external),
             "completion_tokens": seq.generated, "finish_reason": reason,
             "remote_engine_id": handoff.remote_engine_id, "problem": seq.problem or handoff.problem or None,
+            "corrupt_kv": seq.corrupt or None,
             "ttft_seconds": None if seq.first_token_at is None else round(seq.first_token_at - seq.arrival, 6),
             "e2e_seconds": round(now - seq.arrival, 6),
         })

@@ -5,13 +5,19 @@ scale-out render paths (as the pod's frontend answers them, frontend.py), /healt
 /health answers 503 until the (scaled) startup delay has passed and again once a SIGTERM starts
 the drain; requests then get 503 too, in-flight ones finish within --shutdown-timeout (0: they are
 aborted at once, as vLLM does) and the process exits.
+
+The faults of faults.py strike the engine routes here (hang, stall, 5xx, reset), and POST
+/sim/fault arms them at run time when K3SIM_FAULT_ADMIN=1, for loopback peers only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import socket
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,16 +28,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import VLLM_VERSION, EngineConfig
 from .engine import Engine, Output, QueueFull, Sequence, Submission
+from .faults import ENGINE_DEAD, HANG, HTTP_5XX, RESET, STALL, Fault, FaultError, Faults, fault_from
 from .frontend import RENDER_PATHS, Frontend, response_id
-from .nixl import classify
+from .nixl import CONSUME, classify
 from .openai_format import BadRequest, Envelope, error_body, sse, tool_call_delta
 from .stats import SimStats
-from .text import Answer, PromptError, chat_answer, prompt_seed
+from .text import Answer, PromptError, chat_answer, corrupted, prompt_seed
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
 """The simulator's own guard where vLLM has no cap (the Python frontend)."""
+HOLD_POLL_SECONDS = 0.25
+"""How often a held (hung or stalled) request looks whether its client is still there."""
 
 
 def _error(message: str, status: int, kind: str, param: str | None = None) -> web.Response:
@@ -44,10 +53,11 @@ def _refused(exc: BadRequest | PromptError) -> web.Response:
 
 
 class Simulator:
-    def __init__(self, config: EngineConfig, engine: Engine, stats: SimStats) -> None:
+    def __init__(self, config: EngineConfig, engine: Engine, stats: SimStats, faults: Faults | None = None) -> None:
         self.config = config
         self.engine = engine
         self.stats = stats
+        self.faults = faults if faults is not None else Faults([], config.settings.oom_cap_bytes)
         self.frontend = Frontend(config)
         self.ready_at = 0.0
         self.draining = False
@@ -60,7 +70,7 @@ class Simulator:
         app.add_routes([
             web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
-            web.get("/sim/stats", self.sim_stats),
+            web.get("/sim/stats", self.sim_stats), web.post("/sim/fault", self.sim_fault),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
             *(web.post(path, self.frontend_route) for path in ("/tokenize", "/detokenize", *RENDER_PATHS)),
         ])
@@ -100,9 +110,32 @@ class Simulator:
                              "expert": layout.expert},
                   "crosses_rdma": c.perf.crosses_rdma, "block_size": c.perf.block_size,
                   "speculative_tokens": c.spec_tokens, "acceptance": c.acceptance,
-                  "time_scale": c.settings.time_scale, "compat_hash": self.engine.handshakes.compat_hash,
+                  "time_scale": c.settings.time_scale, "compat_hash": self.engine.nixl.compat_hash,
                   "in_flight": self.engine.in_flight, "draining": self.draining}
-        return web.json_response(self.stats.as_dict(engine))
+        return web.json_response({**self.stats.as_dict(engine), "nixl": self.engine.nixl.as_dict(),
+                                  "faults": self.faults.as_dict(c.settings.fault_admin)})
+
+    async def sim_fault(self, request: web.Request) -> web.Response:
+        """Arm a fault ({"fault": kind, ...}, or a list of them; "none" clears): only with
+        K3SIM_FAULT_ADMIN=1 and from a loopback peer."""
+        if not self.config.settings.fault_admin:
+            return _error("fault injection is off: the engine was not started with K3SIM_FAULT_ADMIN=1",
+                          403, "PermissionDeniedError")
+        try:
+            loopback = ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            return _error("faults are armed from loopback only", 403, "PermissionDeniedError")
+        try:
+            body = await request.json()
+            for fault in [fault_from(f) for f in (body if isinstance(body, list) else [body])]:
+                self.faults.arm(fault)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not JSON", 400, "BadRequestError")
+        except FaultError as exc:
+            return _error(str(exc), 400, "BadRequestError")
+        return web.json_response(self.faults.as_dict(True))
 
     # ---- the frontend's own routes ------------------------------------------------------------
 
@@ -143,20 +176,71 @@ class Simulator:
         try:
             body = await self._json(request)
             sub, answer, envelope = self._submission(request, body, chat)
+            fault = self.faults.take()
+            if fault is not None and fault.kind != STALL:
+                return await self._fault(request, body, sub, fault)
             seq = self.engine.submit(sub)
         except (BadRequest, PromptError) as exc:
             return _refused(exc)
         except QueueFull as full:
             self.stats.reject(full.reason)
             return _error(f"The request queue is full ({full.reason})", 503, "ServiceUnavailableError")
+        stall = fault.after_tokens if fault is not None else None
         try:
             if body.get("stream"):
-                return await self._stream(request, body, seq, answer, envelope)
-            return await self._complete(seq, answer, envelope)
+                return await self._stream(request, body, seq, answer, envelope, stall)
+            return await self._complete(request, seq, answer, envelope, stall)
         except ConnectionResetError:  # the client went away mid-stream
             return web.Response(status=499)
         finally:
             self.engine.abort(seq)  # no-op once finished; a client gone mid-request frees its slot
+
+    # ---- faults -------------------------------------------------------------------------------
+
+    async def _fault(self, request: web.Request, body: dict[str, Any], sub: Submission,
+                     fault: Fault) -> web.StreamResponse:
+        """A request that a hang, a 5xx or a reset strikes. One that carries kv_transfer_params has
+        its KV read from the prefill first, as the engine pulls it before it runs the request: the
+        prefill's blocks are then freed, and a router that resends those params elsewhere makes the
+        prefill count a second read."""
+        self.faults.counts[fault.kind] += 1
+        if sub.handoff.kind == CONSUME and sub.handoff.params is not None:
+            await self.engine.nixl.consume(sub.handoff.params)
+        if fault.kind == HTTP_5XX:
+            return _error(ENGINE_DEAD, 500, "InternalServerError")
+        if fault.kind == RESET:
+            response = web.StreamResponse(status=200, headers={
+                "Content-Type": "text/event-stream" if body.get("stream") else "application/json"})
+            await response.prepare(request)
+            await self._reset(request)
+            return response
+        assert fault.kind == HANG
+        await self._hold(request)
+        return _error("The server is shutting down", 503, "ServiceUnavailableError")
+
+    async def _hold(self, request: web.Request) -> None:
+        """Answer nothing more, with the connection open, until the client leaves or the engine stops."""
+        released = self.faults.released
+        while not released.is_set() and request.transport is not None and not request.transport.is_closing():
+            try:
+                await asyncio.wait_for(released.wait(), HOLD_POLL_SECONDS)
+            except TimeoutError:
+                pass
+
+    @staticmethod
+    async def _reset(request: web.Request) -> None:
+        """Reset the connection (RST, not FIN) once what was written has left."""
+        transport = request.transport
+        if transport is None:
+            return
+        for _ in range(100):
+            if not transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.01)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
 
     def _submission(self, request: web.Request, body: dict[str, Any],
                     chat: bool) -> tuple[Submission, Answer, Envelope]:
@@ -199,14 +283,19 @@ class Simulator:
             if out.finish_reason is not None:
                 return
 
-    async def _complete(self, seq: Sequence, answer: Answer, envelope: Envelope) -> web.Response:
-        async for _, out in self._outputs(seq):
+    async def _complete(self, request: web.Request, seq: Sequence, answer: Answer, envelope: Envelope,
+                        stall: int | None = None) -> web.Response:
+        async for before, out in self._outputs(seq):
+            if stall is not None and before + out.new_tokens >= stall and out.finish_reason is None:
+                return await self._stall(request, seq)
             if out.finish_reason is None:
                 continue
             if out.finish_reason == "error":
                 return _error(out.error or "KV transfer failed", 500, "InternalServerError")
             if out.finish_reason == "abort":
                 return _error("The request was aborted", 503, "ServiceUnavailableError")
+            if seq.corrupt:
+                answer = corrupted(answer)
             generated, prompt = seq.generated, seq.prompt_len
             if envelope.chat:
                 body = envelope.chat_completion(answer.text(0, generated) or None, answer.call_done(generated),
@@ -218,8 +307,15 @@ class Simulator:
             return web.json_response(body)
         raise AssertionError("a request ended without a finish reason")
 
+    async def _stall(self, request: web.Request, seq: Sequence) -> web.Response:
+        """The stall fault: the engine stops working on the request, the client hears nothing more."""
+        self.faults.counts[STALL] += 1
+        self.engine.abort(seq)
+        await self._hold(request)
+        return _error("The server is shutting down", 503, "ServiceUnavailableError")
+
     async def _stream(self, request: web.Request, body: dict[str, Any], seq: Sequence, answer: Answer,
-                      envelope: Envelope) -> web.StreamResponse:
+                      envelope: Envelope, stall: int | None = None) -> web.StreamResponse:
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage")) or self.config.serve.force_include_usage
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -229,10 +325,15 @@ class Simulator:
         async def write(chunk: dict[str, Any] | str) -> None:
             await response.write(sse(chunk))
 
+        if stall == 0:
+            await self._stall(request, seq)
+            return response
         async for before, out in self._outputs(seq):
             if out.finish_reason in ("error", "abort"):
                 await write(error_body(out.error or "The request was aborted", "InternalServerError", 500))
                 break
+            if before == 0 and seq.corrupt:
+                answer = corrupted(answer)
             after = before + out.new_tokens
             if envelope.chat and before == 0:
                 await write(envelope.role_chunk())
@@ -241,6 +342,9 @@ class Simulator:
                 if continuous:
                     chunk["usage"] = envelope.usage_chunk(seq.prompt_len, after)["usage"]
                 await write(chunk)
+            if stall is not None and after >= stall and out.finish_reason is None:
+                await self._stall(request, seq)
+                return response
         else:
             if include_usage:
                 await write(envelope.usage_chunk(seq.prompt_len, seq.generated))

@@ -32,21 +32,30 @@ labels); tests set them directly. Every variable is optional.
   K3SIM_KV_FABRIC_GBPS    GB/s each GPU moves KV at for a P/D hand-off. Default: the GPU's NIC.
   K3SIM_OUTPUT_TOKENS     Tokens an answer has before the model stops by itself (max_tokens still
                           caps it; ignore_eos removes it). Default 256.
-  K3SIM_HANDSHAKE_DIR     A folder the NIXL engines of one test share, standing in for NIXL's side
-                          channel: each engine publishes its engine ids and compatibility hash there
-                          and a decode engine checks the prefill engine it pulls from; an unknown or
-                          incompatible engine fails the request as vLLM does. Unset: trusted.
+  K3SIM_HANDSHAKE_DIR     Accepted and ignored. It named a folder that stood in for NIXL's side
+                          channel; engines now listen on the side channel itself (nixl.py).
   K3SIM_COMPAT_EXTRA      Extra text folded into the compatibility hash (e.g. the pod's
                           serving.kimik3.dev/compat-hash label, to model what the image pins).
   K3SIM_STATS_HISTORY     Requests /sim/stats remembers. Default 2000.
   K3SIM_MAX_QUEUED        Waiting requests beyond which new ones get 503 (memory bound; vLLM's own
                           --max-num-queued-reqs applies too). Default 10000.
   K3SIM_LOG_LEVEL         Python log level. Default INFO.
+  K3SIM_FAULTS            Faults the engine has from its start (faults.py; docs/simulator-faults.md):
+                          comma-separated `kind[:N]`, e.g. `exit_at_start:3`, `oom`, `hang`, `stall:8`,
+                          `5xx:3`, `reset:1`, or the JSON object / list POST /sim/fault takes. Unset: none.
+  K3SIM_FAULT_ADMIN       1: POST /sim/fault (loopback peers only) arms and clears faults at run time.
+                          Unset or 0: the route refuses every request (403), so a production-like run
+                          cannot be disturbed.
+  K3SIM_OOM_CAP_BYTES     How far the `oom` fault grows the process's memory (bytes) before it exits
+                          137 itself, if nothing killed it first. Default 512 MiB.
 
-vLLM's own VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT are read as vLLM reads them: they are what a prefill
-engine advertises in its kv_transfer_params. VLLM_USE_RUST_FRONTEND (an integer, 0 or unset: the
-Python frontend; envs.py:1456-1458 of vLLM 0.33.0) picks which of vLLM's two HTTP frontends the
-simulator answers as (frontend.py); the operator renders it on leader pods. With the Rust frontend,
+vLLM's own VLLM_NIXL_SIDE_CHANNEL_HOST / _PORT are read as vLLM reads them: an engine with a NIXL
+connector listens on host:port + data-parallel rank (one port per rank, default localhost:5600) and
+a prefill engine advertises them in its kv_transfer_params; a decode engine pulls from the address
+it is given (nixl.py). Processes sharing one address need their own port base.
+VLLM_USE_RUST_FRONTEND (an integer, 0 or unset: the Python frontend; envs.py:1456-1458 of vLLM
+0.33.0) picks which of vLLM's two HTTP frontends the simulator answers as (frontend.py); the
+operator renders it on leader pods. With the Rust frontend,
 VLLM_HTTP_MAX_REQUEST_BODY_SIZE caps a request body as vllm-rs caps it (413 above it; 32 MiB when
 unset, envs.py:111); the Python frontend caps none, and the simulator then keeps a guard of its own
 (server.py, MAX_BODY_BYTES).
@@ -60,6 +69,8 @@ from dataclasses import dataclass
 
 from kimik3_operator.api.vllm_env import RUST_FRONTEND_BODY_BYTES
 from kimik3_operator.kimi_k3 import PUBLISHED
+
+from .faults import FaultError, parse_faults
 
 DEFAULT_GPU = "GB300"
 DEFAULT_ACCEPTANCE = PUBLISHED.acceptance_range[0]
@@ -85,7 +96,6 @@ class SimSettings:
     crosses_rdma: bool | None = None
     kv_fabric_gb_s: float | None = None
     output_tokens: int = 256
-    handshake_dir: str | None = None
     compat_extra: str = ""
     stats_history: int = 2000
     max_queued: int = 10000
@@ -95,6 +105,10 @@ class SimSettings:
     rust_frontend: bool = False
     max_body_bytes: int | None = None
     """The Rust frontend's VLLM_HTTP_MAX_REQUEST_BODY_SIZE; None: no cap of vLLM's."""
+    faults: str = ""
+    """K3SIM_FAULTS as given; faults.parse_faults reads it (checked here, at start)."""
+    fault_admin: bool = False
+    oom_cap_bytes: int = 512 << 20
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
@@ -130,6 +144,14 @@ def _vllm_bool(env: Mapping[str, str], name: str) -> bool:
         raise SettingsError(f"{name}={raw!r} is not an integer (vLLM reads it with int())") from None
 
 
+def _faults(raw: str) -> str:
+    try:
+        parse_faults(raw)
+    except FaultError as exc:
+        raise SettingsError(f"K3SIM_FAULTS={raw[:200]!r}: {exc}") from None
+    return raw.strip()
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
     env = os.environ if env is None else env
     role = env.get("K3SIM_ROLE") or None
@@ -150,7 +172,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         crosses_rdma=_flag(env, "K3SIM_CROSSES_RDMA"),
         kv_fabric_gb_s=_number(env, "K3SIM_KV_FABRIC_GBPS", 0.0, 1e-3, 1e6) if fabric else None,
         output_tokens=int(_number(env, "K3SIM_OUTPUT_TOKENS", 256, 1, 1 << 20)),
-        handshake_dir=env.get("K3SIM_HANDSHAKE_DIR") or None,
         compat_extra=env.get("K3SIM_COMPAT_EXTRA", ""),
         stats_history=int(_number(env, "K3SIM_STATS_HISTORY", 2000, 1, 1_000_000)),
         max_queued=int(_number(env, "K3SIM_MAX_QUEUED", 10000, 1, 1_000_000)),
@@ -158,6 +179,9 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or "localhost",
         side_channel_port=int(_number(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600, 1, 65535)),
         rust_frontend=_vllm_bool(env, "VLLM_USE_RUST_FRONTEND"),
+        faults=_faults(env.get("K3SIM_FAULTS", "")),
+        fault_admin=bool(_flag(env, "K3SIM_FAULT_ADMIN")),
+        oom_cap_bytes=int(_number(env, "K3SIM_OOM_CAP_BYTES", 512 << 20, 1 << 20, 1 << 40)),
         max_body_bytes=(int(_number(env, "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", RUST_FRONTEND_BODY_BYTES, 1, 1 << 40))
                         if _vllm_bool(env, "VLLM_USE_RUST_FRONTEND") else None),
     )

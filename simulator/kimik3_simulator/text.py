@@ -190,6 +190,27 @@ class Answer:
         return "".join(self.markup[start:end])
 
 
+CORRUPT_WORD = "<k3sim:corrupt-kv>"
+"""Every token of an answer decoded from KV blocks that were no longer the request's (a second read
+of one set of kv_transfer_params, or a read after the prefill's lease expired). The real engine
+produces plausible but wrong text there and reports nothing; the simulator makes it unmistakable."""
+
+
+@dataclass(frozen=True)
+class CorruptAnswer(Answer):
+    """The answer of a decode whose KV was not the prompt's: CORRUPT_WORD per token, never a tool call."""
+
+    def text(self, start: int, end: int) -> str:
+        return "".join(("" if i == 0 else " ") + CORRUPT_WORD for i in range(start, end))
+
+    def raw(self, start: int, end: int) -> str:
+        return self.text(start, end)
+
+
+def corrupted(answer: Answer) -> Answer:
+    return CorruptAnswer(seed=answer.seed, natural_length=answer.natural_length)
+
+
 def _value(schema: dict[str, Any], word: str) -> tuple[str, Any]:
     kind = schema.get("type", "string")
     if "enum" in schema and schema["enum"]:

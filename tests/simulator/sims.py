@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 POD_VALUES = {"POD_IP": "10.0.0.1", "LWS_LEADER_ADDRESS": "10.0.0.1", "LWS_WORKER_INDEX": "1"}
 """What the kubelet would expand $(NAME) to; the simulator never connects to these addresses."""
 START_TIMEOUT = 30.0
+PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("operator", "simulator"))
+"""This checkout's operator and simulator, whatever an editable install in the venv points at."""
 
 
 def role_report(scenario: str, role: str, *, scale_out: bool | None = None) -> dict[str, Any]:
@@ -53,11 +56,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_base(count: int = 16) -> int:
+    """A loopback port where `count` consecutive ports are free: a NIXL side channel's base (5600's
+    stand-in), one port per data-parallel rank. Picked below Linux's ephemeral range (32768 up),
+    where outgoing connections do not take ports between the check and the simulator's bind."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 32768 - count)
+        taken = False
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    taken = True
+                    break
+        if not taken:
+            return base
+    raise AssertionError(f"no {count} consecutive free loopback ports")
+
+
 @dataclass
 class Sim:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    env: dict[str, str] | None = None
+    """What the test gave it on top of the defaults (start())."""
 
     def get(self, path: str, **kw: Any) -> requests.Response:
         return requests.get(self.url + path, timeout=10, **kw)
@@ -118,16 +143,22 @@ def sse_text(events: list[tuple[float, Any]]) -> str:
 
 
 def start(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Sim:
-    """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for."""
+    """A simulator process running `argv` (plus --host 127.0.0.1 --port <free>), not waited for. Its
+    NIXL side channel (if it has a KV connector) listens on 127.0.0.1 from a free port base unless
+    `env` names VLLM_NIXL_SIDE_CHANNEL_PORT: engines of one test must not share a port."""
     port = free_port()
     log = tmp / f"sim-{port}.log"
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "operator"), **(env or {})}
+    env = dict(env or {})
+    if "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env:
+        env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port_base())
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **env}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "kimik3_simulator", *expand(argv),
              "--host", "127.0.0.1", "--port", str(port)],
             env=full_env, stdout=out, stderr=subprocess.STDOUT)
-    return Sim(f"http://127.0.0.1:{port}", process, log)
+    return Sim(f"http://127.0.0.1:{port}", process, log, env)
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .sims import ROOT, Sim, expand, role_report, simulator, sse_text, start, words
+from .sims import PYTHONPATH, Sim, expand, role_report, simulator, sse_text, start, words
 
 AGG = role_report("gb300-tp8-aggregated", "aggregated")
 ENV = {"K3SIM_GPU_PRODUCT": AGG["gpuProduct"]}
@@ -85,9 +85,9 @@ def test_a_headless_worker_serves_nothing_and_stops_on_sigterm(tmp_path: Path) -
 
 def test_a_command_that_is_not_vllm_serve_exits_2() -> None:
     run = subprocess.run([sys.executable, "-m", "kimik3_simulator", "sleep", "10"], capture_output=True,
-                         text=True, timeout=30, env={"PYTHONPATH": str(ROOT / "operator")})
+                         text=True, timeout=30, env={"PYTHONPATH": PYTHONPATH})
     assert run.returncode == 2 and "no `vllm serve`" in run.stderr
     bad = subprocess.run([sys.executable, "-m", "kimik3_simulator", *expand(AGG["command"])],
                          capture_output=True, text=True, timeout=30,
-                         env={"PYTHONPATH": str(ROOT / "operator"), "K3SIM_GPU_PRODUCT": "NVIDIA-T4"})
+                         env={"PYTHONPATH": PYTHONPATH, "K3SIM_GPU_PRODUCT": "NVIDIA-T4"})
     assert bad.returncode == 2 and "K3SIM_GPU_PRODUCT" in bad.stderr

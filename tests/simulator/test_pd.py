@@ -1,6 +1,6 @@
 """vLLM's P/D hand-off between a prefill and a decode engine of golden b200-dep16-disaggregated
 (TP8 x DP2 with expert parallelism, NixlConnector kv_producer / kv_consumer), each started from its
-rendered leader command, sharing a handshake folder as NIXL engines share a side channel. The
+rendered leader command, the decode pulling over the prefill's NIXL side channel. The
 requests are what a P/D proxy (vllm-router) sends: the prompt to prefill with do_remote_decode and
 max_tokens 1, then the original request to decode with the kv_transfer_params prefill returned.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(folder: Path, **extra: str) -> dict[str, str]:
-    return {"K3SIM_GPU_PRODUCT": role_report(SCENARIO, "prefill")["gpuProduct"],
-            "K3SIM_HANDSHAKE_DIR": str(folder / "nixl"), "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.9.8.7", **extra}
+    return {"K3SIM_GPU_PRODUCT": role_report(SCENARIO, "prefill")["gpuProduct"], **extra}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,10 @@ def test_prefill_answers_with_the_parameters_vllm_returns(pd: tuple[Sim, Sim]) -
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
     assert params["remote_engine_id"] in engine["engine_ids"] and params["remote_engine_id"].endswith(("_dp0", "_dp1"))
     assert params["remote_request_id"].startswith("cmpl-fields-")
-    assert (params["remote_host"], params["tp_size"], params["dcp_size"], params["pp_size"]) == ("10.9.8.7", 8, 1, 1)
-    assert params["remote_port"] == 5600 + int(params["remote_engine_id"][-1])
+    assert (params["remote_host"], params["tp_size"], params["dcp_size"], params["pp_size"]) == ("127.0.0.1", 8, 1, 1)
+    base = int((prefill.env or {})["VLLM_NIXL_SIDE_CHANNEL_PORT"])  # 5600 in a pod
+    assert params["remote_port"] == base + int(params["remote_engine_id"][-1])
+    assert prefill.stats()["nixl"]["listening"] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
     assert params["remote_num_tokens"] == 3999  # the decoder recomputes the last token (KDA state)
     mla, kda = params["remote_block_ids"]
     assert len(mla) == -(-3999 // engine["block_size"]) and len(kda) == 1
@@ -107,11 +109,12 @@ def test_a_chat_goes_through_the_same_hand_off(pd: tuple[Sim, Sim]) -> None:
     assert decode.stats()["by_request_id"]["chat"]["path"] == "remote_prefill"
 
 
-def _mismatched_params(folder: Path, prompt: str, request_id: str) -> dict[str, Any]:
-    """kv_transfer_params from a prefill engine whose NIXL compatibility hash differs (another image)."""
+@contextmanager
+def _mismatched_params(folder: Path, prompt: str, request_id: str) -> Iterator[dict[str, Any]]:
+    """kv_transfer_params from a live prefill engine whose NIXL compatibility hash differs (another image)."""
     with simulator(role_report(SCENARIO, "prefill")["command"], folder,
                    _env(folder, K3SIM_COMPAT_EXTRA="another-image")) as other:
-        return _prefill(other, prompt, request_id)
+        yield _prefill(other, prompt, request_id)
 
 
 def test_a_failed_pull_is_prefilled_by_the_decode_as_rendered(pd: tuple[Sim, Sim], folder: Path) -> None:
@@ -120,14 +123,15 @@ def test_a_failed_pull_is_prefilled_by_the_decode_as_rendered(pd: tuple[Sim, Sim
     _, decode = pd
     assert '"kv_load_failure_policy":"recompute"' in " ".join(role_report(SCENARIO, "decode")["command"])
     prompt = words(2000, "recompute")
-    params = _mismatched_params(folder, prompt, "recompute")
     failed_before = decode.metric("vllm:nixl_num_failed_transfers_total")
-    served = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
-                         headers={"X-Request-Id": "recompute"})
+    with _mismatched_params(folder, prompt, "recompute") as params:
+        served = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
+                             headers={"X-Request-Id": "recompute"})
     assert served.status_code == 200, served.text
     assert served.json()["usage"]["completion_tokens"] == 4
     record = decode.stats()["by_request_id"]["recompute"]
     assert record["path"] == "recomputed_after_failed_load" and "NIXL handshake" in record["problem"]
+    assert "compatibility hash" in record["problem"]
     assert record["external_kv_tokens"] == 0 and record["computed_prompt_tokens"] == record["prompt_tokens"]
     assert decode.stats()["requests"]["recomputed_after_failed_load"] >= 1
     assert decode.metric("vllm:nixl_num_failed_transfers_total") == failed_before + 1
@@ -138,11 +142,10 @@ def test_with_vllms_default_policy_a_failed_pull_fails_the_request(folder: Path)
     at = command.index("--kv-transfer-config") + 1
     command[at] = json.dumps({k: v for k, v in json.loads(command[at]).items() if k != "kv_load_failure_policy"})
     prompt = words(2000, "mismatch")
-    params = _mismatched_params(folder, prompt, "mismatch")
-    with simulator(command, folder, _env(folder)) as decode:
+    with simulator(command, folder, _env(folder)) as decode, _mismatched_params(folder, prompt, "mismatch") as params:
         failed = decode.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params},
                              headers={"X-Request-Id": "mismatch"})
-        assert failed.status_code == 500 and "NIXL handshake" in failed.json()["error"]["message"]
+        assert failed.status_code == 500 and "compatibility hash" in failed.json()["error"]["message"]
         assert decode.stats()["by_request_id"]["mismatch"]["finish_reason"] == "error"
         assert decode.metric("vllm:nixl_num_failed_transfers_total") >= 1
         # the next request is served

@@ -3,23 +3,39 @@ cache, answers and tool calls, and the NIXL parameters, without starting a proce
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from kimik3_operator.planner.catalog import CATALOG
 from kimik3_operator.planner.perf import decode_batch1, decode_step_ms, prefill_seconds
 from kimik3_operator.planner.plan import Layout
 from kimik3_simulator.cmdline import CommandLineError, human_int, parse_serve
-from kimik3_simulator.config import PREFILL_BACKOFF, engine_config
-from kimik3_simulator.nixl import CONSUME, NONE, PRODUCE, Handshakes, classify, produced_params
+from kimik3_simulator.config import PREFILL_BACKOFF, EngineConfig, engine_config, engine_metrics
+from kimik3_simulator.nixl import (
+    CONSUME,
+    EXPIRED,
+    LEASED,
+    NONE,
+    PRODUCE,
+    READ,
+    UNKNOWN,
+    Leases,
+    Nixl,
+    Pull,
+    classify,
+    produced_params,
+)
 from kimik3_simulator.prefix_cache import PrefixCache, block_hashes
 from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
 from kimik3_simulator.text import chat_answer, chat_prompt, completion_prompt
 from kimik3_simulator.timing import PerfModel
 
-from .sims import expand, role_report
+from .sims import expand, free_port, free_port_base, role_report
 
 
 def test_reads_the_rendered_leader_commands() -> None:
@@ -201,19 +217,77 @@ def test_nixl_parameters_are_vllms() -> None:
     assert classify(params, True).remote_tokens(100) == 100 - PREFILL_BACKOFF
 
 
-def test_handshakes_refuse_unknown_and_incompatible_engines(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    command = role_report("b200-dep16-disaggregated", "prefill")["command"]
-    prefill = engine_config(parse_serve(command), SimSettings(gpu_product="B200"))
-    decode = engine_config(parse_serve(role_report("b200-dep16-disaggregated", "decode")["command"]),
-                           SimSettings(gpu_product="B200"))
-    other = engine_config(parse_serve(command), SimSettings(gpu_product="B200", compat_extra="new-image"))
-    Handshakes(str(tmp_path), prefill).publish()
-    Handshakes(str(tmp_path), other).publish()
-    check = Handshakes(str(tmp_path), decode).check
-    assert check(prefill.engine_ids[0]) is None
-    assert "compatibility hash" in (check(other.engine_ids[0]) or "")
-    assert "no such engine" in (check("0f0f0f") or "")
-    assert "not an engine id" in (check("../../etc/passwd") or "")
-    assert Handshakes(None, decode).check("anything") is None
-    Handshakes(str(tmp_path), prefill).withdraw()
-    assert "no such engine" in (check(prefill.engine_ids[0]) or "")
+def _config(role: str, port: int, *, extra: str = "", lease: float | None = None) -> EngineConfig:
+    command = list(role_report("b200-dep16-disaggregated", role)["command"])
+    if lease is not None:
+        at = command.index("--kv-transfer-config") + 1
+        command[at] = json.dumps({**json.loads(command[at]), "kv_connector_extra_config": {"kv_lease_duration": lease}})
+    return engine_config(parse_serve(command), SimSettings(gpu_product="B200", compat_extra=extra,
+                                                           side_channel_host="127.0.0.1", side_channel_port=port))
+
+
+def _pulled(prefill: EngineConfig, decode: EngineConfig, params: dict[str, Any], *, read: bool = True) -> Pull:
+    """A decode's pull of `params` against `prefill`'s side channel, run to its end."""
+
+    async def run() -> Pull:
+        channel = Nixl(prefill, engine_metrics(prefill))
+        await channel.start()
+        try:
+            pull = Nixl(decode, engine_metrics(decode)).pull(params, lambda: None)
+            if read:
+                pull.read()
+            await asyncio.wait_for(pull.task, 10)
+            return pull
+        finally:
+            await channel.stop()
+
+    return asyncio.run(run())
+
+
+def test_the_side_channel_refuses_dead_unknown_and_incompatible_engines() -> None:
+    base = free_port_base()
+    prefill, decode = _config("prefill", base), _config("decode", base + 8)
+    other = _config("prefill", base, extra="new-image")
+    params = produced_params(prefill, rank=1, internal_id="r1", computed_tokens=10, block_ids=[[1], [2]])
+    assert params["remote_port"] == base + 1
+    served = _pulled(prefill, decode, params)
+    assert served.problem is None and served.state == UNKNOWN  # reachable and compatible; never leased there
+
+    mismatch = _pulled(other, decode, {**params, "remote_engine_id": other.engine_ids[1]})
+    assert "compatibility hash" in (mismatch.problem or "") and mismatch.state is None
+    wrong_rank = _pulled(prefill, decode, {**params, "remote_port": base})  # rank 0's port, rank 1's engine
+    assert f"the engine there is {prefill.engine_ids[0]}" in (wrong_rank.problem or "")
+    nobody = _pulled(prefill, decode, {**params, "remote_port": free_port()})
+    assert "NIXL handshake" in (nobody.problem or "") and "refused" in (nobody.problem or "").lower()
+    garbage = _pulled(prefill, decode, {**params, "remote_port": "5600"})
+    assert "is not a port" in (garbage.problem or "")
+
+
+def test_a_lease_is_freed_by_its_first_read_and_runs_out_without_heartbeats() -> None:
+    now = [100.0]
+    prefill = _config("prefill", 5600, lease=30)
+    metrics = engine_metrics(prefill)
+    leases = Leases(prefill, metrics, clock=lambda: now[0])
+    assert (leases.duration, leases.extension, prefill.kv_heartbeat_interval) == (30, 20, 5)
+    leases.grant("a", 0, [[1], [2]])
+    leases.grant("b", 1, [[3], [4]])
+    now[0] += 29
+    leases.heartbeat("b")  # b: now until 129 + 20
+    assert leases.read("a", 0) == LEASED
+    assert leases.read("a", 0) == READ  # the second read of one set of params
+    now[0] += 2
+    leases.reap()
+    assert leases.held.keys() == {"b"}
+    now[0] += 18.5  # 149.5: past b's extended expiry
+    assert leases.read("b", 1) == EXPIRED and leases.read("never", 0) == UNKNOWN
+    assert leases.as_dict() | {"kv_lease_duration": 30} == {
+        "kv_lease_duration": 30, "leases_held": 0, "leases_granted": 2, "reads": 1, "second_reads": 1,
+        "reads_after_expiry": 1, "unknown_reads": 1, "expired_leases": 1, "heartbeats": 1}
+    exposition = generate_latest(metrics.registry).decode()
+    assert 'vllm:nixl_num_notifications_after_expiry_total{engine="0",model_name="kimi-k3"} 2.0' in exposition
+    assert 'vllm:nixl_num_kv_expired_reqs_total{engine="1",model_name="kimi-k3"} 1.0' in exposition
+    # vLLM's integer arithmetic: below 2 s a heartbeat extends nothing, below 6 s it beats every step
+    short = _config("prefill", 5600, lease=1)
+    assert (short.kv_lease_extension, short.kv_heartbeat_interval) == (0, 0)
+    with pytest.raises(SettingsError):
+        _config("prefill", 5600, lease="soon")  # type: ignore[arg-type]

@@ -112,7 +112,6 @@ def engines(tmp: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     prefill = role_report(SCENARIO, "prefill", scale_out=False)
     decode = role_report(SCENARIO, "decode", scale_out=False)
     env = {"K3SIM_GPU_PRODUCT": prefill["gpuProduct"], "K3SIM_TIME_SCALE": "0.05",
-           "K3SIM_HANDSHAKE_DIR": str(tmp / "nixl"),
            "VLLM_USE_RUST_FRONTEND": prefill["env"]["VLLM_USE_RUST_FRONTEND"]}
     return prefill, decode, env
 
