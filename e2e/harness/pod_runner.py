@@ -281,8 +281,6 @@ class PodRunner:
 
     def start(self) -> PodRunner:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.handshake = self.root / "nixl"
-        self.handshake.mkdir(exist_ok=True)
         self.router_bin = router_venv() / "bin" / "vllm-router"
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._thread.start()
@@ -474,7 +472,6 @@ class PodRunner:
             "K3SIM_STARTUP_SECONDS": self.cold_start,
             "K3SIM_STARTUP_TIME_SCALE": str(self.cold_start_scale),
             **_read_throughput(meta["namespace"], meta["labels"].get("app.kubernetes.io/instance", "")),
-            "K3SIM_HANDSHAKE_DIR": str(self.handshake),
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
         }
         # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).

@@ -405,7 +405,7 @@ def test_scaling_prefill_under_load_loses_no_request_and_never_restarts_the_rout
 def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisions(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
     """Requests flow, open loop, during a P/D rollout that changes the compatibility hash. The
-    simulators check the pairing as NIXL's handshake does (K3SIM_HANDSHAKE_DIR): a decode engine
+    simulators check the pairing as NIXL's handshake does (over the prefill's side channel): a decode engine
     handed KV by a prefill engine of another revision fails the request. Every outcome counts:
     an HTTP error, a refused connection, a moment with no ready router. None may fail: the old
     revision serves whole until the new one has a pair (LWS partition), each revision's router
@@ -439,6 +439,7 @@ def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisio
                   f"routable capacity in status min {min(capacity, default=-1)}% over {len(capacity)} samples")
     assert new != old and {old, new} <= hashes_seen, (old, new, hashes_seen)
     assert _no_warning(namespace, "k3-roll") == []  # a rollout is no failure
+    assert _second_reads(pod_runner, namespace) == {}
     assert not problems, problems[:3]
     assert not load.failed(), load.story()
     assert min(capacity) >= 100, capacity
@@ -504,6 +505,7 @@ def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays
         f"group Ready and routed again after {recovered:.1f} s (bound {bound:.1f} s: preStop {PRE_STOP_SECONDS} s "
         f"+ replacement {REPLACE_SECONDS} s + cold start {cold:.1f} s + 5 s), Degraded {cleared['reason']} then; "
         f"router pods unchanged: {router_uids(namespace) == uids}")
+    assert _second_reads(pod_runner, namespace) == {}
     assert degraded["reason"] in (CONTAINER_EXITED, CRASH_LOOP), degraded
     assert recovered <= bound, (recovered, bound, [e.pod for e in back])
     assert all(killed_at - 0.5 <= t <= killed_at + RECOVERY_BOUND_SECONDS for t, _ in failed), load.story()
@@ -534,6 +536,17 @@ def _routed_again(runner: PodRunner, namespace: str, role: str, count: int) -> l
     routers = runner.running(namespace, "router")
     listed = [router_workers(r) for r in routers]
     return engines if routers and all(w is not None and {e.ip for e in engines} <= w for w in listed) else None
+
+
+def _second_reads(runner: PodRunner, namespace: str) -> dict[str, int]:
+    """Per live engine, the reads of one set of KV params after the first (on a prefill) and the
+    answers made from KV that was no longer the request's (on a decode): silent corruption in vLLM,
+    counted by the simulator (docs/simulator-faults.md). A killed engine's counts go with it."""
+    out = {}
+    for engine in [*runner.running(namespace, "prefill"), *runner.running(namespace, "decode")]:
+        s = stats(engine)
+        out[engine.pod] = int(s["nixl"]["second_reads"]) + int(s["requests"]["corrupt_outputs"])
+    return {pod: n for pod, n in out.items() if n}
 
 
 def _no_warning(namespace: str, name: str) -> list[str]:
