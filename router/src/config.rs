@@ -64,20 +64,11 @@ impl Selector {
     pub fn parse(value: &str) -> Result<Self, String> {
         let mut pairs = BTreeMap::new();
         for pair in value.split(',') {
-            let (k, v) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("selector pair {pair:?} is not k=v"))?;
-            if k.is_empty()
-                || !k
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
-            {
+            let (k, v) = pair.split_once('=').ok_or_else(|| format!("selector pair {pair:?} is not k=v"))?;
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b)) {
                 return Err(format!("selector key {k:?} is not a label name"));
             }
-            if !v
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            {
+            if !v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
                 return Err(format!("selector value {v:?} is not a label value"));
             }
             if pairs.insert(k.to_string(), v.to_string()).is_some() {
@@ -108,17 +99,8 @@ pub fn percent_encode(value: &str) -> String {
 
 #[derive(Clone, Debug)]
 pub enum Engines {
-    Static {
-        prefill: Vec<StaticEngine>,
-        decode: Vec<StaticEngine>,
-        workers: Vec<StaticEngine>,
-    },
-    Discovery {
-        namespace: String,
-        prefill: Option<Selector>,
-        decode: Option<Selector>,
-        aggregated: Option<Selector>,
-    },
+    Static { prefill: Vec<StaticEngine>, decode: Vec<StaticEngine>, workers: Vec<StaticEngine> },
+    Discovery { namespace: String, prefill: Option<Selector>, decode: Option<Selector>, aggregated: Option<Selector> },
 }
 
 #[derive(Clone, Debug)]
@@ -224,9 +206,7 @@ pub fn parse(args: &[String]) -> Result<Config, String> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let Some(flag) = arg.strip_prefix("--") else {
-            return Err(format!(
-                "unexpected argument {arg:?} (every option is --name value)"
-            ));
+            return Err(format!("unexpected argument {arg:?} (every option is --name value)"));
         };
         let (name, inline) = match flag.split_once('=') {
             Some((n, v)) => (n, Some(v.to_string())),
@@ -254,16 +234,10 @@ pub fn parse(args: &[String]) -> Result<Config, String> {
     build(&single, &multi)
 }
 
-fn num<T: std::str::FromStr>(
-    single: &BTreeMap<&str, String>,
-    name: &str,
-    default: T,
-) -> Result<T, String> {
+fn num<T: std::str::FromStr>(single: &BTreeMap<&str, String>, name: &str, default: T) -> Result<T, String> {
     match single.get(name) {
         None => Ok(default),
-        Some(v) => v
-            .parse::<T>()
-            .map_err(|_| format!("--{name}: {v:?} is not a valid number")),
+        Some(v) => v.parse::<T>().map_err(|_| format!("--{name}: {v:?} is not a valid number")),
     }
 }
 
@@ -286,76 +260,42 @@ fn secs(single: &BTreeMap<&str, String>, name: &str, default: f64) -> Result<Dur
 fn millis(single: &BTreeMap<&str, String>, name: &str, default: u64) -> Result<Duration, String> {
     let v: u64 = num(single, name, default)?;
     if v == 0 || v > 10_000_000 {
-        return Err(format!(
-            "--{name} must be a positive number of milliseconds"
-        ));
+        return Err(format!("--{name} must be a positive number of milliseconds"));
     }
     Ok(Duration::from_millis(v))
 }
 
 pub fn parse_engine_url(value: &str) -> Result<StaticEngine, String> {
-    let rest = value
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("engine URL {value:?} must start with http://"))?;
+    let rest = value.strip_prefix("http://").ok_or_else(|| format!("engine URL {value:?} must start with http://"))?;
     let (rest, rank) = match rest.rsplit_once('@') {
-        Some((r, rank)) => (
-            r,
-            Some(
-                rank.parse::<u32>()
-                    .map_err(|_| format!("engine URL {value:?}: bad @rank"))?,
-            ),
-        ),
+        Some((r, rank)) => (r, Some(rank.parse::<u32>().map_err(|_| format!("engine URL {value:?}: bad @rank"))?)),
         None => (rest, None),
     };
     let authority = rest.trim_end_matches('/');
     if authority.contains('/') || authority.is_empty() {
-        return Err(format!(
-            "engine URL {value:?} must be http://host:port (no path)"
-        ));
+        return Err(format!("engine URL {value:?} must be http://host:port (no path)"));
     }
-    let port = authority
-        .rsplit_once(':')
-        .map(|(_, p)| p)
-        .ok_or_else(|| format!("engine URL {value:?} needs a port"))?;
-    port.parse::<u16>()
-        .map_err(|_| format!("engine URL {value:?} has a bad port"))?;
-    Ok(StaticEngine {
-        authority: authority.to_string(),
-        rank,
-    })
+    let port =
+        authority.rsplit_once(':').map(|(_, p)| p).ok_or_else(|| format!("engine URL {value:?} needs a port"))?;
+    port.parse::<u16>().map_err(|_| format!("engine URL {value:?} has a bad port"))?;
+    Ok(StaticEngine { authority: authority.to_string(), rank })
 }
 
-fn build(
-    single: &BTreeMap<&str, String>,
-    multi: &BTreeMap<&str, Vec<String>>,
-) -> Result<Config, String> {
+fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -> Result<Config, String> {
     let mode = match single.get("mode").map(String::as_str) {
         Some("pd") | None => Mode::PrefillDecode,
         Some("aggregated") => Mode::Aggregated,
         Some(other) => return Err(format!("--mode {other:?}: expected pd or aggregated")),
     };
-    let served_model_name = single
-        .get("served-model-name")
-        .cloned()
-        .ok_or("--served-model-name is required")?;
+    let served_model_name = single.get("served-model-name").cloned().ok_or("--served-model-name is required")?;
     let list = |name: &str| -> Result<Vec<StaticEngine>, String> {
-        multi
-            .get(name)
-            .map(|v| v.iter().map(|u| parse_engine_url(u)).collect())
-            .unwrap_or(Ok(Vec::new()))
+        multi.get(name).map(|v| v.iter().map(|u| parse_engine_url(u)).collect()).unwrap_or(Ok(Vec::new()))
     };
     let selector = |name: &str| -> Result<Option<Selector>, String> {
-        single
-            .get(name)
-            .map(|v| Selector::parse(v).map_err(|e| format!("--{name}: {e}")))
-            .transpose()
+        single.get(name).map(|v| Selector::parse(v).map_err(|e| format!("--{name}: {e}"))).transpose()
     };
     let (prefill, decode, workers) = (list("prefill")?, list("decode")?, list("worker")?);
-    let (psel, dsel, asel) = (
-        selector("prefill-selector")?,
-        selector("decode-selector")?,
-        selector("selector")?,
-    );
+    let (psel, dsel, asel) = (selector("prefill-selector")?, selector("decode-selector")?, selector("selector")?);
     let namespace = single.get("namespace").cloned();
     let engines = match mode {
         Mode::PrefillDecode => {
@@ -369,37 +309,26 @@ fn build(
                     return Err("give engines either by selectors or by URLs, not both".into());
                 }
                 (true, false) => {
-                    let ns =
-                        namespace.ok_or("--prefill-selector/--decode-selector need --namespace")?;
+                    let ns = namespace.ok_or("--prefill-selector/--decode-selector need --namespace")?;
                     if psel.is_none() || dsel.is_none() {
-                        return Err(
-                            "--mode pd needs both --prefill-selector and --decode-selector".into(),
-                        );
+                        return Err("--mode pd needs both --prefill-selector and --decode-selector".into());
                     }
-                    Engines::Discovery {
-                        namespace: ns,
-                        prefill: psel,
-                        decode: dsel,
-                        aggregated: None,
-                    }
+                    Engines::Discovery { namespace: ns, prefill: psel, decode: dsel, aggregated: None }
                 }
                 (false, true) => {
                     if prefill.is_empty() || decode.is_empty() {
-                        return Err(
-                            "--mode pd needs at least one --prefill and one --decode".into()
-                        );
+                        return Err("--mode pd needs at least one --prefill and one --decode".into());
                     }
                     if namespace.is_some() {
                         return Err("--namespace is only for discovery by selectors".into());
                     }
-                    Engines::Static {
-                        prefill,
-                        decode,
-                        workers,
-                    }
+                    Engines::Static { prefill, decode, workers }
                 }
                 (false, false) => {
-                    return Err("--mode pd needs --prefill-selector and --decode-selector (or --prefill and --decode URLs)".into());
+                    return Err(
+                        "--mode pd needs --prefill-selector and --decode-selector (or --prefill and --decode URLs)"
+                            .into(),
+                    );
                 }
             }
         }
@@ -408,9 +337,7 @@ fn build(
                 return Err("--prefill/--decode and their selectors are for --mode pd".into());
             }
             if single.contains_key("prefill-policy") || single.contains_key("decode-policy") {
-                return Err(
-                    "--prefill-policy/--decode-policy are for --mode pd (use --policy)".into(),
-                );
+                return Err("--prefill-policy/--decode-policy are for --mode pd (use --policy)".into());
             }
             match (asel, workers.is_empty()) {
                 (Some(_), false) => {
@@ -426,11 +353,7 @@ fn build(
                     if namespace.is_some() {
                         return Err("--namespace is only for discovery by selectors".into());
                     }
-                    Engines::Static {
-                        prefill,
-                        decode,
-                        workers,
-                    }
+                    Engines::Static { prefill, decode, workers }
                 }
                 (None, true) => {
                     return Err("--mode aggregated needs --selector (or --worker URLs)".into());
@@ -476,15 +399,9 @@ fn build(
         return Err("--drain-secs must be a number of seconds >= 0".into());
     }
     Ok(Config {
-        host: single
-            .get("host")
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into()),
+        host: single.get("host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
         port: port("port", 8001)?,
-        metrics_host: single
-            .get("metrics-host")
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into()),
+        metrics_host: single.get("metrics-host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
         metrics_port: port("metrics-port", 29000)?,
         mode,
         engines,
@@ -536,11 +453,7 @@ mod tests {
         .map_err(|e| e.to_string());
         let Ok(c) = c else { panic!("{c:?}") };
         match c.engines {
-            Engines::Discovery {
-                namespace,
-                prefill: Some(p),
-                ..
-            } => {
+            Engines::Discovery { namespace, prefill: Some(p), .. } => {
                 assert_eq!(namespace, "ns");
                 assert_eq!(p.query(), "a%3Db%2Crole%3Dprefill");
             }
@@ -553,42 +466,15 @@ mod tests {
     fn refusals_name_the_problem() {
         for (line, needle) in [
             ("--served-model-name m --bogus 1", "unknown flag --bogus"),
-            (
-                "--served-model-name m --prefill http://a:1 --decode",
-                "--decode needs a value",
-            ),
-            (
-                "--served-model-name m --prefill http://a:1",
-                "at least one --prefill and one --decode",
-            ),
-            (
-                "--served-model-name m --prefill http://a:1 --decode http://b:2 --port x",
-                "not a valid number",
-            ),
-            (
-                "--served-model-name m --namespace n --prefill-selector a=b",
-                "both --prefill-selector",
-            ),
-            (
-                "--served-model-name m --prefill http://a:1 --decode http://b:2 --prefill-policy lru",
-                "unknown policy",
-            ),
-            (
-                "--prefill http://a:1 --decode http://b:2",
-                "--served-model-name is required",
-            ),
-            (
-                "--served-model-name m --mode aggregated",
-                "needs --selector",
-            ),
-            (
-                "--served-model-name m --prefill a:1 --decode http://b:2",
-                "must start with http://",
-            ),
-            (
-                "--served-model-name m --port 1 --port 2 --prefill http://a:1 --decode http://b:2",
-                "given twice",
-            ),
+            ("--served-model-name m --prefill http://a:1 --decode", "--decode needs a value"),
+            ("--served-model-name m --prefill http://a:1", "at least one --prefill and one --decode"),
+            ("--served-model-name m --prefill http://a:1 --decode http://b:2 --port x", "not a valid number"),
+            ("--served-model-name m --namespace n --prefill-selector a=b", "both --prefill-selector"),
+            ("--served-model-name m --prefill http://a:1 --decode http://b:2 --prefill-policy lru", "unknown policy"),
+            ("--prefill http://a:1 --decode http://b:2", "--served-model-name is required"),
+            ("--served-model-name m --mode aggregated", "needs --selector"),
+            ("--served-model-name m --prefill a:1 --decode http://b:2", "must start with http://"),
+            ("--served-model-name m --port 1 --port 2 --prefill http://a:1 --decode http://b:2", "given twice"),
         ] {
             match parse(&args(line)) {
                 Ok(_) => panic!("{line} parsed"),
@@ -601,10 +487,7 @@ mod tests {
     fn engine_urls() {
         assert_eq!(
             parse_engine_url("http://10.0.0.1:8000@3"),
-            Ok(StaticEngine {
-                authority: "10.0.0.1:8000".into(),
-                rank: Some(3)
-            })
+            Ok(StaticEngine { authority: "10.0.0.1:8000".into(), rank: Some(3) })
         );
         assert!(parse_engine_url("http://h:8000/v1").is_err());
         assert!(parse_engine_url("http://h").is_err());

@@ -162,17 +162,9 @@ impl Endpoint {
         };
         if was != now_down {
             if now_down {
-                crate::warn!(
-                    "{} engine {} failed its health probes: unrouted",
-                    self.role.name(),
-                    self.authority
-                );
+                crate::warn!("{} engine {} failed its health probes: unrouted", self.role.name(), self.authority);
             } else {
-                crate::info!(
-                    "{} engine {} answers its health probes: routable",
-                    self.role.name(),
-                    self.authority
-                );
+                crate::info!("{} engine {} answers its health probes: routable", self.role.name(), self.authority);
             }
             let _ = self.down.send_replace(now_down);
         }
@@ -188,10 +180,7 @@ pub struct Pool {
 
 impl Pool {
     fn new(role: Role) -> Self {
-        Self {
-            role,
-            workers: RwLock::new(Arc::new(Vec::new())),
-        }
+        Self { role, workers: RwLock::new(Arc::new(Vec::new())) }
     }
 
     pub fn snapshot(&self) -> Arc<Vec<Arc<Worker>>> {
@@ -219,11 +208,8 @@ impl Pool {
             })
             .collect();
         if let Ok(mut w) = self.workers.write() {
-            let mut list: Vec<Arc<Worker>> = w
-                .iter()
-                .filter(|x| !Arc::ptr_eq(&x.endpoint, endpoint))
-                .cloned()
-                .collect();
+            let mut list: Vec<Arc<Worker>> =
+                w.iter().filter(|x| !Arc::ptr_eq(&x.endpoint, endpoint)).cloned().collect();
             list.extend(new);
             list.sort_by(|a, b| a.label.cmp(&b.label));
             *w = Arc::new(list);
@@ -235,17 +221,10 @@ impl Pool {
     pub fn remove(&self, endpoint: &Arc<Endpoint>) {
         endpoint.removed.store(true, Ordering::Relaxed);
         if let Ok(mut w) = self.workers.write() {
-            let list: Vec<Arc<Worker>> = w
-                .iter()
-                .filter(|x| !Arc::ptr_eq(&x.endpoint, endpoint))
-                .cloned()
-                .collect();
+            let list: Vec<Arc<Worker>> = w.iter().filter(|x| !Arc::ptr_eq(&x.endpoint, endpoint)).cloned().collect();
             *w = Arc::new(list);
         }
-        let still_used = self
-            .snapshot()
-            .iter()
-            .any(|w| w.endpoint.authority == endpoint.authority);
+        let still_used = self.snapshot().iter().any(|w| w.endpoint.authority == endpoint.authority);
         if !still_used {
             METRICS.forget_engine(&endpoint.authority);
         }
@@ -253,11 +232,7 @@ impl Pool {
     }
 
     pub fn publish_count(&self) {
-        METRICS.set(
-            "kimik3_router_engines",
-            &[("role", self.role.name())],
-            self.routable_count() as f64,
-        );
+        METRICS.set("kimik3_router_engines", &[("role", self.role.name())], self.routable_count() as f64);
     }
 }
 
@@ -330,10 +305,7 @@ pub async fn admit(
         }
         match upstream::get(&endpoint.authority, "/health", cfg.health_timeout).await {
             Ok((200, _)) => break,
-            Ok((status, _)) => crate::debug!(
-                "engine {} /health says {status}; waiting",
-                endpoint.authority
-            ),
+            Ok((status, _)) => crate::debug!("engine {} /health says {status}; waiting", endpoint.authority),
             Err(e) => crate::debug!("engine {} not answering yet: {e}", endpoint.authority),
         }
         tokio::time::sleep(wait).await;
@@ -349,17 +321,9 @@ pub async fn admit(
     if endpoint.removed.load(Ordering::Relaxed) || !is_current() {
         return;
     }
-    crate::info!(
-        "{} engine {} routable with {} worker(s)",
-        pool.role.name(),
-        endpoint.authority,
-        ranks.len()
-    );
+    crate::info!("{} engine {} routable with {} worker(s)", pool.role.name(), endpoint.authority, ranks.len());
     pool.insert(&endpoint, &ranks);
-    METRICS.inc(
-        "kimik3_router_discovery_events_total",
-        &[("event", "engine_added")],
-    );
+    METRICS.inc("kimik3_router_discovery_events_total", &[("event", "engine_added")]);
     tokio::spawn(probe_loop(cfg, reg.clone(), endpoint));
 }
 
@@ -369,16 +333,11 @@ async fn probe_loop(cfg: Arc<Config>, reg: Arc<Registry>, endpoint: Arc<Endpoint
         if endpoint.removed.load(Ordering::Relaxed) {
             return;
         }
-        let deadline = cfg
-            .health_timeout
-            .min(cfg.health_interval.max(Duration::from_millis(500)));
+        let deadline = cfg.health_timeout.min(cfg.health_interval.max(Duration::from_millis(500)));
         let (ok, definitive) = match upstream::get(&endpoint.authority, "/health", deadline).await {
             Ok((200, _)) => (true, false),
             Ok(_) => (false, false),
-            Err(e) => (
-                false,
-                e.contains("Connection refused") || e.contains("refused"),
-            ),
+            Err(e) => (false, e.contains("Connection refused") || e.contains("refused")),
         };
         endpoint.record_probe(ok, definitive);
         reg.pool(endpoint.role).publish_count();

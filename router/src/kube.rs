@@ -37,18 +37,11 @@ pub struct Api {
 
 impl Api {
     pub fn from_env(cfg: &Config) -> Result<Self, String> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-            "discovery needs KUBERNETES_SERVICE_HOST (in-cluster configuration)".to_string()
-        })?;
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .map_err(|_| "discovery needs KUBERNETES_SERVICE_HOST (in-cluster configuration)".to_string())?;
         let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let port = port
-            .parse::<u16>()
-            .map_err(|_| format!("KUBERNETES_SERVICE_PORT {port:?} is not a port"))?;
-        Ok(Self {
-            host,
-            port,
-            token_dir: cfg.kube_token_dir.clone(),
-        })
+        let port = port.parse::<u16>().map_err(|_| format!("KUBERNETES_SERVICE_PORT {port:?} is not a port"))?;
+        Ok(Self { host, port, token_dir: cfg.kube_token_dir.clone() })
     }
 
     fn tls(&self) -> Result<(tokio_rustls::TlsConnector, ServerName<'static>), String> {
@@ -69,8 +62,7 @@ impl Api {
             .with_no_client_auth();
         let name = match self.host.parse::<IpAddr>() {
             Ok(ip) => ServerName::IpAddress(ip.into()),
-            Err(_) => ServerName::try_from(self.host.clone())
-                .map_err(|e| format!("API server name: {e}"))?,
+            Err(_) => ServerName::try_from(self.host.clone()).map_err(|e| format!("API server name: {e}"))?,
         };
         Ok((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
     }
@@ -78,24 +70,19 @@ impl Api {
     /// GET `path` on the API server; the answer head (any status) and its body.
     async fn get(&self, path: &str) -> Result<(u16, Incoming), String> {
         let token_path = format!("{}/token", self.token_dir);
-        let token =
-            std::fs::read_to_string(&token_path).map_err(|e| format!("{token_path}: {e}"))?;
+        let token = std::fs::read_to_string(&token_path).map_err(|e| format!("{token_path}: {e}"))?;
         let (tls, name) = self.tls()?;
-        let tcp = tokio::time::timeout(
-            Duration::from_secs(5),
-            TcpStream::connect((self.host.as_str(), self.port)),
-        )
-        .await
-        .map_err(|_| "connecting to the API server timed out".to_string())?
-        .map_err(|e| format!("connecting to the API server: {e}"))?;
+        let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect((self.host.as_str(), self.port)))
+            .await
+            .map_err(|_| "connecting to the API server timed out".to_string())?
+            .map_err(|e| format!("connecting to the API server: {e}"))?;
         let _ = tcp.set_nodelay(true);
         let stream = tokio::time::timeout(Duration::from_secs(10), tls.connect(name, tcp))
             .await
             .map_err(|_| "TLS handshake with the API server timed out".to_string())?
             .map_err(|e| format!("TLS with the API server: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -106,10 +93,7 @@ impl Api {
         };
         let req = Request::get(path)
             .header(http::header::HOST, host)
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", token.trim()),
-            )
+            .header(http::header::AUTHORIZATION, format!("Bearer {}", token.trim()))
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::USER_AGENT, "kimik3-router")
             .body(Empty::<Bytes>::new())
@@ -141,11 +125,7 @@ pub struct Discovery {
 fn eligible(pod: &Value) -> Option<(String, String, String)> {
     let meta = pod.get("metadata")?;
     let name = meta.get("name")?.as_str()?.to_string();
-    let uid = meta
-        .get("uid")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let uid = meta.get("uid").and_then(Value::as_str).unwrap_or("").to_string();
     if meta.get("deletionTimestamp").is_some_and(|v| !v.is_null()) {
         return None;
     }
@@ -153,19 +133,13 @@ fn eligible(pod: &Value) -> Option<(String, String, String)> {
     if status.get("phase").and_then(Value::as_str) != Some("Running") {
         return None;
     }
-    let ready = status
-        .get("conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready")
-                    && c.get("status").and_then(Value::as_str) == Some("True")
-            })
-        });
-    let ip = status
-        .get("podIP")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())?;
+    let ready = status.get("conditions").and_then(Value::as_array).is_some_and(|c| {
+        c.iter().any(|c| {
+            c.get("type").and_then(Value::as_str) == Some("Ready")
+                && c.get("status").and_then(Value::as_str) == Some("True")
+        })
+    });
+    let ip = status.get("podIP").and_then(Value::as_str).filter(|s| !s.is_empty())?;
     ready.then(|| (name, uid, ip.to_string()))
 }
 
@@ -182,30 +156,14 @@ impl Discovery {
         selector: Selector,
     ) -> Result<Self, String> {
         let api = Api::from_env(&cfg)?;
-        Ok(Self {
-            cfg,
-            reg,
-            api,
-            role,
-            namespace,
-            selector,
-            pods: HashMap::new(),
-        })
+        Ok(Self { cfg, reg, api, role, namespace, selector, pods: HashMap::new() })
     }
 
     fn remove(&mut self, name: &str, why: &str) {
         if let Some(t) = self.pods.remove(name) {
-            crate::info!(
-                "{} pod {}/{name} ({}) unrouted: {why}",
-                self.role.name(),
-                self.namespace,
-                t.ip
-            );
+            crate::info!("{} pod {}/{name} ({}) unrouted: {why}", self.role.name(), self.namespace, t.ip);
             self.reg.pool(self.role).remove(&t.endpoint);
-            METRICS.inc(
-                "kimik3_router_discovery_events_total",
-                &[("event", "pod_removed")],
-            );
+            METRICS.inc("kimik3_router_discovery_events_total", &[("event", "pod_removed")]);
         }
     }
 
@@ -226,43 +184,15 @@ impl Discovery {
         } else {
             format!("{ip}:{}", self.cfg.engine_port)
         };
-        let endpoint = Endpoint::new(
-            authority,
-            self.role,
-            Some(format!("{}/{name}", self.namespace)),
-        );
-        crate::info!(
-            "{} pod {}/{name} ({ip}) ready: admitting",
-            self.role.name(),
-            self.namespace
-        );
-        METRICS.inc(
-            "kimik3_router_discovery_events_total",
-            &[("event", "pod_ready")],
-        );
-        self.pods.insert(
-            name,
-            Tracked {
-                uid,
-                ip,
-                endpoint: endpoint.clone(),
-            },
-        );
-        tokio::spawn(engines::admit(
-            self.cfg.clone(),
-            self.reg.clone(),
-            endpoint,
-            None,
-            || true,
-        ));
+        let endpoint = Endpoint::new(authority, self.role, Some(format!("{}/{name}", self.namespace)));
+        crate::info!("{} pod {}/{name} ({ip}) ready: admitting", self.role.name(), self.namespace);
+        METRICS.inc("kimik3_router_discovery_events_total", &[("event", "pod_ready")]);
+        self.pods.insert(name, Tracked { uid, ip, endpoint: endpoint.clone() });
+        tokio::spawn(engines::admit(self.cfg.clone(), self.reg.clone(), endpoint, None, || true));
     }
 
     fn base(&self) -> String {
-        format!(
-            "/api/v1/namespaces/{}/pods?labelSelector={}",
-            self.namespace,
-            self.selector.query()
-        )
+        format!("/api/v1/namespaces/{}/pods?labelSelector={}", self.namespace, self.selector.query())
     }
 
     /// LIST: the pods now and the resourceVersion to watch from.
@@ -276,33 +206,17 @@ impl Discovery {
             ));
         }
         let list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("LIST pods: {e}"))?;
-        let rv = list
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        let items = list
-            .get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let rv = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string();
+        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
         let listed: Vec<String> = items.iter().filter_map(pod_name).collect();
-        let gone: Vec<String> = self
-            .pods
-            .keys()
-            .filter(|k| !listed.contains(k))
-            .cloned()
-            .collect();
+        let gone: Vec<String> = self.pods.keys().filter(|k| !listed.contains(k)).cloned().collect();
         for name in gone {
             self.remove(&name, "no longer listed");
         }
         for pod in &items {
             self.apply(pod);
         }
-        METRICS.inc(
-            "kimik3_router_discovery_events_total",
-            &[("event", "relist")],
-        );
+        METRICS.inc("kimik3_router_discovery_events_total", &[("event", "relist")]);
         Ok(rv)
     }
 
@@ -341,13 +255,9 @@ impl Discovery {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                let event: Value =
-                    serde_json::from_slice(&line).map_err(|e| format!("watch event: {e}"))?;
+                let event: Value = serde_json::from_slice(&line).map_err(|e| format!("watch event: {e}"))?;
                 let object = event.get("object").cloned().unwrap_or(Value::Null);
-                if let Some(v) = object
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str)
-                {
+                if let Some(v) = object.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
                     rv = v.to_string();
                 }
                 match event.get("type").and_then(Value::as_str) {
@@ -384,24 +294,14 @@ impl Discovery {
             match result {
                 Ok(next) => {
                     if next.is_none() {
-                        crate::info!(
-                            "{} watch: resourceVersion expired, relisting",
-                            self.role.name()
-                        );
+                        crate::info!("{} watch: resourceVersion expired, relisting", self.role.name());
                     }
                     rv = next;
                     backoff = Duration::from_millis(250);
                 }
                 Err(e) => {
-                    crate::warn!(
-                        "{} discovery: {e}; again in {:?}",
-                        self.role.name(),
-                        backoff
-                    );
-                    METRICS.inc(
-                        "kimik3_router_discovery_events_total",
-                        &[("event", "watch_error")],
-                    );
+                    crate::warn!("{} discovery: {e}; again in {:?}", self.role.name(), backoff);
+                    METRICS.inc("kimik3_router_discovery_events_total", &[("event", "watch_error")]);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     rv = None;

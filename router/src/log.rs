@@ -8,9 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 static LEVEL: AtomicU8 = AtomicU8::new(2);
 
 pub fn init() {
-    let spec = std::env::var("RUST_LOG")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let spec = std::env::var("RUST_LOG").unwrap_or_default().to_ascii_lowercase();
     let mut level = 2;
     for word in spec.split([',', '=']) {
         level = match word.trim() {
@@ -29,13 +27,8 @@ pub fn enabled(level: u8) -> bool {
 }
 
 pub fn write(level: u8, args: std::fmt::Arguments<'_>) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let name = ["ERROR", "WARN", "INFO", "DEBUG"]
-        .get(level as usize)
-        .copied()
-        .unwrap_or("DEBUG");
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let name = ["ERROR", "WARN", "INFO", "DEBUG"].get(level as usize).copied().unwrap_or("DEBUG");
     eprintln!("{}.{:03} {name} {args}", now.as_secs(), now.subsec_millis());
 }
 

@@ -1,13 +1,5 @@
 //! kimik3-router: the request router of kimik3-operator (see docs/router.md).
-#![cfg_attr(
-    test,
-    allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::indexing_slicing
-    )
-)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
 
 mod config;
 #[macro_use]
@@ -41,10 +33,7 @@ fn main() {
         }
     };
     log::init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kimik3-router: cannot start the runtime: {e}");
@@ -60,43 +49,18 @@ fn main() {
 async fn run(cfg: Arc<config::Config>) -> Result<(), String> {
     let reg = Arc::new(Registry::new());
     match &cfg.engines {
-        Engines::Static {
-            prefill,
-            decode,
-            workers,
-        } => {
-            for (role, list) in [
-                (Role::Prefill, prefill),
-                (Role::Decode, decode),
-                (Role::Aggregated, workers),
-            ] {
+        Engines::Static { prefill, decode, workers } => {
+            for (role, list) in [(Role::Prefill, prefill), (Role::Decode, decode), (Role::Aggregated, workers)] {
                 for e in list {
                     let ep = Endpoint::new(e.authority.clone(), role, None);
-                    tokio::spawn(engines::admit(cfg.clone(), reg.clone(), ep, e.rank, || {
-                        true
-                    }));
+                    tokio::spawn(engines::admit(cfg.clone(), reg.clone(), ep, e.rank, || true));
                 }
             }
         }
-        Engines::Discovery {
-            namespace,
-            prefill,
-            decode,
-            aggregated,
-        } => {
-            for (role, sel) in [
-                (Role::Prefill, prefill),
-                (Role::Decode, decode),
-                (Role::Aggregated, aggregated),
-            ] {
+        Engines::Discovery { namespace, prefill, decode, aggregated } => {
+            for (role, sel) in [(Role::Prefill, prefill), (Role::Decode, decode), (Role::Aggregated, aggregated)] {
                 if let Some(sel) = sel {
-                    let d = kube::Discovery::new(
-                        cfg.clone(),
-                        reg.clone(),
-                        role,
-                        namespace.clone(),
-                        sel.clone(),
-                    )?;
+                    let d = kube::Discovery::new(cfg.clone(), reg.clone(), role, namespace.clone(), sel.clone())?;
                     tokio::spawn(d.run());
                 }
             }
@@ -107,12 +71,7 @@ async fn run(cfg: Arc<config::Config>) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port))?;
     let metrics = tokio::net::TcpListener::bind((cfg.metrics_host.as_str(), cfg.metrics_port))
         .await
-        .map_err(|e| {
-            format!(
-                "cannot listen on {}:{}: {e}",
-                cfg.metrics_host, cfg.metrics_port
-            )
-        })?;
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", cfg.metrics_host, cfg.metrics_port))?;
     info!(
         "kimik3-router {} listening on {}:{} (metrics {}:{}), mode {:?}, policies prefill={} decode={} aggregated={}",
         env!("CARGO_PKG_VERSION"),

@@ -9,31 +9,15 @@ use std::time::Duration;
 
 /// (name, type, help) of every family this router exports.
 pub const FAMILIES: &[(&str, &str, &str)] = &[
-    (
-        "kimik3_router_requests_total",
-        "counter",
-        "Client requests by route and outcome.",
-    ),
-    (
-        "kimik3_router_leg_requests_total",
-        "counter",
-        "Requests sent to engines, by role, engine and outcome.",
-    ),
+    ("kimik3_router_requests_total", "counter", "Client requests by route and outcome."),
+    ("kimik3_router_leg_requests_total", "counter", "Requests sent to engines, by role, engine and outcome."),
     (
         "kimik3_router_retries_total",
         "counter",
         "Legs sent again, by kind (prefill, decode_same_params, reprefill, aggregated).",
     ),
-    (
-        "kimik3_router_retry_budget_exhausted_total",
-        "counter",
-        "Retries refused because the retry budget was spent.",
-    ),
-    (
-        "kimik3_router_streams_cut_total",
-        "counter",
-        "Client streams ended with an SSE error event, by reason.",
-    ),
+    ("kimik3_router_retry_budget_exhausted_total", "counter", "Retries refused because the retry budget was spent."),
+    ("kimik3_router_streams_cut_total", "counter", "Client streams ended with an SSE error event, by reason."),
     (
         "kimik3_router_engine_ejections_total",
         "counter",
@@ -44,49 +28,21 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "gauge",
         "1 when the engine is routable (probe up, not ejected), by role and engine.",
     ),
-    (
-        "kimik3_router_engine_in_flight",
-        "gauge",
-        "Requests in flight on the engine, by role and engine.",
-    ),
-    (
-        "kimik3_router_engines",
-        "gauge",
-        "Routable engines (workers: one per data-parallel rank) by role.",
-    ),
-    (
-        "kimik3_router_prefix_routing_decisions_total",
-        "counter",
-        "cache_aware decisions by role and decision.",
-    ),
-    (
-        "kimik3_router_discovery_events_total",
-        "counter",
-        "Pod discovery events by kind.",
-    ),
-    (
-        "kimik3_router_in_flight_requests",
-        "gauge",
-        "Client requests being served.",
-    ),
+    ("kimik3_router_engine_in_flight", "gauge", "Requests in flight on the engine, by role and engine."),
+    ("kimik3_router_engines", "gauge", "Routable engines (workers: one per data-parallel rank) by role."),
+    ("kimik3_router_prefix_routing_decisions_total", "counter", "cache_aware decisions by role and decision."),
+    ("kimik3_router_discovery_events_total", "counter", "Pod discovery events by kind."),
+    ("kimik3_router_in_flight_requests", "gauge", "Client requests being served."),
     (
         "kimik3_router_added_seconds",
         "histogram",
         "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), chunk_relay (an upstream chunk in to handed to the client connection).",
     ),
-    (
-        "kimik3_router_request_duration_seconds",
-        "histogram",
-        "Client request duration by route.",
-    ),
+    ("kimik3_router_request_duration_seconds", "histogram", "Client request duration by route."),
 ];
 
-const ADDED_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0,
-];
-const DURATION_BUCKETS: &[f64] = &[
-    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
-];
+const ADDED_BUCKETS: &[f64] = &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
+const DURATION_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
 
 pub struct Histogram {
     bounds: &'static [f64],
@@ -113,8 +69,7 @@ impl Histogram {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos
-            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
     fn render(&self, out: &mut String, name: &str, labels: &str) {
@@ -148,17 +103,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
 });
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 fn labels(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-        .collect::<Vec<_>>()
-        .join(",")
+    pairs.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect::<Vec<_>>().join(",")
 }
 
 impl Metrics {
@@ -194,16 +143,12 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} {kind}");
             match *name {
                 "kimik3_router_added_seconds" => {
-                    self.added_request
-                        .render(&mut out, name, "stage=\"request_to_upstream\"");
-                    self.added_chunk
-                        .render(&mut out, name, "stage=\"chunk_relay\"");
+                    self.added_request.render(&mut out, name, "stage=\"request_to_upstream\"");
+                    self.added_chunk.render(&mut out, name, "stage=\"chunk_relay\"");
                 }
                 "kimik3_router_request_duration_seconds" => {
-                    self.duration_chat
-                        .render(&mut out, name, "route=\"chat_completions\"");
-                    self.duration_completions
-                        .render(&mut out, name, "route=\"completions\"");
+                    self.duration_chat.render(&mut out, name, "route=\"chat_completions\"");
+                    self.duration_completions.render(&mut out, name, "route=\"completions\"");
                 }
                 _ => {
                     for ((n, l), v) in series.range((*name, String::new())..) {

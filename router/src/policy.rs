@@ -21,14 +21,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub const SESSION_HEADERS: &[&str] = &[
-    "x-session-id",
-    "x-user-id",
-    "x-tenant-id",
-    "x-correlation-id",
-    "x-request-id",
-    "x-trace-id",
-];
+pub const SESSION_HEADERS: &[&str] =
+    &["x-session-id", "x-user-id", "x-tenant-id", "x-correlation-id", "x-request-id", "x-trace-id"];
 
 const BLOCK: usize = 256;
 const MAX_BLOCKS: usize = 1 << 19;
@@ -111,10 +105,7 @@ impl PrefixIndex {
             let Some(holders) = self.blocks.get(h) else {
                 break;
             };
-            alive.retain(|&c| {
-                ids.get(c)
-                    .is_some_and(|id| holders.iter().any(|(w, _)| w == id))
-            });
+            alive.retain(|&c| ids.get(c).is_some_and(|id| holders.iter().any(|(w, _)| w == id)));
             if alive.is_empty() {
                 break;
             }
@@ -147,11 +138,7 @@ impl PrefixIndex {
 
     /// Drop the older half of the entries (LRU by last use).
     fn evict(&mut self) {
-        let mut ticks: Vec<u64> = self
-            .blocks
-            .values()
-            .flat_map(|v| v.iter().map(|(_, t)| *t))
-            .collect();
+        let mut ticks: Vec<u64> = self.blocks.values().flat_map(|v| v.iter().map(|(_, t)| *t)).collect();
         ticks.sort_unstable();
         let cut = ticks.get(ticks.len() / 2).copied().unwrap_or(0);
         let mut entries = 0;
@@ -192,11 +179,7 @@ impl Policy {
             kind,
             role,
             counter: AtomicUsize::new(0),
-            index: Mutex::new(PrefixIndex {
-                blocks: HashMap::new(),
-                entries: 0,
-                tick: 0,
-            }),
+            index: Mutex::new(PrefixIndex { blocks: HashMap::new(), entries: 0, tick: 0 }),
             ring: Mutex::new((Vec::new(), Vec::new())),
             sessions: Mutex::new(Sessions {
                 sessions: HashMap::new(),
@@ -230,9 +213,7 @@ impl Policy {
                 let n = self.counter.fetch_add(1, Ordering::Relaxed);
                 candidates.get(n % candidates.len())
             }
-            PolicyKind::Random => {
-                candidates.get((self.next_random() % candidates.len() as u64) as usize)
-            }
+            PolicyKind::Random => candidates.get((self.next_random() % candidates.len() as u64) as usize),
             PolicyKind::ConsistentHash => self.consistent(all, candidates, input),
             PolicyKind::StickyLeastLoaded => self.sticky(candidates, input),
             PolicyKind::CacheAware => self.cache_aware(candidates, input),
@@ -257,8 +238,7 @@ impl Policy {
         };
         let ids: Vec<u64> = all.iter().map(|w| w.id).collect();
         if ring.0 != ids {
-            let mut points: Vec<(u64, u64)> =
-                Vec::with_capacity(all.len() * VIRTUAL_NODES as usize);
+            let mut points: Vec<(u64, u64)> = Vec::with_capacity(all.len() * VIRTUAL_NODES as usize);
             for w in all {
                 for i in 0..VIRTUAL_NODES {
                     points.push((fnv(format!("{}:{i}", w.label).as_bytes()), w.id));
@@ -279,11 +259,7 @@ impl Policy {
         candidates.first()
     }
 
-    fn sticky<'a>(
-        &self,
-        candidates: &'a [Arc<Worker>],
-        input: &RouteInput<'_>,
-    ) -> Option<&'a Arc<Worker>> {
+    fn sticky<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
         let Ok(mut st) = self.sessions.lock() else {
             return candidates.first();
         };
@@ -304,10 +280,7 @@ impl Policy {
             }
         }
         let least = |st: &Sessions, tie: &str| -> Option<&'a Arc<Worker>> {
-            let min = candidates
-                .iter()
-                .map(|w| st.active.get(&w.label).copied().unwrap_or(0))
-                .min()?;
+            let min = candidates.iter().map(|w| st.active.get(&w.label).copied().unwrap_or(0)).min()?;
             candidates
                 .iter()
                 .filter(|w| st.active.get(&w.label).copied().unwrap_or(0) == min)
@@ -319,11 +292,7 @@ impl Policy {
         };
         if let Some((label, t)) = st.sessions.get(session).cloned() {
             let fresh = now.duration_since(t) < SESSION_TTL;
-            if let Some(w) = candidates
-                .iter()
-                .find(|w| w.label == label)
-                .filter(|_| fresh)
-            {
+            if let Some(w) = candidates.iter().find(|w| w.label == label).filter(|_| fresh) {
                 if let Some(e) = st.sessions.get_mut(session) {
                     e.1 = now;
                 }
@@ -335,41 +304,24 @@ impl Policy {
             }
         }
         let w = least(&st, session)?;
-        st.sessions
-            .insert(session.to_string(), (w.label.clone(), now));
+        st.sessions.insert(session.to_string(), (w.label.clone(), now));
         *st.active.entry(w.label.clone()).or_insert(0) += 1;
         Some(w)
     }
 
-    fn cache_aware<'a>(
-        &self,
-        candidates: &'a [Arc<Worker>],
-        input: &RouteInput<'_>,
-    ) -> Option<&'a Arc<Worker>> {
-        let loads: Vec<usize> = candidates
-            .iter()
-            .map(|w| w.load.load(Ordering::Relaxed))
-            .collect();
+    fn cache_aware<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
+        let loads: Vec<usize> = candidates.iter().map(|w| w.load.load(Ordering::Relaxed)).collect();
         let min = loads.iter().copied().min().unwrap_or(0);
         let max = loads.iter().copied().max().unwrap_or(0);
-        let imbalanced = max.saturating_sub(min) > self.balance_abs
-            && (max as f64) > (min as f64) * self.balance_rel;
+        let imbalanced = max.saturating_sub(min) > self.balance_abs && (max as f64) > (min as f64) * self.balance_rel;
         let chain = PrefixIndex::chain(input.prefix);
         let Ok(mut index) = self.index.lock() else {
             return candidates.first();
         };
         let ids: Vec<u64> = candidates.iter().map(|w| w.id).collect();
-        let matched = if imbalanced || chain.is_empty() {
-            vec![0; ids.len()]
-        } else {
-            index.matches(&chain, &ids)
-        };
+        let matched = if imbalanced || chain.is_empty() { vec![0; ids.len()] } else { index.matches(&chain, &ids) };
         let best = matched.iter().copied().max().unwrap_or(0);
-        let rate = if chain.is_empty() {
-            0.0
-        } else {
-            best as f64 / chain.len() as f64
-        };
+        let rate = if chain.is_empty() { 0.0 } else { best as f64 / chain.len() as f64 };
         let use_prefix = !imbalanced && rate > self.cache_threshold;
         let position = (0..candidates.len())
             .filter(|&i| !use_prefix || matched.get(i) == Some(&best))
@@ -384,10 +336,8 @@ impl Policy {
         } else {
             "prefix_miss"
         };
-        METRICS.inc(
-            "kimik3_router_prefix_routing_decisions_total",
-            &[("role", self.role.name()), ("decision", decision)],
-        );
+        METRICS
+            .inc("kimik3_router_prefix_routing_decisions_total", &[("role", self.role.name()), ("decision", decision)]);
         Some(chosen)
     }
 }
@@ -409,10 +359,7 @@ mod tests {
         let reg = Registry::new();
         let pool: &Pool = &reg.decode;
         for i in 0..n {
-            pool.insert(
-                &Endpoint::new(format!("10.0.0.{i}:8000"), Role::Decode, None),
-                &[None],
-            );
+            pool.insert(&Endpoint::new(format!("10.0.0.{i}:8000"), Role::Decode, None), &[None]);
         }
         pool.snapshot().to_vec()
     }
@@ -421,25 +368,15 @@ mod tests {
     fn session_key_order() {
         let mut h = http::HeaderMap::new();
         let body: Map<String, Value> =
-            serde_json::from_str(r#"{"user":"u1","session_params":{"session_id":"s1"}}"#)
-                .unwrap_or_default();
+            serde_json::from_str(r#"{"user":"u1","session_params":{"session_id":"s1"}}"#).unwrap_or_default();
         assert_eq!(session_key(&h, &body).as_deref(), Some("session:s1"));
         h.insert("x-request-id", http::HeaderValue::from_static("r"));
         h.insert("x-user-id", http::HeaderValue::from_static("u"));
-        assert_eq!(
-            session_key(&h, &body).as_deref(),
-            Some("header:x-user-id:u")
-        );
+        assert_eq!(session_key(&h, &body).as_deref(), Some("header:x-user-id:u"));
         h.insert("x-session-id", http::HeaderValue::from_static(""));
-        assert_eq!(
-            session_key(&h, &body).as_deref(),
-            Some("header:x-user-id:u")
-        );
+        assert_eq!(session_key(&h, &body).as_deref(), Some("header:x-user-id:u"));
         let body: Map<String, Value> = serde_json::from_str(r#"{"user_id":7}"#).unwrap_or_default();
-        assert_eq!(
-            session_key(&http::HeaderMap::new(), &body).as_deref(),
-            Some("user:7")
-        );
+        assert_eq!(session_key(&http::HeaderMap::new(), &body).as_deref(), Some("user:7"));
     }
 
     #[test]
@@ -448,35 +385,18 @@ mod tests {
         let ws = workers(3);
         let p = Policy::new(PolicyKind::CacheAware, Role::Decode, &c, 1);
         let long = "x".repeat(4000);
-        let input = RouteInput {
-            session: None,
-            prefix: long.as_bytes(),
-        };
+        let input = RouteInput { session: None, prefix: long.as_bytes() };
         let first = p.select(&ws, &ws, &input).map(|w| w.id);
         // Another worker is busier-free now: the same prompt still goes where its prefix is.
         if let Some(w) = ws.iter().find(|w| Some(w.id) == first) {
             w.load.store(3, Ordering::Relaxed);
         }
         let longer = format!("{long}yyyy");
-        let again = p.select(
-            &ws,
-            &ws,
-            &RouteInput {
-                session: None,
-                prefix: longer.as_bytes(),
-            },
-        );
+        let again = p.select(&ws, &ws, &RouteInput { session: None, prefix: longer.as_bytes() });
         assert_eq!(again.map(|w| w.id), first);
         // A different prompt goes to the least loaded one.
         let other = "z".repeat(4000);
-        let miss = p.select(
-            &ws,
-            &ws,
-            &RouteInput {
-                session: None,
-                prefix: other.as_bytes(),
-            },
-        );
+        let miss = p.select(&ws, &ws, &RouteInput { session: None, prefix: other.as_bytes() });
         assert_ne!(miss.map(|w| w.id), first);
     }
 
@@ -485,10 +405,7 @@ mod tests {
         let c = cfg();
         let ws = workers(4);
         let p = Policy::new(PolicyKind::ConsistentHash, Role::Decode, &c, 1);
-        let input = RouteInput {
-            session: Some("header:x-session-id:abc"),
-            prefix: b"",
-        };
+        let input = RouteInput { session: Some("header:x-session-id:abc"), prefix: b"" };
         let a = p.select(&ws, &ws, &input).map(|w| w.id);
         assert_eq!(p.select(&ws, &ws, &input).map(|w| w.id), a);
         let rest: Vec<Arc<Worker>> = ws.iter().filter(|w| Some(w.id) != a).cloned().collect();
@@ -497,10 +414,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for i in 0..200 {
             let key = format!("header:x-session-id:{i}");
-            let input = RouteInput {
-                session: Some(&key),
-                prefix: b"",
-            };
+            let input = RouteInput { session: Some(&key), prefix: b"" };
             seen.insert(p.select(&ws, &ws, &input).map(|w| w.id));
         }
         assert_eq!(seen.len(), 4);
@@ -511,17 +425,7 @@ mod tests {
         let c = cfg();
         let ws = workers(2);
         let p = Policy::new(PolicyKind::StickyLeastLoaded, Role::Decode, &c, 1);
-        let pick = |s: &str| {
-            p.select(
-                &ws,
-                &ws,
-                &RouteInput {
-                    session: Some(s),
-                    prefix: b"",
-                },
-            )
-            .map(|w| w.id)
-        };
+        let pick = |s: &str| p.select(&ws, &ws, &RouteInput { session: Some(s), prefix: b"" }).map(|w| w.id);
         let a = pick("a");
         let b = pick("b");
         assert_ne!(a, b);

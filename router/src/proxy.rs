@@ -41,12 +41,7 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     pub fn new(ratio: f64, floor: u32) -> Self {
-        Self {
-            window: Mutex::new([(u64::MAX, 0, 0); 10]),
-            ratio,
-            floor,
-            start: Instant::now(),
-        }
+        Self { window: Mutex::new([(u64::MAX, 0, 0); 10]), ratio, floor, start: Instant::now() }
     }
 
     fn bucket<R>(&self, f: impl FnOnce(&mut [(u64, u64, u64); 10], usize, u64) -> R) -> Option<R> {
@@ -72,9 +67,7 @@ impl RetryBudget {
     pub fn try_retry(&self) -> bool {
         let (ratio, floor) = (self.ratio, self.floor);
         self.bucket(|w, slot, sec| {
-            let recent = w
-                .iter()
-                .filter(|b| b.0 != u64::MAX && sec.saturating_sub(b.0) < 10);
+            let recent = w.iter().filter(|b| b.0 != u64::MAX && sec.saturating_sub(b.0) < 10);
             let (requests, retries) = recent.fold((0u64, 0u64), |(r, t), b| (r + b.1, t + b.2));
             if (retries as f64) < ratio * requests as f64 + f64::from(floor) {
                 if let Some(b) = w.get_mut(slot) {
@@ -107,10 +100,7 @@ fn seed() -> u64 {
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut buf);
     }
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
     u64::from_le_bytes(buf) ^ t ^ u64::from(std::process::id())
 }
 
@@ -120,16 +110,8 @@ struct InFlight(Arc<App>, Instant, &'static str);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        METRICS.set(
-            "kimik3_router_in_flight_requests",
-            &[],
-            self.0.in_flight.load(Ordering::Relaxed) as f64,
-        );
-        let h = if self.2 == "chat_completions" {
-            &METRICS.duration_chat
-        } else {
-            &METRICS.duration_completions
-        };
+        METRICS.set("kimik3_router_in_flight_requests", &[], self.0.in_flight.load(Ordering::Relaxed) as f64);
+        let h = if self.2 == "chat_completions" { &METRICS.duration_chat } else { &METRICS.duration_completions };
         h.observe(self.1.elapsed());
     }
 }
@@ -143,10 +125,7 @@ impl LoadGuard {
         let n = w.endpoint.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         METRICS.set(
             "kimik3_router_engine_in_flight",
-            &[
-                ("role", w.endpoint.role.name()),
-                ("engine", &w.endpoint.authority),
-            ],
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority)],
             n as f64,
         );
         Self(w.clone())
@@ -156,19 +135,11 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.0.load.fetch_sub(1, Ordering::Relaxed);
-        let n = self
-            .0
-            .endpoint
-            .in_flight
-            .fetch_sub(1, Ordering::Relaxed)
-            .saturating_sub(1);
+        let n = self.0.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
         if !self.0.endpoint.removed.load(Ordering::Relaxed) {
             METRICS.set(
                 "kimik3_router_engine_in_flight",
-                &[
-                    ("role", self.0.endpoint.role.name()),
-                    ("engine", &self.0.endpoint.authority),
-                ],
+                &[("role", self.0.endpoint.role.name()), ("engine", &self.0.endpoint.authority)],
                 n as f64,
             );
         }
@@ -196,11 +167,7 @@ impl Failure {
 
     fn client_error(&self) -> (u16, &'static str, String) {
         match self {
-            Self::NotTaken(m) => (
-                502,
-                "upstream_error",
-                format!("no engine could be reached: {m}"),
-            ),
+            Self::NotTaken(m) => (502, "upstream_error", format!("no engine could be reached: {m}")),
             Self::Sent(_, m) => (502, "upstream_error", format!("the engine failed: {m}")),
             Self::Timeout(_, m) => (504, "timeout", m.clone()),
         }
@@ -236,11 +203,7 @@ enum Stop {
 }
 
 /// Run `fut` unless `until` passes or the engine's probes declare it dead first.
-async fn guarded<T>(
-    fut: impl Future<Output = T>,
-    until: Instant,
-    down: &mut watch::Receiver<bool>,
-) -> Result<T, Stop> {
+async fn guarded<T>(fut: impl Future<Output = T>, until: Instant, down: &mut watch::Receiver<bool>) -> Result<T, Stop> {
     let dead = async {
         if down.wait_for(|d| *d).await.is_err() {
             std::future::pending::<()>().await;
@@ -296,11 +259,7 @@ impl SseRelay {
         let end = self.buf.windows(2).rposition(|w| w == b"\n\n")? + 2;
         let complete: Vec<u8> = self.buf.drain(..end).collect();
         let mut out = Vec::with_capacity(complete.len() + 64);
-        for event in complete
-            .split_inclusive(|b| *b == b'\n')
-            .collect::<Vec<_>>()
-            .split(|l| *l == b"\n")
-        {
+        for event in complete.split_inclusive(|b| *b == b'\n').collect::<Vec<_>>().split(|l| *l == b"\n") {
             if event.is_empty() {
                 continue;
             }
@@ -339,10 +298,7 @@ impl App {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             ids: AtomicU64::new(s),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs(),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs(),
             cfg,
             reg,
         })
@@ -350,10 +306,7 @@ impl App {
 
     pub fn ready(&self) -> (bool, Value) {
         if self.cfg.mode == Mode::PrefillDecode {
-            let (p, d) = (
-                self.reg.prefill.routable_count(),
-                self.reg.decode.routable_count(),
-            );
+            let (p, d) = (self.reg.prefill.routable_count(), self.reg.decode.routable_count());
             (p > 0 && d > 0, json!({"prefill": p, "decode": d}))
         } else {
             let a = self.reg.aggregated.routable_count();
@@ -368,11 +321,7 @@ impl App {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let uri = req.uri();
         if uri.scheme().is_some() || uri.authority().is_some() {
-            return reply::error(
-                400,
-                "invalid_request_error",
-                "absolute-form request targets are not accepted",
-            );
+            return reply::error(400, "invalid_request_error", "absolute-form request targets are not accepted");
         }
         let path = uri.path().to_string();
         let method = req.method().clone();
@@ -383,10 +332,7 @@ impl App {
             (&Method::GET, "/readiness") => {
                 let (ready, detail) = self.ready();
                 let ready = ready && !self.draining.load(Ordering::Relaxed);
-                reply::json_response(
-                    if ready { 200 } else { 503 },
-                    &json!({"ready": ready, "routable": detail}),
-                )
+                reply::json_response(if ready { 200 } else { 503 }, &json!({"ready": ready, "routable": detail}))
             }
             (&Method::GET, "/v1/models") => {
                 reply::json_response(200, &json!({"object": "list", "data": [self.models()]}))
@@ -397,23 +343,13 @@ impl App {
                     reply::json_response(200, &self.models())
                 } else {
                     let shown: String = id.chars().take(200).collect();
-                    reply::error(
-                        404,
-                        "NotFoundError",
-                        &format!("The model `{shown}` does not exist."),
-                    )
+                    reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."))
                 }
             }
             (&Method::POST, "/v1/chat/completions") => {
-                self.clone()
-                    .inference(req, "/v1/chat/completions", "chat_completions")
-                    .await
+                self.clone().inference(req, "/v1/chat/completions", "chat_completions").await
             }
-            (&Method::POST, "/v1/completions") => {
-                self.clone()
-                    .inference(req, "/v1/completions", "completions")
-                    .await
-            }
+            (&Method::POST, "/v1/completions") => self.clone().inference(req, "/v1/completions", "completions").await,
             (&Method::POST, "/v1/messages") => reply::error(
                 501,
                 "not_implemented",
@@ -423,57 +359,29 @@ impl App {
         };
         let status = resp.status().as_u16();
         if status >= 400 && !matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions") {
-            METRICS.inc(
-                "kimik3_router_requests_total",
-                &[("route", "other"), ("outcome", outcome_of(status))],
-            );
+            METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", outcome_of(status))]);
         }
         resp
     }
 
-    async fn read_body(
-        &self,
-        req: Request<Incoming>,
-    ) -> Result<(HeaderMap, Bytes), Response<Body>> {
+    async fn read_body(&self, req: Request<Incoming>) -> Result<(HeaderMap, Bytes), Response<Body>> {
         let cap = self.cfg.max_payload_size;
-        let too_large = || {
-            reply::error(
-                413,
-                "invalid_request_error",
-                &format!("the request body is larger than {cap} bytes"),
-            )
-        };
+        let too_large =
+            || reply::error(413, "invalid_request_error", &format!("the request body is larger than {cap} bytes"));
         if let Some(len) = req.headers().get(http::header::CONTENT_LENGTH) {
             match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
                 Some(n) if n > cap as u64 => return Err(too_large()),
                 Some(_) => {}
                 None => {
-                    return Err(reply::error(
-                        400,
-                        "invalid_request_error",
-                        "bad Content-Length",
-                    ));
+                    return Err(reply::error(400, "invalid_request_error", "bad Content-Length"));
                 }
             }
         }
         let (parts, body) = req.into_parts();
         match tokio::time::timeout(self.cfg.body_timeout, Limited::new(body, cap).collect()).await {
-            Err(_) => Err(reply::error(
-                408,
-                "invalid_request_error",
-                "the request body did not arrive in time",
-            )),
-            Ok(Err(e))
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                Err(too_large())
-            }
-            Ok(Err(e)) => Err(reply::error(
-                400,
-                "invalid_request_error",
-                &format!("reading the request body: {e}"),
-            )),
+            Err(_) => Err(reply::error(408, "invalid_request_error", "the request body did not arrive in time")),
+            Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+            Ok(Err(e)) => Err(reply::error(400, "invalid_request_error", &format!("reading the request body: {e}"))),
             Ok(Ok(c)) => Ok((parts.headers, c.to_bytes())),
         }
     }
@@ -486,21 +394,12 @@ impl App {
     ) -> Response<Body> {
         let started = Instant::now();
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        METRICS.set(
-            "kimik3_router_in_flight_requests",
-            &[],
-            self.in_flight.load(Ordering::Relaxed) as f64,
-        );
+        METRICS.set("kimik3_router_in_flight_requests", &[], self.in_flight.load(Ordering::Relaxed) as f64);
         let in_flight = InFlight(self.clone(), started, route);
-        let resp = self
-            .inference_inner(req, path, route, started, in_flight)
-            .await;
+        let resp = self.inference_inner(req, path, route, started, in_flight).await;
         let status = resp.status().as_u16();
         if status != 200 {
-            METRICS.inc(
-                "kimik3_router_requests_total",
-                &[("route", route), ("outcome", outcome_of(status))],
-            );
+            METRICS.inc("kimik3_router_requests_total", &[("route", route), ("outcome", outcome_of(status))]);
         }
         resp
     }
@@ -523,28 +422,16 @@ impl App {
         let mut body = match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(m)) => m,
             Ok(_) => {
-                return reply::error(
-                    400,
-                    "invalid_request_error",
-                    "the request body must be a JSON object",
-                );
+                return reply::error(400, "invalid_request_error", "the request body must be a JSON object");
             }
             Err(e) => {
-                return reply::error(
-                    400,
-                    "invalid_request_error",
-                    &format!("the request body is not valid JSON: {e}"),
-                );
+                return reply::error(400, "invalid_request_error", &format!("the request body is not valid JSON: {e}"));
             }
         };
         if let Some(model) = body.get("model").and_then(Value::as_str) {
             if model != self.cfg.served_model_name {
                 let shown: String = model.chars().take(200).collect();
-                let mut resp = reply::error(
-                    404,
-                    "NotFoundError",
-                    &format!("The model `{shown}` does not exist."),
-                );
+                let mut resp = reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."));
                 if let Some(v) = headers.get("x-request-id") {
                     resp.headers_mut().insert("x-request-id", v.clone());
                 }
@@ -562,12 +449,10 @@ impl App {
             _ => Vec::new(),
         };
         let estimate = bytes.len() as f64 / 4.0;
-        let first_token = self.cfg.first_token_timeout
-            + Duration::from_secs_f64(estimate / self.cfg.prefill_tokens_per_sec);
-        let trace = ["traceparent", "tracestate"]
-            .iter()
-            .filter_map(|n| headers.get(*n).map(|v| (*n, v.clone())))
-            .collect();
+        let first_token =
+            self.cfg.first_token_timeout + Duration::from_secs_f64(estimate / self.cfg.prefill_tokens_per_sec);
+        let trace =
+            ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
         let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
         let ctx = Ctx {
             path,
@@ -596,11 +481,7 @@ impl App {
 
     fn candidates(&self, role: Role, tried: &[u64]) -> (Arc<Vec<Arc<Worker>>>, Vec<Arc<Worker>>) {
         let all = self.reg.pool(role).snapshot();
-        let c = all
-            .iter()
-            .filter(|w| w.routable() && !tried.contains(&w.id))
-            .cloned()
-            .collect();
+        let c = all.iter().filter(|w| w.routable() && !tried.contains(&w.id)).cloned().collect();
         (all, c)
     }
 
@@ -611,13 +492,16 @@ impl App {
             Role::Decode => &self.decode_policy,
             Role::Aggregated => &self.aggregated_policy,
         };
-        let input = RouteInput {
-            session: ctx.session.as_deref(),
-            prefix: &ctx.prefix,
-        };
+        let input = RouteInput { session: ctx.session.as_deref(), prefix: &ctx.prefix };
         policy.select(&all, &candidates, &input)
     }
 
+    fn has_candidate(&self, role: Role, tried: &[u64]) -> bool {
+        self.reg.pool(role).snapshot().iter().any(|w| w.routable() && !tried.contains(&w.id))
+    }
+
+    /// A retry is taken only if there is somewhere to send it, --max-retries allows it and the
+    /// retry budget has room.
     fn may_retry(&self, retries: &mut u32, kind: &'static str) -> bool {
         if *retries >= self.cfg.max_retries {
             return false;
@@ -632,13 +516,7 @@ impl App {
         true
     }
 
-    fn leg_request(
-        &self,
-        ctx: &Ctx,
-        w: &Worker,
-        body: Bytes,
-        leg_id: &str,
-    ) -> Option<Request<Full<Bytes>>> {
+    fn leg_request(&self, ctx: &Ctx, w: &Worker, body: Bytes, leg_id: &str) -> Option<Request<Full<Bytes>>> {
         let mut b = Request::post(ctx.path)
             .header(http::header::HOST, w.endpoint.authority.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -655,11 +533,7 @@ impl App {
     fn leg_done(&self, w: &Worker, outcome: &str) {
         METRICS.inc(
             "kimik3_router_leg_requests_total",
-            &[
-                ("role", w.endpoint.role.name()),
-                ("engine", &w.endpoint.authority),
-                ("outcome", outcome),
-            ],
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", outcome)],
         );
     }
 
@@ -689,11 +563,9 @@ impl App {
         until: Instant,
         down: &mut watch::Receiver<bool>,
     ) -> Result<Response<Incoming>, Failure> {
-        let req = self
-            .leg_request(ctx, w, body, leg_id)
-            .ok_or_else(|| Failure::Sent("failed", "bad request head".into()))?;
-        let stream = match upstream::connect(&w.endpoint.authority, self.cfg.connect_timeout).await
-        {
+        let req =
+            self.leg_request(ctx, w, body, leg_id).ok_or_else(|| Failure::Sent("failed", "bad request head".into()))?;
+        let stream = match upstream::connect(&w.endpoint.authority, self.cfg.connect_timeout).await {
             Ok(s) => s,
             Err(e) => return Err(Failure::NotTaken(e.message().to_string())),
         };
@@ -707,14 +579,12 @@ impl App {
             Err(Stop::Deadline) if until >= ctx.deadline => {
                 Err(Failure::Timeout("timeout", "the request timed out".into()))
             }
-            Err(Stop::Deadline) => Err(Failure::Timeout(
-                "first_token_timeout",
-                "the engine did not answer in time".into(),
-            )),
-            Err(Stop::Down) => Err(Failure::Sent(
-                "engine_down",
-                "the engine stopped answering its health probes".into(),
-            )),
+            Err(Stop::Deadline) => {
+                Err(Failure::Timeout("first_token_timeout", "the engine did not answer in time".into()))
+            }
+            Err(Stop::Down) => {
+                Err(Failure::Sent("engine_down", "the engine stopped answering its health probes".into()))
+            }
         }
     }
 
@@ -722,8 +592,7 @@ impl App {
         let mut resp = Response::new(reply::full(body));
         *resp.status_mut() = status;
         if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
-            resp.headers_mut()
-                .insert(http::header::CONTENT_TYPE, ct.clone());
+            resp.headers_mut().insert(http::header::CONTENT_TYPE, ct.clone());
         }
         resp
     }
@@ -739,25 +608,16 @@ impl App {
         let _load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
         let until = (Instant::now() + ctx.first_token).min(ctx.deadline);
-        let resp = self
-            .send_leg(ctx, w, body, leg_id, until, &mut down)
-            .await?;
+        let resp = self.send_leg(ctx, w, body, leg_id, until, &mut down).await?;
         let (parts, incoming) = resp.into_parts();
-        let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await
-        {
+        let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await {
             Ok(Ok(b)) => b,
             Ok(Err(m)) => return Err(Failure::Sent("failed", m)),
             Err(Stop::Deadline) => {
-                return Err(Failure::Timeout(
-                    "first_token_timeout",
-                    "the prefill did not answer in time".into(),
-                ));
+                return Err(Failure::Timeout("first_token_timeout", "the prefill did not answer in time".into()));
             }
             Err(Stop::Down) => {
-                return Err(Failure::Sent(
-                    "engine_down",
-                    "the prefill stopped answering its health probes".into(),
-                ));
+                return Err(Failure::Sent("engine_down", "the prefill stopped answering its health probes".into()));
             }
         };
         if parts.status.is_client_error() {
@@ -766,10 +626,7 @@ impl App {
             return Ok(Err(Self::passthrough(parts.status, &parts.headers, bytes)));
         }
         if !parts.status.is_success() {
-            return Err(Failure::Sent(
-                "http_5xx",
-                format!("prefill answered {}", parts.status.as_u16()),
-            ));
+            return Err(Failure::Sent("http_5xx", format!("prefill answered {}", parts.status.as_u16())));
         }
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(v) if v.is_object() => {
@@ -777,10 +634,7 @@ impl App {
                 w.endpoint.record_success();
                 Ok(Ok(v))
             }
-            _ => Err(Failure::Sent(
-                "failed",
-                "the prefill's answer is not a JSON object".into(),
-            )),
+            _ => Err(Failure::Sent("failed", "the prefill's answer is not a JSON object".into())),
         }
     }
 
@@ -798,40 +652,26 @@ impl App {
         let load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
         let first_until = (Instant::now() + ctx.first_token).min(ctx.deadline);
-        let until = if ctx.stream {
-            first_until
-        } else {
-            ctx.deadline
-        };
+        let until = if ctx.stream { first_until } else { ctx.deadline };
         let resp = match self.send_leg(ctx, w, body, leg_id, until, &mut down).await {
             Ok(r) => r,
             Err(f) => return Leg::Failed(f),
         };
         let (parts, mut incoming) = resp.into_parts();
         if !parts.status.is_success() {
-            let bytes =
-                match guarded(upstream::read_body(incoming, 1 << 20), until, &mut down).await {
-                    Ok(Ok(b)) => b,
-                    _ => Bytes::new(),
-                };
+            let bytes = match guarded(upstream::read_body(incoming, 1 << 20), until, &mut down).await {
+                Ok(Ok(b)) => b,
+                _ => Bytes::new(),
+            };
             if parts.status.is_client_error() {
                 self.leg_done(w, "client_error");
                 w.endpoint.record_success();
                 return Leg::Answer(Self::passthrough(parts.status, &parts.headers, bytes));
             }
-            return Leg::Failed(Failure::Sent(
-                "http_5xx",
-                format!("engine answered {}", parts.status.as_u16()),
-            ));
+            return Leg::Failed(Failure::Sent("http_5xx", format!("engine answered {}", parts.status.as_u16())));
         }
         if !ctx.stream {
-            let bytes = match guarded(
-                upstream::read_body(incoming, ANSWER_CAP),
-                ctx.deadline,
-                &mut down,
-            )
-            .await
-            {
+            let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), ctx.deadline, &mut down).await {
                 Ok(Ok(b)) => b,
                 Ok(Err(m)) => return Leg::Failed(Failure::Sent("failed", m)),
                 Err(Stop::Deadline) => {
@@ -846,10 +686,7 @@ impl App {
             };
             self.leg_done(w, "ok");
             w.endpoint.record_success();
-            METRICS.inc(
-                "kimik3_router_requests_total",
-                &[("route", ctx.route), ("outcome", "ok")],
-            );
+            METRICS.inc("kimik3_router_requests_total", &[("route", ctx.route), ("outcome", "ok")]);
             let out = match (prefill, serde_json::from_slice::<Value>(&bytes)) {
                 (Some(p), Ok(mut v)) => {
                     usage::reconcile(&p, &mut v);
@@ -864,20 +701,14 @@ impl App {
         let first = match guarded(next_data(&mut incoming), first_until, &mut down).await {
             Ok(Ok(Some(b))) => b,
             Ok(Ok(None)) => {
-                return Leg::Failed(Failure::Sent(
-                    "failed",
-                    "the stream ended before its first chunk".into(),
-                ));
+                return Leg::Failed(Failure::Sent("failed", "the stream ended before its first chunk".into()));
             }
             Ok(Err(m)) => return Leg::Failed(Failure::Sent("failed", m)),
             Err(Stop::Deadline) if first_until >= ctx.deadline => {
                 return Leg::Failed(Failure::Timeout("timeout", "the request timed out".into()));
             }
             Err(Stop::Deadline) => {
-                return Leg::Failed(Failure::Timeout(
-                    "first_token_timeout",
-                    "no first token in time".into(),
-                ));
+                return Leg::Failed(Failure::Timeout("first_token_timeout", "no first token in time".into()));
             }
             Err(Stop::Down) => {
                 return Leg::Failed(Failure::Sent(
@@ -895,10 +726,7 @@ impl App {
             .cloned()
             .unwrap_or(HeaderValue::from_static("text/event-stream"));
         resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-        resp.headers_mut().insert(
-            http::header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache"),
-        );
+        resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         let relay = Relay {
             cfg: self.cfg.clone(),
             reg: self.reg.clone(),
@@ -906,11 +734,7 @@ impl App {
             tx,
             deadline: ctx.deadline,
             route: ctx.route,
-            sse: SseRelay {
-                buf: Vec::new(),
-                prefill,
-                saw_done: false,
-            },
+            sse: SseRelay { buf: Vec::new(), prefill, saw_done: false },
         };
         let guard = in_flight.take();
         tokio::spawn(relay.run(first, arrived, incoming, load, guard));
@@ -936,11 +760,7 @@ impl App {
     }
 
     fn no_engine(&self, role: Role) -> Response<Body> {
-        reply::error(
-            503,
-            "service_unavailable",
-            &format!("no healthy {} engine", role.name()),
-        )
+        reply::error(503, "service_unavailable", &format!("no healthy {} engine", role.name()))
     }
 
     fn failed(f: &Failure) -> Response<Body> {
@@ -957,10 +777,9 @@ impl App {
         let mut attempt = 0;
         'pair: loop {
             attempt += 1;
-            let (Some(p), Some(mut d)) = (
-                self.pick(Role::Prefill, ctx, &tried_p),
-                self.pick(Role::Decode, ctx, &tried_d),
-            ) else {
+            let (Some(p), Some(mut d)) =
+                (self.pick(Role::Prefill, ctx, &tried_p), self.pick(Role::Decode, ctx, &tried_d))
+            else {
                 return match &last {
                     Some(f) => Self::failed(f),
                     None if self.reg.prefill.routable_count() == 0 => self.no_engine(Role::Prefill),
@@ -975,40 +794,24 @@ impl App {
                     self.fail(&p, &f);
                     tried_p.push(p.id);
                     last = Some(f);
-                    if self.may_retry(&mut retries, "prefill") {
+                    if self.has_candidate(Role::Prefill, &tried_p) && self.may_retry(&mut retries, "prefill") {
                         continue 'pair;
                     }
-                    return last
-                        .as_ref()
-                        .map(Self::failed)
-                        .unwrap_or_else(|| self.no_engine(Role::Prefill));
+                    return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Prefill));
                 }
             };
             let mut decode_body = ctx.body.clone();
             if let Some(params) = prefill.get("kv_transfer_params").filter(|v| v.is_object()) {
                 decode_body.insert("kv_transfer_params".into(), params.clone());
             } else {
-                crate::debug!(
-                    "prefill {} returned no kv_transfer_params: the decode prefills itself",
-                    p.label
-                );
+                crate::debug!("prefill {} returned no kv_transfer_params: the decode prefills itself", p.label);
             }
-            let decode_bytes =
-                Bytes::from(serde_json::to_vec(&Value::Object(decode_body)).unwrap_or_default());
+            let decode_bytes = Bytes::from(serde_json::to_vec(&Value::Object(decode_body)).unwrap_or_default());
             let mut resend = 0;
             loop {
                 resend += 1;
                 let leg = format!("{}-d{attempt}.{resend}", ctx.base_id);
-                match self
-                    .answer_leg(
-                        ctx,
-                        &d,
-                        decode_bytes.clone(),
-                        &leg,
-                        Some(prefill.clone()),
-                        &mut in_flight,
-                    )
-                    .await
+                match self.answer_leg(ctx, &d, decode_bytes.clone(), &leg, Some(prefill.clone()), &mut in_flight).await
                 {
                     Leg::Answer(resp) => return resp,
                     Leg::Failed(f) => {
@@ -1018,25 +821,21 @@ impl App {
                         last = Some(f);
                         if not_taken {
                             // The decode never saw these params: another decode may have them.
-                            if let Some(next) = self.pick(Role::Decode, ctx, &tried_d) {
+                            if self.has_candidate(Role::Decode, &tried_d) {
                                 if self.may_retry(&mut retries, "decode_same_params") {
-                                    d = next;
-                                    continue;
+                                    if let Some(next) = self.pick(Role::Decode, ctx, &tried_d) {
+                                        d = next;
+                                        continue;
+                                    }
                                 }
-                                return last
-                                    .as_ref()
-                                    .map(Self::failed)
-                                    .unwrap_or_else(|| self.no_engine(Role::Decode));
+                                return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
                             }
                         }
                         // The params may have been read: burn them, prefill again.
-                        if self.may_retry(&mut retries, "reprefill") {
+                        if self.has_candidate(Role::Decode, &tried_d) && self.may_retry(&mut retries, "reprefill") {
                             continue 'pair;
                         }
-                        return last
-                            .as_ref()
-                            .map(Self::failed)
-                            .unwrap_or_else(|| self.no_engine(Role::Decode));
+                        return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
                     }
                 }
             }
@@ -1045,8 +844,7 @@ impl App {
 
     async fn aggregated(&self, ctx: &Ctx, in_flight: InFlight) -> Response<Body> {
         let mut in_flight = Some(in_flight);
-        let body =
-            Bytes::from(serde_json::to_vec(&Value::Object(ctx.body.clone())).unwrap_or_default());
+        let body = Bytes::from(serde_json::to_vec(&Value::Object(ctx.body.clone())).unwrap_or_default());
         let mut tried = Vec::new();
         let mut retries = 0;
         let mut attempt = 0;
@@ -1056,17 +854,12 @@ impl App {
                 return self.no_engine(Role::Aggregated);
             };
             let leg = format!("{}-a{attempt}", ctx.base_id);
-            match self
-                .answer_leg(ctx, &w, body.clone(), &leg, None, &mut in_flight)
-                .await
-            {
+            match self.answer_leg(ctx, &w, body.clone(), &leg, None, &mut in_flight).await {
                 Leg::Answer(resp) => return resp,
                 Leg::Failed(f) => {
                     self.fail(&w, &f);
                     tried.push(w.id);
-                    if !self.may_retry(&mut retries, "aggregated")
-                        || self.pick(Role::Aggregated, ctx, &tried).is_none()
-                    {
+                    if !self.has_candidate(Role::Aggregated, &tried) || !self.may_retry(&mut retries, "aggregated") {
                         return Self::failed(&f);
                     }
                 }
@@ -1093,37 +886,20 @@ impl Relay {
         }
     }
 
-    async fn cut(
-        &self,
-        reason: &'static str,
-        status: u16,
-        kind: &str,
-        message: &str,
-        engine_fault: bool,
-    ) {
+    async fn cut(&self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) {
         METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
-        METRICS.inc(
-            "kimik3_router_requests_total",
-            &[("route", self.route), ("outcome", "cut")],
-        );
+        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "cut")]);
         let w = &self.worker;
         METRICS.inc(
             "kimik3_router_leg_requests_total",
-            &[
-                ("role", w.endpoint.role.name()),
-                ("engine", &w.endpoint.authority),
-                ("outcome", reason),
-            ],
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", reason)],
         );
         if engine_fault {
             crate::info!("stream from {} cut: {message}", w.label);
             w.endpoint.record_failure(&self.cfg);
             self.reg.pool(w.endpoint.role).publish_count();
         }
-        let _ = self
-            .tx
-            .send((reply::sse_error(status, kind, message), None))
-            .await;
+        let _ = self.tx.send((reply::sse_error(status, kind, message), None)).await;
     }
 
     async fn run(
@@ -1162,16 +938,9 @@ impl Relay {
                         let w = &self.worker;
                         METRICS.inc(
                             "kimik3_router_leg_requests_total",
-                            &[
-                                ("role", w.endpoint.role.name()),
-                                ("engine", &w.endpoint.authority),
-                                ("outcome", "ok"),
-                            ],
+                            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
                         );
-                        METRICS.inc(
-                            "kimik3_router_requests_total",
-                            &[("route", self.route), ("outcome", "ok")],
-                        );
+                        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "ok")]);
                         w.endpoint.record_success();
                     } else {
                         self.cut(
@@ -1186,25 +955,12 @@ impl Relay {
                     return;
                 }
                 Ok(Err(e)) => {
-                    self.cut(
-                        "upstream_error",
-                        502,
-                        "upstream_error",
-                        &format!("the engine's stream broke: {e}"),
-                        true,
-                    )
-                    .await;
+                    self.cut("upstream_error", 502, "upstream_error", &format!("the engine's stream broke: {e}"), true)
+                        .await;
                     return;
                 }
                 Err(_) => {
-                    self.cut(
-                        "idle_gap",
-                        504,
-                        "timeout",
-                        "the engine stalled mid-stream",
-                        true,
-                    )
-                    .await;
+                    self.cut("idle_gap", 504, "timeout", "the engine stalled mid-stream", true).await;
                     return;
                 }
             }
@@ -1254,29 +1010,13 @@ mod tests {
     #[test]
     fn sse_relay_passes_events_and_rewrites_usage() {
         let prefill = json!({"usage": {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}});
-        let mut r = SseRelay {
-            buf: Vec::new(),
-            prefill: Some(prefill),
-            saw_done: false,
-        };
+        let mut r = SseRelay { buf: Vec::new(), prefill: Some(prefill), saw_done: false };
         let plain = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
         assert_eq!(r.push(plain.clone()), Some(plain));
-        assert_eq!(
-            r.push(Bytes::from_static(
-                b"data: {\"usage\":{\"prompt_tokens\":10,"
-            )),
-            None
-        );
-        let out = r
-            .push(Bytes::from_static(
-                b"\"completion_tokens\":5}}\n\ndata: [DONE]\n\n",
-            ))
-            .unwrap_or_default();
+        assert_eq!(r.push(Bytes::from_static(b"data: {\"usage\":{\"prompt_tokens\":10,")), None);
+        let out = r.push(Bytes::from_static(b"\"completion_tokens\":5}}\n\ndata: [DONE]\n\n")).unwrap_or_default();
         let text = String::from_utf8_lossy(&out);
-        assert!(
-            text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"),
-            "{text}"
-        );
+        assert!(text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"), "{text}");
         assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
         assert!(r.saw_done);
     }

@@ -27,12 +27,8 @@ pub fn error_value(status: u16, kind: &str, message: &str) -> Value {
 pub fn json_response(status: u16, value: &Value) -> Response<Body> {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = Response::new(full(bytes));
-    *resp.status_mut() =
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     resp
 }
 
@@ -58,10 +54,7 @@ impl HttpBody for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some((bytes, arrived))) => {
                 if let Some(t) = arrived {

@@ -18,10 +18,7 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 async fn terminated() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {},
@@ -47,11 +44,7 @@ pub async fn serve_metrics(listener: TcpListener) {
                     );
                     r
                 } else {
-                    reply::error(
-                        404,
-                        "not_found",
-                        "the metrics port serves GET /metrics only",
-                    )
+                    reply::error(404, "not_found", "the metrics port serves GET /metrics only")
                 };
                 Ok::<_, Infallible>(resp)
             });
@@ -85,10 +78,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Over --max-connections: refuse at once rather than hold memory for it.
-            METRICS.inc(
-                "kimik3_router_requests_total",
-                &[("route", "other"), ("outcome", "connection_refused")],
-            );
+            METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", "connection_refused")]);
             drop(stream);
             continue;
         };
@@ -111,11 +101,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
     }
     drop(listener);
     app.draining.store(true, Ordering::Relaxed);
-    crate::info!(
-        "draining: {} requests in flight, up to {:?}",
-        app.in_flight.load(Ordering::Relaxed),
-        cfg.drain
-    );
+    crate::info!("draining: {} requests in flight, up to {:?}", app.in_flight.load(Ordering::Relaxed), cfg.drain);
     tokio::select! {
         _ = graceful.shutdown() => crate::info!("drained"),
         _ = tokio::time::sleep(cfg.drain) => crate::warn!("drain time up with {} requests in flight", app.in_flight.load(Ordering::Relaxed)),

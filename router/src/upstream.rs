@@ -29,9 +29,7 @@ impl SendError {
 
 pub async fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, SendError> {
     match tokio::time::timeout(timeout, TcpStream::connect(authority)).await {
-        Err(_) => Err(SendError::Connect(format!(
-            "connect to {authority} timed out"
-        ))),
+        Err(_) => Err(SendError::Connect(format!("connect to {authority} timed out"))),
         Ok(Err(e)) => Err(SendError::Connect(format!("connect to {authority}: {e}"))),
         Ok(Ok(s)) => {
             let _ = s.set_nodelay(true);
@@ -41,10 +39,7 @@ pub async fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, Se
 }
 
 /// Send `req` over a fresh connection that is already up.
-pub async fn send_on(
-    stream: TcpStream,
-    req: Request<Full<Bytes>>,
-) -> Result<Response<Incoming>, SendError> {
+pub async fn send_on(stream: TcpStream, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, SendError> {
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
@@ -52,10 +47,7 @@ pub async fn send_on(
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    sender
-        .send_request(req)
-        .await
-        .map_err(|e| SendError::Failed(format!("request: {e}")))
+    sender.send_request(req).await.map_err(|e| SendError::Failed(format!("request: {e}")))
 }
 
 pub async fn send(
@@ -69,11 +61,7 @@ pub async fn send(
 
 /// Read a whole answer body, at most `cap` bytes.
 pub async fn read_body(body: Incoming, cap: usize) -> Result<Bytes, String> {
-    Limited::new(body, cap)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| format!("reading the answer: {e}"))
+    Limited::new(body, cap).collect().await.map(|c| c.to_bytes()).map_err(|e| format!("reading the answer: {e}"))
 }
 
 /// GET `path` on an engine, whole body, within `timeout` (health probes, /metrics).
@@ -83,9 +71,7 @@ pub async fn get(authority: &str, path: &str, timeout: Duration) -> Result<(u16,
             .header(hyper::header::HOST, authority)
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
-        let resp = send(authority, req, timeout)
-            .await
-            .map_err(|e| e.message().to_string())?;
+        let resp = send(authority, req, timeout).await.map_err(|e| e.message().to_string())?;
         let status = resp.status().as_u16();
         let body = read_body(resp.into_body(), 16 << 20).await?;
         Ok((status, body))

@@ -20,11 +20,7 @@ pub fn reconcile(prefill: &Value, target: &mut Value) -> bool {
     let before = out.clone();
     if let Some(input) = source.get("prompt_tokens").and_then(Value::as_u64) {
         out.insert("prompt_tokens".into(), input.into());
-        match out
-            .get("completion_tokens")
-            .and_then(Value::as_u64)
-            .and_then(|c| c.checked_add(input))
-        {
+        match out.get("completion_tokens").and_then(Value::as_u64).and_then(|c| c.checked_add(input)) {
             Some(total) => {
                 out.insert("total_tokens".into(), total.into());
             }
@@ -33,32 +29,17 @@ pub fn reconcile(prefill: &Value, target: &mut Value) -> bool {
             }
         }
     }
-    let details = source
-        .get("prompt_tokens_details")
-        .and_then(Value::as_object);
+    let details = source.get("prompt_tokens_details").and_then(Value::as_object);
     let cached = details
         .and_then(|d| d.get("cached_tokens"))
         .and_then(Value::as_u64)
-        .filter(|c| {
-            source
-                .get("prompt_tokens")
-                .and_then(Value::as_u64)
-                .is_none_or(|p| *c <= p)
-        });
-    let extra: Vec<(&String, &Value)> = details
-        .map(|d| d.iter().filter(|(k, _)| *k != "cached_tokens").collect())
-        .unwrap_or_default();
-    if (cached.is_some() || !extra.is_empty())
-        && !out
-            .get("prompt_tokens_details")
-            .is_some_and(Value::is_object)
-    {
+        .filter(|c| source.get("prompt_tokens").and_then(Value::as_u64).is_none_or(|p| *c <= p));
+    let extra: Vec<(&String, &Value)> =
+        details.map(|d| d.iter().filter(|(k, _)| *k != "cached_tokens").collect()).unwrap_or_default();
+    if (cached.is_some() || !extra.is_empty()) && !out.get("prompt_tokens_details").is_some_and(Value::is_object) {
         out.insert("prompt_tokens_details".into(), Value::Object(Map::new()));
     }
-    if let Some(d) = out
-        .get_mut("prompt_tokens_details")
-        .and_then(Value::as_object_mut)
-    {
+    if let Some(d) = out.get_mut("prompt_tokens_details").and_then(Value::as_object_mut) {
         for (k, v) in extra {
             d.insert(k.clone(), v.clone());
         }
@@ -94,34 +75,26 @@ pub fn merge_logprobs(prefill: &Value, target: &mut Value) {
             continue;
         };
         let prompt_logprobs = p.get("prompt_logprobs").filter(|v| !v.is_null());
-        let n = prompt_logprobs
-            .and_then(Value::as_array)
-            .map_or(0, Vec::len);
+        let n = prompt_logprobs.and_then(Value::as_array).map_or(0, Vec::len);
         if let Some(pl) = prompt_logprobs {
             d.insert("prompt_logprobs".into(), pl.clone());
         }
         if n == 0 {
             continue;
         }
-        let (Some(plog), Some(dlog)) = (
-            p.get("logprobs").and_then(Value::as_object),
-            d.get_mut("logprobs").and_then(Value::as_object_mut),
-        ) else {
+        let (Some(plog), Some(dlog)) =
+            (p.get("logprobs").and_then(Value::as_object), d.get_mut("logprobs").and_then(Value::as_object_mut))
+        else {
             continue;
         };
-        let shift = match (
-            plog.get("text_offset").and_then(Value::as_array),
-            plog.get("tokens").and_then(Value::as_array),
-        ) {
-            (Some(off), Some(tok)) if off.len() >= n && tok.len() >= n => {
-                let last = off.get(n - 1).and_then(Value::as_i64).unwrap_or(0);
-                last + tok
-                    .get(n - 1)
-                    .and_then(Value::as_str)
-                    .map_or(0, |s| s.len() as i64)
-            }
-            _ => 0,
-        };
+        let shift =
+            match (plog.get("text_offset").and_then(Value::as_array), plog.get("tokens").and_then(Value::as_array)) {
+                (Some(off), Some(tok)) if off.len() >= n && tok.len() >= n => {
+                    let last = off.get(n - 1).and_then(Value::as_i64).unwrap_or(0);
+                    last + tok.get(n - 1).and_then(Value::as_str).map_or(0, |s| s.len() as i64)
+                }
+                _ => 0,
+            };
         for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
             let Some(prompt_part) = plog.get(key).and_then(Value::as_array) else {
                 continue;
@@ -131,11 +104,7 @@ pub fn merge_logprobs(prefill: &Value, target: &mut Value) {
             };
             let mut merged: Vec<Value> = prompt_part.iter().take(n).cloned().collect();
             if key == "text_offset" {
-                merged.extend(
-                    own.iter()
-                        .filter_map(Value::as_i64)
-                        .map(|o| Value::from(o + shift)),
-                );
+                merged.extend(own.iter().filter_map(Value::as_i64).map(|o| Value::from(o + shift)));
             } else {
                 merged.extend(own.iter().cloned());
             }
@@ -177,10 +146,7 @@ mod tests {
         let c = &decode["choices"][0];
         assert_eq!(c["prompt_logprobs"], json!([null, {"1": -0.5}]));
         assert_eq!(c["logprobs"]["tokens"], json!(["a", "b", "x", "y"]));
-        assert_eq!(
-            c["logprobs"]["token_logprobs"],
-            json!([null, -0.5, -0.1, -0.2])
-        );
+        assert_eq!(c["logprobs"]["token_logprobs"], json!([null, -0.5, -0.1, -0.2]));
         assert_eq!(c["logprobs"]["text_offset"], json!([0, 1, 2, 3]));
     }
 }
