@@ -67,7 +67,11 @@ pub struct Fake {
 
 impl Fake {
     pub async fn start(behavior: Behavior, dp: usize, ledger: Arc<Mutex<Vec<String>>>) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on("127.0.0.1:0", behavior, dp, ledger).await
+    }
+
+    pub async fn start_on(addr: &str, behavior: Behavior, dp: usize, ledger: Arc<Mutex<Vec<String>>>) -> Fake {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(FakeState {
             behavior: Mutex::new(behavior),
@@ -251,7 +255,7 @@ fn tokio_stream<T>(rx: mpsc::Receiver<T>) -> RecvStream<T> {
     RecvStream(rx)
 }
 
-pub struct RecvStream<T>(mpsc::Receiver<T>);
+pub struct RecvStream<T>(pub mpsc::Receiver<T>);
 
 impl<T> futures_core::Stream for RecvStream<T> {
     type Item = T;
@@ -274,6 +278,10 @@ pub struct Router {
 
 impl Router {
     pub fn spawn(args: &[String]) -> Router {
+        Self::spawn_env(args, &[])
+    }
+
+    pub fn spawn_env(args: &[String], env: &[(&str, String)]) -> Router {
         let port = free_port();
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!("kimik3-router-test-{port}.log"));
@@ -293,6 +301,7 @@ impl Router {
         let child = Command::new(env!("CARGO_BIN_EXE_kimik3-router"))
             .args(&full)
             .env("RUST_LOG", "debug")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
