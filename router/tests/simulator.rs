@@ -1,0 +1,167 @@
+//! The router in P/D mode in front of the project's engine simulator (simulator/), started from the
+//! golden scenario's rendered prefill and decode commands (TP8 x DP2, NIXL producer/consumer).
+//! Never skipped: if Python or the simulator cannot start, the test fails and says why.
+//! Python: $KIMIK3_PYTHON, else the e2e venv's interpreter.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEFAULT_PYTHON: &str = "/root/.cache/kimik3-e2e/venv/e0a92776d046/bin/python";
+const SCENARIO: &str = "b200-dep16-disaggregated";
+
+struct Sim {
+    port: u16,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn python() -> String {
+    let py = std::env::var("KIMIK3_PYTHON").unwrap_or_else(|_| DEFAULT_PYTHON.to_string());
+    assert!(
+        Path::new(&py).exists(),
+        "the simulator test needs Python with the simulator's dependencies (aiohttp, prometheus_client): \
+         {py} does not exist; set KIMIK3_PYTHON"
+    );
+    py
+}
+
+fn pythonpath() -> String {
+    let r = repo();
+    format!("{}:{}:{}", r.display(), r.join("operator").display(), r.join("simulator").display())
+}
+
+/// The rendered leader commands of the scenario's prefill and decode roles.
+fn commands() -> (Vec<String>, Vec<String>) {
+    let script = format!(
+        "import json\nfrom tests.simulator.sims import role_report, expand\n\
+         print(json.dumps([expand(role_report({SCENARIO:?}, r)['command']) for r in ('prefill', 'decode')]))"
+    );
+    let out = Command::new(python())
+        .args(["-c", &script])
+        .env("PYTHONPATH", pythonpath())
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rendering the scenario's commands failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Vec<Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+    (v[0].clone(), v[1].clone())
+}
+
+fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
+    let port = free_port();
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(python())
+        .args(["-m", "kimik3_simulator"])
+        .args(cmd)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .env("PYTHONPATH", pythonpath())
+        .env("K3SIM_GPU_PRODUCT", "B200")
+        .env("K3SIM_HANDSHAKE_DIR", dir.join("nixl"))
+        .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.9.8.7")
+        .env("K3SIM_OUTPUT_TOKENS", "12")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Sim { port, child, log }
+}
+
+async fn wait_healthy(sim: &mut Sim) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(code) = sim.child.try_wait().unwrap() {
+            panic!("the simulator exited with {code}:\n{}", std::fs::read_to_string(&sim.log).unwrap_or_default());
+        }
+        if let Ok((200, _, _)) = try_call(sim.port, "GET", "/health", &[], b"").await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the simulator was not healthy in 60 s:\n{}",
+            std::fs::read_to_string(&sim.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn pd_handoff_through_the_simulator() {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-sim-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (prefill_cmd, decode_cmd) = commands();
+    let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
+    let mut decode = start_sim(&decode_cmd, &dir, "decode");
+    wait_healthy(&mut prefill).await;
+    wait_healthy(&mut decode).await;
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefill.port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", decode.port),
+    ]))
+    .await;
+    // DP2 engines: one worker per rank, read from their /metrics.
+    assert_eq!(r.metric("kimik3_router_engines", &[("role", "decode")]).await, 2.0);
+
+    let prompt: String = (0..3000).map(|i| format!("w{i} ")).collect();
+    let (status, headers, text) = call(
+        r.port,
+        "POST",
+        "/v1/completions",
+        &[("x-request-id", "sim-client-1")],
+        &serde_json::to_vec(&json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 8})).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers["x-request-id"], "sim-client-1");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["usage"]["prompt_tokens"], 3000);
+
+    let body = json!({"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, text) = post(r.port, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{text}");
+    let ev = events(&text);
+    assert_eq!(ev.last(), Some(&json!("[DONE]")), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(ev.iter().any(|e| e.get("usage").is_some_and(|u| u.is_object())), "{text}");
+
+    // The decode pulled the prompt from the prefill (no local prefill), once per request.
+    let (_, _, stats) = call(decode.port, "GET", "/sim/stats", &[], b"").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let records: Vec<&Value> = stats["by_request_id"].as_object().unwrap().values().collect();
+    assert_eq!(records.len(), 2, "{stats}");
+    for rec in records {
+        assert_eq!(rec["path"], "remote_prefill", "{rec}");
+    }
+    let (_, _, stats) = call(prefill.port, "GET", "/sim/stats", &[], b"").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    for rec in stats["by_request_id"].as_object().unwrap().values() {
+        assert_eq!(rec["path"], "prefill_for_remote_decode", "{rec}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
