@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+type Watcher = (String, mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>);
+
 #[derive(Default)]
 struct ApiState {
     pods: BTreeMap<String, Value>,
     rv: u64,
-    watchers: Vec<(String, mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>)>,
+    watchers: Vec<Watcher>,
     requests: Vec<(String, String)>,
     lists: usize,
 }
