@@ -264,6 +264,18 @@ async fn pods_are_followed_by_list_and_watch() {
     assert_eq!(api.lock().unwrap().lists, lists);
     assert!(api.lock().unwrap().requests.iter().rev().take(2).all(|(_, auth)| auth == "Bearer token-two"));
     assert!(ready().await);
+    // 25 unready/ready flips: 50 events, each within 1 s; the spread is printed.
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    for _ in 0..25 {
+        put(&api, "MODIFIED", pod("decode-0", "u-d2", "decode", "127.0.0.4", false));
+        down.push(until("unready -> unrouted", Duration::from_secs(1), || async move { !ready().await }).await);
+        put(&api, "MODIFIED", pod("decode-0", "u-d2", "decode", "127.0.0.4", true));
+        up.push(until("ready -> routable", Duration::from_secs(1), ready).await);
+    }
+    for (what, mut v) in [("Ready -> routable", up), ("unready -> unrouted", down)] {
+        v.sort();
+        eprintln!("{what} over {} events: p50 {:?}, max {:?}", v.len(), v[v.len() / 2], v[v.len() - 1]);
+    }
     // The pod whose /health hangs never became routable, and never delayed the others.
     assert_eq!(r.metric("kimik3_router_engines", &[("role", "decode")]).await, 1.0);
     assert!(slow.completions().is_empty());

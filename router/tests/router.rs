@@ -493,6 +493,15 @@ async fn hostile_input_gets_clear_errors_and_disturbs_no_other_stream() {
     let reply = raw(r.port, b"GET /v1/models HTTP/1.1\r\nHost:", Duration::from_secs(5)).await;
     assert!(started.elapsed() < Duration::from_secs(4), "an idle half-request was held {:?}", started.elapsed());
     assert!(!reply.contains("200 OK"));
+    // An idle kept-alive connection is closed after the header timeout too.
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", r.port)).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut conn, b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let idle = Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut conn, &mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0))) && idle.elapsed() < Duration::from_secs(3), "{n:?} after {:?}", idle.elapsed());
     // A body that never comes: 408.
     let reply = raw(
         r.port,
