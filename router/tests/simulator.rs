@@ -79,7 +79,7 @@ fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
         .env("K3SIM_GPU_PRODUCT", "B200")
         .env("K3SIM_HANDSHAKE_DIR", dir.join("nixl"))
         .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.9.8.7")
-        .env("K3SIM_OUTPUT_TOKENS", "12")
+        .env("K3SIM_OUTPUT_TOKENS", "64")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -163,5 +163,80 @@ async fn pd_handoff_through_the_simulator() {
     for rec in stats["by_request_id"].as_object().unwrap().values() {
         assert_eq!(rec["path"], "prefill_for_remote_decode", "{rec}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One of two decodes SIGKILLed under an open-loop load (bounded: 60 requests in ~6 s): no
+/// non-streamed request fails; a stream fails only if it had already received bytes, and then it
+/// ends with an error event and [DONE].
+#[tokio::test]
+async fn a_decode_killed_under_load_costs_only_streams_it_was_serving() {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-chaos-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (prefill_cmd, decode_cmd) = commands();
+    let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
+    let mut victim = start_sim(&decode_cmd, &dir, "decode-a");
+    let mut survivor = start_sim(&decode_cmd, &dir, "decode-b");
+    for sim in [&mut prefill, &mut victim, &mut survivor] {
+        wait_healthy(sim).await;
+    }
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--decode-policy",
+        "round_robin",
+        "--health-interval-ms",
+        "200",
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefill.port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", victim.port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", survivor.port),
+    ]))
+    .await;
+    let port = r.port;
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for i in 0..60u32 {
+        let at = started + Duration::from_millis(100 * u64::from(i));
+        tokio::time::sleep_until(at.into()).await;
+        if i == 20 {
+            victim.child.kill().unwrap();
+        }
+        let stream = i % 2 == 0;
+        let prompt: String = (0..500).map(|w| format!("c{i}w{w} ")).collect();
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 64, "stream": stream});
+            (stream, post(port, "/v1/completions", &body).await)
+        }));
+    }
+    let (mut ok, mut cut) = (0, 0);
+    for t in tasks {
+        let (stream, (status, _, text)) = t.await.unwrap();
+        if !stream {
+            assert_eq!(status, 200, "a non-streamed request failed: {text}");
+            ok += 1;
+            continue;
+        }
+        assert_eq!(status, 200, "a stream failed before any byte: {text}");
+        let ev = events(&text);
+        assert_eq!(ev.last(), Some(&json!("[DONE]")), "a stream ended without [DONE]: {text}");
+        if ev.iter().any(|e| e.get("error").is_some()) {
+            assert!(ev.len() >= 3, "a cut stream must have relayed a token before its error event: {text}");
+            cut += 1;
+        } else {
+            ok += 1;
+        }
+    }
+    eprintln!("decode killed under load: {ok} whole answers, {cut} streams cut (each ended with an error event)");
+    assert!(cut <= 5, "only streams in flight on the killed decode may be cut: {cut}");
+    assert_eq!(ok + cut, 60);
+    let victim_engine = format!("127.0.0.1:{}", victim.port);
+    let before = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine), ("outcome", "ok")]).await;
+    let after_kill = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine)]).await - before;
+    eprintln!("legs on the killed decode: {before} ok, {after_kill} failed (by outcome in the metrics)");
+    assert!(before >= 1.0, "the killed decode served nothing before it died: the test proves nothing");
+    assert_eq!(r.metric("kimik3_router_engine_healthy", &[("engine", &victim_engine)]).await, 0.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
