@@ -166,32 +166,35 @@ async fn pd_handoff_through_the_simulator() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// One of two decodes SIGKILLed under an open-loop load (bounded: 60 requests in ~6 s): no
-/// non-streamed request fails; a stream fails only if it had already received bytes, and then it
-/// ends with an error event and [DONE].
-#[tokio::test]
-async fn a_decode_killed_under_load_costs_only_streams_it_was_serving() {
+/// One of two engines of a role SIGKILLed under an open-loop load (bounded: 60 requests in ~6 s):
+/// no non-streamed request fails; a stream fails only if it had already received bytes, and then
+/// it ends with an error event and [DONE].
+async fn kill_one_under_load(kill_prefill: bool) {
     let dir = std::env::temp_dir().join(format!("kimik3-router-chaos-{}", free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let (prefill_cmd, decode_cmd) = commands();
-    let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
-    let mut victim = start_sim(&decode_cmd, &dir, "decode-a");
-    let mut survivor = start_sim(&decode_cmd, &dir, "decode-b");
-    for sim in [&mut prefill, &mut victim, &mut survivor] {
+    let victim_cmd = if kill_prefill { &prefill_cmd } else { &decode_cmd };
+    let mut other = start_sim(if kill_prefill { &decode_cmd } else { &prefill_cmd }, &dir, "other");
+    let mut victim = start_sim(victim_cmd, &dir, "victim");
+    let mut survivor = start_sim(victim_cmd, &dir, "survivor");
+    for sim in [&mut other, &mut victim, &mut survivor] {
         wait_healthy(sim).await;
     }
+    let (role, other_role) = if kill_prefill { ("--prefill", "--decode") } else { ("--decode", "--prefill") };
     let r = Router::start(&s(&[
         "--mode",
         "pd",
+        "--prefill-policy",
+        "round_robin",
         "--decode-policy",
         "round_robin",
         "--health-interval-ms",
         "200",
-        "--prefill",
-        &format!("http://127.0.0.1:{}", prefill.port),
-        "--decode",
+        other_role,
+        &format!("http://127.0.0.1:{}", other.port),
+        role,
         &format!("http://127.0.0.1:{}", victim.port),
-        "--decode",
+        role,
         &format!("http://127.0.0.1:{}", survivor.port),
     ]))
     .await;
@@ -229,14 +232,28 @@ async fn a_decode_killed_under_load_costs_only_streams_it_was_serving() {
             ok += 1;
         }
     }
-    eprintln!("decode killed under load: {ok} whole answers, {cut} streams cut (each ended with an error event)");
+    let what = if kill_prefill { "prefill" } else { "decode" };
+    eprintln!("{what} killed under load: {ok} whole answers, {cut} streams cut (each ended with an error event)");
     assert!(cut <= 5, "only streams in flight on the killed decode may be cut: {cut}");
     assert_eq!(ok + cut, 60);
     let victim_engine = format!("127.0.0.1:{}", victim.port);
     let before = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine), ("outcome", "ok")]).await;
     let after_kill = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine)]).await - before;
-    eprintln!("legs on the killed decode: {before} ok, {after_kill} failed (by outcome in the metrics)");
-    assert!(before >= 1.0, "the killed decode served nothing before it died: the test proves nothing");
+    eprintln!("legs on the killed {what}: {before} ok, {after_kill} failed");
+    assert!(before >= 1.0, "the killed {what} served nothing before it died: the test proves nothing");
+    if kill_prefill {
+        assert_eq!(cut, 0, "a prefill's death cuts no stream: nothing was relayed before its leg ended");
+    }
     assert_eq!(r.metric("kimik3_router_engine_healthy", &[("engine", &victim_engine)]).await, 0.0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_decode_killed_under_load_costs_only_streams_it_was_serving() {
+    kill_one_under_load(false).await;
+}
+
+#[tokio::test]
+async fn a_prefill_killed_under_load_costs_nothing() {
+    kill_one_under_load(true).await;
 }
