@@ -1,0 +1,165 @@
+//! Prometheus text exposition on the metrics port. Every label comes from a bounded set (role,
+//! engine address, outcome, stage...): never a request id, session key or model name from a request.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+/// (name, type, help) of every family this router exports.
+pub const FAMILIES: &[(&str, &str, &str)] = &[
+    ("kimik3_router_requests_total", "counter", "Client requests by route and outcome."),
+    ("kimik3_router_leg_requests_total", "counter", "Requests sent to engines, by role, engine and outcome."),
+    (
+        "kimik3_router_retries_total",
+        "counter",
+        "Legs sent again, by kind (prefill, decode_same_params, reprefill, aggregated).",
+    ),
+    ("kimik3_router_retry_budget_exhausted_total", "counter", "Retries refused because the retry budget was spent."),
+    ("kimik3_router_streams_cut_total", "counter", "Client streams ended with an SSE error event, by reason."),
+    (
+        "kimik3_router_engine_ejections_total",
+        "counter",
+        "Engines ejected after consecutive failures, by role and engine.",
+    ),
+    (
+        "kimik3_router_engine_healthy",
+        "gauge",
+        "1 when the engine is routable (probe up, not ejected), by role and engine.",
+    ),
+    ("kimik3_router_engine_in_flight", "gauge", "Requests in flight on the engine, by role and engine."),
+    ("kimik3_router_engines", "gauge", "Routable engines (workers: one per data-parallel rank) by role."),
+    ("kimik3_router_prefix_routing_decisions_total", "counter", "cache_aware decisions by role and decision."),
+    ("kimik3_router_discovery_events_total", "counter", "Pod discovery events by kind."),
+    ("kimik3_router_in_flight_requests", "gauge", "Client requests being served."),
+    (
+        "kimik3_router_added_seconds",
+        "histogram",
+        "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), chunk_relay (an upstream chunk in to handed to the client connection).",
+    ),
+    ("kimik3_router_request_duration_seconds", "histogram", "Client request duration by route."),
+];
+
+const ADDED_BUCKETS: &[f64] = &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
+const DURATION_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
+
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
+            if let Some(c) = self.counts.get(i) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cumulative += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+pub struct Metrics {
+    series: Mutex<BTreeMap<(&'static str, String), f64>>,
+    pub added_request: Histogram,
+    pub added_chunk: Histogram,
+    pub duration_chat: Histogram,
+    pub duration_completions: Histogram,
+}
+
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    series: Mutex::new(BTreeMap::new()),
+    added_request: Histogram::new(ADDED_BUCKETS),
+    added_chunk: Histogram::new(ADDED_BUCKETS),
+    duration_chat: Histogram::new(DURATION_BUCKETS),
+    duration_completions: Histogram::new(DURATION_BUCKETS),
+});
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect::<Vec<_>>().join(",")
+}
+
+impl Metrics {
+    pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)]) {
+        self.add(name, pairs, 1.0);
+    }
+
+    pub fn add(&self, name: &'static str, pairs: &[(&str, &str)], by: f64) {
+        if let Ok(mut s) = self.series.lock() {
+            *s.entry((name, labels(pairs))).or_insert(0.0) += by;
+        }
+    }
+
+    pub fn set(&self, name: &'static str, pairs: &[(&str, &str)], value: f64) {
+        if let Ok(mut s) = self.series.lock() {
+            s.insert((name, labels(pairs)), value);
+        }
+    }
+
+    /// Forget every series of an engine that left (keeps the label set bounded by the live fleet).
+    pub fn forget_engine(&self, engine: &str) {
+        let needle = format!("engine=\"{}\"", escape(engine));
+        if let Ok(mut s) = self.series.lock() {
+            s.retain(|(_, l), _| !l.split(',').any(|p| p == needle));
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let series = self.series.lock().map(|s| s.clone()).unwrap_or_default();
+        for (name, kind, help) in FAMILIES {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            match *name {
+                "kimik3_router_added_seconds" => {
+                    self.added_request.render(&mut out, name, "stage=\"request_to_upstream\"");
+                    self.added_chunk.render(&mut out, name, "stage=\"chunk_relay\"");
+                }
+                "kimik3_router_request_duration_seconds" => {
+                    self.duration_chat.render(&mut out, name, "route=\"chat_completions\"");
+                    self.duration_completions.render(&mut out, name, "route=\"completions\"");
+                }
+                _ => {
+                    for ((n, l), v) in series.range((*name, String::new())..) {
+                        if n != name {
+                            break;
+                        }
+                        let _ = writeln!(out, "{n}{{{l}}} {v}");
+                    }
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,1035 @@
+//! The request path: routes, the NIXL pull hand-off (prefill leg, then decode leg with the
+//! prefill's kv_transfer_params), failover by the engine's rules, stream relay and watchdogs.
+//!
+//! The retry rules (vLLM 0.33.0's NIXL connector frees the prefill's blocks after the expected read,
+//! and a second read of the same params silently returns wrong KV):
+//! - a failed prefill leg is retried on another prefill (nothing was handed off);
+//! - a decode leg goes to another decode with the SAME params only when the first decode provably
+//!   never received it: its TCP connect was refused or timed out (no byte written);
+//! - any other decode failure before a byte reached the client (5xx, reset, watchdog, probes say
+//!   it died) runs the prefill again for fresh params; one set of params never reaches two decodes;
+//! - after a byte reached the client, a failure ends the stream with an SSE error event.
+
+use crate::config::{Config, Mode};
+use crate::engines::{Registry, Role, Worker};
+use crate::metrics::METRICS;
+use crate::policy::{Policy, RouteInput, session_key};
+use crate::reply::{self, Body, ChannelBody};
+use crate::upstream::{self, SendError};
+use crate::usage;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use serde_json::{Map, Value, json};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch};
+use tokio::time::sleep_until;
+
+const ANSWER_CAP: usize = 64 << 20;
+
+/// Retries allowed: at most `ratio` x the requests of the last 10 s, plus `floor`.
+pub struct RetryBudget {
+    window: Mutex<[(u64, u64, u64); 10]>,
+    ratio: f64,
+    floor: u32,
+    start: Instant,
+}
+
+impl RetryBudget {
+    pub fn new(ratio: f64, floor: u32) -> Self {
+        Self { window: Mutex::new([(u64::MAX, 0, 0); 10]), ratio, floor, start: Instant::now() }
+    }
+
+    fn bucket<R>(&self, f: impl FnOnce(&mut [(u64, u64, u64); 10], usize, u64) -> R) -> Option<R> {
+        let sec = self.start.elapsed().as_secs();
+        let mut w = self.window.lock().ok()?;
+        let slot = (sec % 10) as usize;
+        if let Some(b) = w.get_mut(slot) {
+            if b.0 != sec {
+                *b = (sec, 0, 0);
+            }
+        }
+        Some(f(&mut w, slot, sec))
+    }
+
+    pub fn record_request(&self) {
+        self.bucket(|w, slot, _| {
+            if let Some(b) = w.get_mut(slot) {
+                b.1 += 1;
+            }
+        });
+    }
+
+    pub fn try_retry(&self) -> bool {
+        let (ratio, floor) = (self.ratio, self.floor);
+        self.bucket(|w, slot, sec| {
+            let recent = w.iter().filter(|b| b.0 != u64::MAX && sec.saturating_sub(b.0) < 10);
+            let (requests, retries) = recent.fold((0u64, 0u64), |(r, t), b| (r + b.1, t + b.2));
+            if (retries as f64) < ratio * requests as f64 + f64::from(floor) {
+                if let Some(b) = w.get_mut(slot) {
+                    b.2 += 1;
+                }
+                true
+            } else {
+                false
+            }
+        })
+        .unwrap_or(false)
+    }
+}
+
+pub struct App {
+    pub cfg: Arc<Config>,
+    pub reg: Arc<Registry>,
+    prefill_policy: Policy,
+    decode_policy: Policy,
+    aggregated_policy: Policy,
+    budget: RetryBudget,
+    pub draining: AtomicBool,
+    pub in_flight: AtomicUsize,
+    ids: AtomicU64,
+    created: u64,
+}
+
+fn seed() -> u64 {
+    let mut buf = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut buf);
+    }
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    u64::from_le_bytes(buf) ^ t ^ u64::from(std::process::id())
+}
+
+/// Counts a client request in flight until dropped (for streams: when the relay ends).
+struct InFlight(Arc<App>, Instant, &'static str);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        METRICS.set("kimik3_router_in_flight_requests", &[], self.0.in_flight.load(Ordering::Relaxed) as f64);
+        let h = if self.2 == "chat_completions" { &METRICS.duration_chat } else { &METRICS.duration_completions };
+        h.observe(self.1.elapsed());
+    }
+}
+
+/// Load held on a worker while a leg runs on it.
+struct LoadGuard(Arc<Worker>);
+
+impl LoadGuard {
+    fn new(w: &Arc<Worker>) -> Self {
+        w.load.fetch_add(1, Ordering::Relaxed);
+        let n = w.endpoint.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        METRICS.set(
+            "kimik3_router_engine_in_flight",
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority)],
+            n as f64,
+        );
+        Self(w.clone())
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.load.fetch_sub(1, Ordering::Relaxed);
+        let n = self.0.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        if !self.0.endpoint.removed.load(Ordering::Relaxed) {
+            METRICS.set(
+                "kimik3_router_engine_in_flight",
+                &[("role", self.0.endpoint.role.name()), ("engine", &self.0.endpoint.authority)],
+                n as f64,
+            );
+        }
+    }
+}
+
+/// Why a leg failed.
+#[derive(Debug)]
+enum Failure {
+    /// No byte reached the engine (connect refused or timed out).
+    NotTaken(String),
+    /// The engine may have received the request.
+    Sent(&'static str, String),
+    /// A watchdog fired before an answer (first-token deadline) or the request deadline passed.
+    Timeout(&'static str, String),
+}
+
+impl Failure {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::NotTaken(_) => "connect_failed",
+            Self::Sent(o, _) | Self::Timeout(o, _) => o,
+        }
+    }
+
+    fn client_error(&self) -> (u16, &'static str, String) {
+        match self {
+            Self::NotTaken(m) => (502, "upstream_error", format!("no engine could be reached: {m}")),
+            Self::Sent(_, m) => (502, "upstream_error", format!("the engine failed: {m}")),
+            Self::Timeout(_, m) => (504, "timeout", m.clone()),
+        }
+    }
+}
+
+enum Leg {
+    /// The answer to give the client (committed: a byte may already be on its way).
+    Answer(Response<Body>),
+    Failed(Failure),
+}
+
+/// One client request on its way.
+struct Ctx {
+    path: &'static str,
+    route: &'static str,
+    body: Map<String, Value>,
+    stream: bool,
+    client_request_id: Option<HeaderValue>,
+    trace: Vec<(&'static str, HeaderValue)>,
+    base_id: String,
+    started: Instant,
+    deadline: Instant,
+    first_token: Duration,
+    session: Option<String>,
+    prefix: Vec<u8>,
+    sent_first: AtomicBool,
+}
+
+enum Stop {
+    Deadline,
+    Down,
+}
+
+/// Run `fut` unless `until` passes or the engine's probes declare it dead first.
+async fn guarded<T>(fut: impl Future<Output = T>, until: Instant, down: &mut watch::Receiver<bool>) -> Result<T, Stop> {
+    let dead = async {
+        if down.wait_for(|d| *d).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = fut => Ok(r),
+        _ = sleep_until(until.into()) => Err(Stop::Deadline),
+        _ = dead => Err(Stop::Down),
+    }
+}
+
+/// The next non-empty data frame of an upstream body; Ok(None) at its end.
+async fn next_data(body: &mut Incoming) -> Result<Option<Bytes>, String> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(e.to_string()),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if !data.is_empty() {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Relays SSE events as they complete, rewriting the one that carries usage (P/D).
+struct SseRelay {
+    buf: Vec<u8>,
+    prefill: Option<Value>,
+    saw_done: bool,
+}
+
+impl SseRelay {
+    fn push(&mut self, data: Bytes) -> Option<Bytes> {
+        let simple = self.buf.is_empty()
+            && data.ends_with(b"\n\n")
+            && (self.prefill.is_none() || find(&data, b"\"usage\"").is_none());
+        if simple {
+            if find(&data, b"data: [DONE]").is_some() {
+                self.saw_done = true;
+            }
+            return Some(data);
+        }
+        self.buf.extend_from_slice(&data);
+        let end = self.buf.windows(2).rposition(|w| w == b"\n\n")? + 2;
+        let complete: Vec<u8> = self.buf.drain(..end).collect();
+        let mut out = Vec::with_capacity(complete.len() + 64);
+        for event in complete.split_inclusive(|b| *b == b'\n').collect::<Vec<_>>().split(|l| *l == b"\n") {
+            if event.is_empty() {
+                continue;
+            }
+            let text: Vec<u8> = event.concat();
+            if text.starts_with(b"data: [DONE]") {
+                self.saw_done = true;
+            }
+            match (&self.prefill, text.strip_prefix(b"data: ")) {
+                (Some(prefill), Some(json)) if find(json, b"\"usage\"").is_some() => {
+                    match serde_json::from_slice::<Value>(json) {
+                        Ok(mut v) if v.get("usage").is_some_and(Value::is_object) => {
+                            usage::reconcile(prefill, &mut v);
+                            out.extend_from_slice(b"data: ");
+                            out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
+                            out.push(b'\n');
+                        }
+                        _ => out.extend_from_slice(&text),
+                    }
+                }
+                _ => out.extend_from_slice(&text),
+            }
+            out.push(b'\n');
+        }
+        Some(Bytes::from(out))
+    }
+}
+
+impl App {
+    pub fn new(cfg: Arc<Config>, reg: Arc<Registry>) -> Arc<Self> {
+        let s = seed();
+        Arc::new(Self {
+            prefill_policy: Policy::new(cfg.prefill_policy, Role::Prefill, &cfg, s),
+            decode_policy: Policy::new(cfg.decode_policy, Role::Decode, &cfg, s.rotate_left(17)),
+            aggregated_policy: Policy::new(cfg.policy, Role::Aggregated, &cfg, s.rotate_left(31)),
+            budget: RetryBudget::new(cfg.retry_budget_ratio, cfg.retry_budget_floor),
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            ids: AtomicU64::new(s),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs(),
+            cfg,
+            reg,
+        })
+    }
+
+    pub fn ready(&self) -> (bool, Value) {
+        if self.cfg.mode == Mode::PrefillDecode {
+            let (p, d) = (self.reg.prefill.routable_count(), self.reg.decode.routable_count());
+            (p > 0 && d > 0, json!({"prefill": p, "decode": d}))
+        } else {
+            let a = self.reg.aggregated.routable_count();
+            (a > 0, json!({"engines": a}))
+        }
+    }
+
+    fn models(&self) -> Value {
+        json!({"id": self.cfg.served_model_name, "object": "model", "created": self.created, "owned_by": "kimik3"})
+    }
+
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let uri = req.uri();
+        if uri.scheme().is_some() || uri.authority().is_some() {
+            return reply::error(400, "invalid_request_error", "absolute-form request targets are not accepted");
+        }
+        let path = uri.path().to_string();
+        let method = req.method().clone();
+        let resp = match (&method, path.as_str()) {
+            (&Method::GET, "/health") | (&Method::GET, "/liveness") => {
+                reply::json_response(200, &json!({"status": "ok"}))
+            }
+            (&Method::GET, "/readiness") => {
+                let (ready, detail) = self.ready();
+                let ready = ready && !self.draining.load(Ordering::Relaxed);
+                reply::json_response(if ready { 200 } else { 503 }, &json!({"ready": ready, "routable": detail}))
+            }
+            (&Method::GET, "/v1/models") => {
+                reply::json_response(200, &json!({"object": "list", "data": [self.models()]}))
+            }
+            (&Method::GET, p) if p.starts_with("/v1/models/") => {
+                let id = percent_decode(p.trim_start_matches("/v1/models/"));
+                if id == self.cfg.served_model_name {
+                    reply::json_response(200, &self.models())
+                } else {
+                    let shown: String = id.chars().take(200).collect();
+                    reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."))
+                }
+            }
+            (&Method::POST, "/v1/chat/completions") => {
+                self.clone().inference(req, "/v1/chat/completions", "chat_completions").await
+            }
+            (&Method::POST, "/v1/completions") => self.clone().inference(req, "/v1/completions", "completions").await,
+            (&Method::POST, "/v1/messages") => reply::error(
+                501,
+                "not_implemented",
+                "/v1/messages (the Anthropic API) is not supported through the prefill/decode hand-off; use /v1/chat/completions",
+            ),
+            _ => reply::error(404, "not_found", "no such route"),
+        };
+        let status = resp.status().as_u16();
+        if status >= 400 && !matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions") {
+            METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", outcome_of(status))]);
+        }
+        resp
+    }
+
+    async fn read_body(&self, req: Request<Incoming>) -> Result<(HeaderMap, Bytes), Response<Body>> {
+        let cap = self.cfg.max_payload_size;
+        let too_large =
+            || reply::error(413, "invalid_request_error", &format!("the request body is larger than {cap} bytes"));
+        if let Some(len) = req.headers().get(http::header::CONTENT_LENGTH) {
+            match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+                Some(n) if n > cap as u64 => return Err(too_large()),
+                Some(_) => {}
+                None => {
+                    return Err(reply::error(400, "invalid_request_error", "bad Content-Length"));
+                }
+            }
+        }
+        let (parts, body) = req.into_parts();
+        match tokio::time::timeout(self.cfg.body_timeout, Limited::new(body, cap).collect()).await {
+            Err(_) => Err(reply::error(408, "invalid_request_error", "the request body did not arrive in time")),
+            Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+            Ok(Err(e)) => Err(reply::error(400, "invalid_request_error", &format!("reading the request body: {e}"))),
+            Ok(Ok(c)) => Ok((parts.headers, c.to_bytes())),
+        }
+    }
+
+    async fn inference(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        path: &'static str,
+        route: &'static str,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        METRICS.set("kimik3_router_in_flight_requests", &[], self.in_flight.load(Ordering::Relaxed) as f64);
+        let in_flight = InFlight(self.clone(), started, route);
+        let resp = self.inference_inner(req, path, route, started, in_flight).await;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            METRICS.inc("kimik3_router_requests_total", &[("route", route), ("outcome", outcome_of(status))]);
+        }
+        resp
+    }
+
+    async fn inference_inner(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        path: &'static str,
+        route: &'static str,
+        started: Instant,
+        in_flight: InFlight,
+    ) -> Response<Body> {
+        if self.draining.load(Ordering::Relaxed) {
+            return reply::error(503, "service_unavailable", "the router is shutting down");
+        }
+        let (headers, bytes) = match self.read_body(req).await {
+            Ok(x) => x,
+            Err(resp) => return resp,
+        };
+        let mut body = match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => {
+                return reply::error(400, "invalid_request_error", "the request body must be a JSON object");
+            }
+            Err(e) => {
+                return reply::error(400, "invalid_request_error", &format!("the request body is not valid JSON: {e}"));
+            }
+        };
+        if let Some(model) = body.get("model").and_then(Value::as_str) {
+            if model != self.cfg.served_model_name {
+                let shown: String = model.chars().take(200).collect();
+                let mut resp = reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."));
+                if let Some(v) = headers.get("x-request-id") {
+                    resp.headers_mut().insert("x-request-id", v.clone());
+                }
+                return resp;
+            }
+        }
+        // Only the router hands KV over: a client's own kv_transfer_params never reach an engine.
+        body.remove("kv_transfer_params");
+        self.budget.record_request();
+        let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let prefix = match (path, body.get("messages"), body.get("prompt")) {
+            ("/v1/chat/completions", Some(m), _) => serde_json::to_vec(m).unwrap_or_default(),
+            (_, _, Some(Value::String(s))) => s.as_bytes().to_vec(),
+            (_, _, Some(p)) => serde_json::to_vec(p).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let estimate = bytes.len() as f64 / 4.0;
+        let first_token =
+            self.cfg.first_token_timeout + Duration::from_secs_f64(estimate / self.cfg.prefill_tokens_per_sec);
+        let trace =
+            ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
+        let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
+        let ctx = Ctx {
+            path,
+            route,
+            session: session_key(&headers, &body),
+            body,
+            stream,
+            client_request_id: headers.get("x-request-id").cloned(),
+            trace,
+            base_id: format!("{:016x}", crate::policy::fnv(&random.to_le_bytes())),
+            started,
+            deadline: started + self.cfg.request_timeout,
+            first_token,
+            prefix,
+            sent_first: AtomicBool::new(false),
+        };
+        let mut resp = match self.cfg.mode {
+            Mode::PrefillDecode => self.pd(&ctx, in_flight).await,
+            Mode::Aggregated => self.aggregated(&ctx, in_flight).await,
+        };
+        if let Some(v) = &ctx.client_request_id {
+            resp.headers_mut().insert("x-request-id", v.clone());
+        }
+        resp
+    }
+
+    fn candidates(&self, role: Role, tried: &[u64]) -> (Arc<Vec<Arc<Worker>>>, Vec<Arc<Worker>>) {
+        let all = self.reg.pool(role).snapshot();
+        let c = all.iter().filter(|w| w.routable() && !tried.contains(&w.id)).cloned().collect();
+        (all, c)
+    }
+
+    fn pick(&self, role: Role, ctx: &Ctx, tried: &[u64]) -> Option<Arc<Worker>> {
+        let (all, candidates) = self.candidates(role, tried);
+        let policy = match role {
+            Role::Prefill => &self.prefill_policy,
+            Role::Decode => &self.decode_policy,
+            Role::Aggregated => &self.aggregated_policy,
+        };
+        let input = RouteInput { session: ctx.session.as_deref(), prefix: &ctx.prefix };
+        policy.select(&all, &candidates, &input)
+    }
+
+    fn has_candidate(&self, role: Role, tried: &[u64]) -> bool {
+        self.reg.pool(role).snapshot().iter().any(|w| w.routable() && !tried.contains(&w.id))
+    }
+
+    /// A retry is taken only if there is somewhere to send it, --max-retries allows it and the
+    /// retry budget has room.
+    fn may_retry(&self, retries: &mut u32, kind: &'static str) -> bool {
+        if *retries >= self.cfg.max_retries {
+            return false;
+        }
+        if !self.budget.try_retry() {
+            METRICS.inc("kimik3_router_retry_budget_exhausted_total", &[]);
+            crate::warn!("retry budget spent: not retrying ({kind})");
+            return false;
+        }
+        *retries += 1;
+        METRICS.inc("kimik3_router_retries_total", &[("kind", kind)]);
+        true
+    }
+
+    fn leg_request(&self, ctx: &Ctx, w: &Worker, body: Bytes, leg_id: &str) -> Option<Request<Full<Bytes>>> {
+        let mut b = Request::post(ctx.path)
+            .header(http::header::HOST, w.endpoint.authority.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", leg_id);
+        if let Some(rank) = w.rank {
+            b = b.header("X-data-parallel-rank", rank.to_string());
+        }
+        for (name, value) in &ctx.trace {
+            b = b.header(*name, value.clone());
+        }
+        b.body(Full::new(body)).ok()
+    }
+
+    fn leg_done(&self, w: &Worker, outcome: &str) {
+        METRICS.inc(
+            "kimik3_router_leg_requests_total",
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", outcome)],
+        );
+    }
+
+    fn fail(&self, w: &Worker, f: &Failure) {
+        crate::info!(
+            "{} leg on {} (pod {}) failed ({}): {}",
+            w.endpoint.role.name(),
+            w.label,
+            w.endpoint.pod.as_deref().unwrap_or("-"),
+            f.outcome(),
+            match f {
+                Failure::NotTaken(m) | Failure::Sent(_, m) | Failure::Timeout(_, m) => m,
+            }
+        );
+        self.leg_done(w, f.outcome());
+        w.endpoint.record_failure(&self.cfg);
+        self.reg.pool(w.endpoint.role).publish_count();
+    }
+
+    /// Connect and send one leg; the answer's head within `until` (or the engine dies first).
+    async fn send_leg(
+        &self,
+        ctx: &Ctx,
+        w: &Arc<Worker>,
+        body: Bytes,
+        leg_id: &str,
+        until: Instant,
+        down: &mut watch::Receiver<bool>,
+    ) -> Result<Response<Incoming>, Failure> {
+        let req =
+            self.leg_request(ctx, w, body, leg_id).ok_or_else(|| Failure::Sent("failed", "bad request head".into()))?;
+        let stream = match upstream::connect(&w.endpoint.authority, self.cfg.connect_timeout).await {
+            Ok(s) => s,
+            Err(e) => return Err(Failure::NotTaken(e.message().to_string())),
+        };
+        if !ctx.sent_first.swap(true, Ordering::Relaxed) {
+            METRICS.added_request.observe(ctx.started.elapsed());
+        }
+        match guarded(upstream::send_on(stream, req), until, down).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(SendError::Connect(m))) => Err(Failure::NotTaken(m)),
+            Ok(Err(SendError::Failed(m))) => Err(Failure::Sent("failed", m)),
+            Err(Stop::Deadline) if until >= ctx.deadline => {
+                Err(Failure::Timeout("timeout", "the request timed out".into()))
+            }
+            Err(Stop::Deadline) => {
+                Err(Failure::Timeout("first_token_timeout", "the engine did not answer in time".into()))
+            }
+            Err(Stop::Down) => {
+                Err(Failure::Sent("engine_down", "the engine stopped answering its health probes".into()))
+            }
+        }
+    }
+
+    fn passthrough(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Response<Body> {
+        let mut resp = Response::new(reply::full(body));
+        *resp.status_mut() = status;
+        if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
+            resp.headers_mut().insert(http::header::CONTENT_TYPE, ct.clone());
+        }
+        resp
+    }
+
+    /// The prefill leg: Ok(its JSON answer) or the client's answer (a 4xx passed on) or a failure.
+    async fn prefill_leg(
+        &self,
+        ctx: &Ctx,
+        w: &Arc<Worker>,
+        body: Bytes,
+        leg_id: &str,
+    ) -> Result<Result<Value, Response<Body>>, Failure> {
+        let _load = LoadGuard::new(w);
+        let mut down = w.endpoint.down_signal();
+        let until = (Instant::now() + ctx.first_token).min(ctx.deadline);
+        let resp = self.send_leg(ctx, w, body, leg_id, until, &mut down).await?;
+        let (parts, incoming) = resp.into_parts();
+        let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(m)) => return Err(Failure::Sent("failed", m)),
+            Err(Stop::Deadline) => {
+                return Err(Failure::Timeout("first_token_timeout", "the prefill did not answer in time".into()));
+            }
+            Err(Stop::Down) => {
+                return Err(Failure::Sent("engine_down", "the prefill stopped answering its health probes".into()));
+            }
+        };
+        if parts.status.is_client_error() {
+            self.leg_done(w, "client_error");
+            w.endpoint.record_success();
+            return Ok(Err(Self::passthrough(parts.status, &parts.headers, bytes)));
+        }
+        if !parts.status.is_success() {
+            return Err(Failure::Sent("http_5xx", format!("prefill answered {}", parts.status.as_u16())));
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) if v.is_object() => {
+                self.leg_done(w, "ok");
+                w.endpoint.record_success();
+                Ok(Ok(v))
+            }
+            _ => Err(Failure::Sent("failed", "the prefill's answer is not a JSON object".into())),
+        }
+    }
+
+    /// A decode leg (or an aggregated engine's): the client's answer, or a failure before any byte
+    /// of it was relayed.
+    async fn answer_leg(
+        &self,
+        ctx: &Ctx,
+        w: &Arc<Worker>,
+        body: Bytes,
+        leg_id: &str,
+        prefill: Option<Value>,
+        in_flight: &mut Option<InFlight>,
+    ) -> Leg {
+        let load = LoadGuard::new(w);
+        let mut down = w.endpoint.down_signal();
+        let first_until = (Instant::now() + ctx.first_token).min(ctx.deadline);
+        let until = if ctx.stream { first_until } else { ctx.deadline };
+        let resp = match self.send_leg(ctx, w, body, leg_id, until, &mut down).await {
+            Ok(r) => r,
+            Err(f) => return Leg::Failed(f),
+        };
+        let (parts, mut incoming) = resp.into_parts();
+        if !parts.status.is_success() {
+            let bytes = match guarded(upstream::read_body(incoming, 1 << 20), until, &mut down).await {
+                Ok(Ok(b)) => b,
+                _ => Bytes::new(),
+            };
+            if parts.status.is_client_error() {
+                self.leg_done(w, "client_error");
+                w.endpoint.record_success();
+                return Leg::Answer(Self::passthrough(parts.status, &parts.headers, bytes));
+            }
+            return Leg::Failed(Failure::Sent("http_5xx", format!("engine answered {}", parts.status.as_u16())));
+        }
+        if !ctx.stream {
+            let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), ctx.deadline, &mut down).await {
+                Ok(Ok(b)) => b,
+                Ok(Err(m)) => return Leg::Failed(Failure::Sent("failed", m)),
+                Err(Stop::Deadline) => {
+                    return Leg::Failed(Failure::Timeout("timeout", "the request timed out".into()));
+                }
+                Err(Stop::Down) => {
+                    return Leg::Failed(Failure::Sent(
+                        "engine_down",
+                        "the engine stopped answering its health probes".into(),
+                    ));
+                }
+            };
+            self.leg_done(w, "ok");
+            w.endpoint.record_success();
+            METRICS.inc("kimik3_router_requests_total", &[("route", ctx.route), ("outcome", "ok")]);
+            let out = match (prefill, serde_json::from_slice::<Value>(&bytes)) {
+                (Some(p), Ok(mut v)) => {
+                    usage::reconcile(&p, &mut v);
+                    usage::merge_logprobs(&p, &mut v);
+                    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+                }
+                _ => bytes,
+            };
+            return Leg::Answer(Self::passthrough(parts.status, &parts.headers, out));
+        }
+        // A stream: nothing is committed until its first chunk is here.
+        let first = match guarded(next_data(&mut incoming), first_until, &mut down).await {
+            Ok(Ok(Some(b))) => b,
+            Ok(Ok(None)) => {
+                return Leg::Failed(Failure::Sent("failed", "the stream ended before its first chunk".into()));
+            }
+            Ok(Err(m)) => return Leg::Failed(Failure::Sent("failed", m)),
+            Err(Stop::Deadline) if first_until >= ctx.deadline => {
+                return Leg::Failed(Failure::Timeout("timeout", "the request timed out".into()));
+            }
+            Err(Stop::Deadline) => {
+                return Leg::Failed(Failure::Timeout("first_token_timeout", "no first token in time".into()));
+            }
+            Err(Stop::Down) => {
+                return Leg::Failed(Failure::Sent(
+                    "engine_down",
+                    "the engine stopped answering its health probes".into(),
+                ));
+            }
+        };
+        let arrived = Instant::now();
+        let (tx, rx) = mpsc::channel(32);
+        let mut resp = Response::new(BodyExt::boxed(ChannelBody { rx }));
+        let ct = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("text/event-stream"));
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+        resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        let relay = Relay {
+            cfg: self.cfg.clone(),
+            reg: self.reg.clone(),
+            worker: w.clone(),
+            tx,
+            deadline: ctx.deadline,
+            route: ctx.route,
+            sse: SseRelay { buf: Vec::new(), prefill, saw_done: false },
+        };
+        let guard = in_flight.take();
+        tokio::spawn(relay.run(first, arrived, incoming, load, guard));
+        Leg::Answer(resp)
+    }
+
+    fn prefill_body(ctx: &Ctx) -> Bytes {
+        let mut b = ctx.body.clone();
+        b.insert("max_tokens".into(), json!(1));
+        if b.contains_key("max_completion_tokens") {
+            b.insert("max_completion_tokens".into(), json!(1));
+        }
+        // vLLM hands KV over only for a request stopped by its length: no EOS on the one token.
+        b.insert("min_tokens".into(), json!(1));
+        b.insert("stream".into(), json!(false));
+        b.remove("stream_options");
+        b.insert(
+            "kv_transfer_params".into(),
+            json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+                   "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+        );
+        Bytes::from(serde_json::to_vec(&Value::Object(b)).unwrap_or_default())
+    }
+
+    fn no_engine(&self, role: Role) -> Response<Body> {
+        reply::error(503, "service_unavailable", &format!("no healthy {} engine", role.name()))
+    }
+
+    fn failed(f: &Failure) -> Response<Body> {
+        let (status, kind, message) = f.client_error();
+        reply::error(status, kind, &message)
+    }
+
+    async fn pd(&self, ctx: &Ctx, in_flight: InFlight) -> Response<Body> {
+        let mut in_flight = Some(in_flight);
+        let prefill_body = Self::prefill_body(ctx);
+        let (mut tried_p, mut tried_d) = (Vec::new(), Vec::new());
+        let mut retries = 0;
+        let mut last: Option<Failure> = None;
+        let mut attempt = 0;
+        'pair: loop {
+            attempt += 1;
+            let (Some(p), Some(mut d)) =
+                (self.pick(Role::Prefill, ctx, &tried_p), self.pick(Role::Decode, ctx, &tried_d))
+            else {
+                return match &last {
+                    Some(f) => Self::failed(f),
+                    None if self.reg.prefill.routable_count() == 0 => self.no_engine(Role::Prefill),
+                    None => self.no_engine(Role::Decode),
+                };
+            };
+            let leg = format!("{}-p{attempt}", ctx.base_id);
+            let prefill = match self.prefill_leg(ctx, &p, prefill_body.clone(), &leg).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(client_error)) => return client_error,
+                Err(f) => {
+                    self.fail(&p, &f);
+                    tried_p.push(p.id);
+                    last = Some(f);
+                    if self.has_candidate(Role::Prefill, &tried_p) && self.may_retry(&mut retries, "prefill") {
+                        continue 'pair;
+                    }
+                    return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Prefill));
+                }
+            };
+            let mut decode_body = ctx.body.clone();
+            if let Some(params) = prefill.get("kv_transfer_params").filter(|v| v.is_object()) {
+                decode_body.insert("kv_transfer_params".into(), params.clone());
+            } else {
+                crate::debug!("prefill {} returned no kv_transfer_params: the decode prefills itself", p.label);
+            }
+            let decode_bytes = Bytes::from(serde_json::to_vec(&Value::Object(decode_body)).unwrap_or_default());
+            let mut resend = 0;
+            loop {
+                resend += 1;
+                let leg = format!("{}-d{attempt}.{resend}", ctx.base_id);
+                match self.answer_leg(ctx, &d, decode_bytes.clone(), &leg, Some(prefill.clone()), &mut in_flight).await
+                {
+                    Leg::Answer(resp) => return resp,
+                    Leg::Failed(f) => {
+                        self.fail(&d, &f);
+                        tried_d.push(d.id);
+                        let not_taken = matches!(f, Failure::NotTaken(_));
+                        last = Some(f);
+                        if not_taken {
+                            // The decode never saw these params: another decode may have them.
+                            if self.has_candidate(Role::Decode, &tried_d) {
+                                if self.may_retry(&mut retries, "decode_same_params") {
+                                    if let Some(next) = self.pick(Role::Decode, ctx, &tried_d) {
+                                        d = next;
+                                        continue;
+                                    }
+                                }
+                                return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
+                            }
+                        }
+                        // The params may have been read: burn them, prefill again.
+                        if self.has_candidate(Role::Decode, &tried_d) && self.may_retry(&mut retries, "reprefill") {
+                            continue 'pair;
+                        }
+                        return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn aggregated(&self, ctx: &Ctx, in_flight: InFlight) -> Response<Body> {
+        let mut in_flight = Some(in_flight);
+        let body = Bytes::from(serde_json::to_vec(&Value::Object(ctx.body.clone())).unwrap_or_default());
+        let mut tried = Vec::new();
+        let mut retries = 0;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let Some(w) = self.pick(Role::Aggregated, ctx, &tried) else {
+                return self.no_engine(Role::Aggregated);
+            };
+            let leg = format!("{}-a{attempt}", ctx.base_id);
+            match self.answer_leg(ctx, &w, body.clone(), &leg, None, &mut in_flight).await {
+                Leg::Answer(resp) => return resp,
+                Leg::Failed(f) => {
+                    self.fail(&w, &f);
+                    tried.push(w.id);
+                    if !self.has_candidate(Role::Aggregated, &tried) || !self.may_retry(&mut retries, "aggregated") {
+                        return Self::failed(&f);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Relay {
+    cfg: Arc<Config>,
+    reg: Arc<Registry>,
+    worker: Arc<Worker>,
+    tx: mpsc::Sender<(Bytes, Option<Instant>)>,
+    deadline: Instant,
+    route: &'static str,
+    sse: SseRelay,
+}
+
+impl Relay {
+    async fn send(&self, bytes: Bytes, arrived: Option<Instant>) -> bool {
+        tokio::select! {
+            r = self.tx.send((bytes, arrived)) => r.is_ok(),
+            _ = sleep_until(self.deadline.into()) => false,
+        }
+    }
+
+    async fn cut(&self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) {
+        METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
+        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "cut")]);
+        let w = &self.worker;
+        METRICS.inc(
+            "kimik3_router_leg_requests_total",
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", reason)],
+        );
+        if engine_fault {
+            crate::info!("stream from {} cut: {message}", w.label);
+            w.endpoint.record_failure(&self.cfg);
+            self.reg.pool(w.endpoint.role).publish_count();
+        }
+        let _ = self.tx.send((reply::sse_error(status, kind, message), None)).await;
+    }
+
+    async fn run(
+        mut self,
+        first: Bytes,
+        arrived: Instant,
+        mut body: Incoming,
+        load: LoadGuard,
+        in_flight: Option<InFlight>,
+    ) {
+        let _hold = (load, in_flight);
+        if let Some(out) = self.sse.push(first) {
+            if !self.send(out, Some(arrived)).await {
+                return;
+            }
+        }
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(self.cfg.idle_gap_timeout, next_data(&mut body)) => r,
+                _ = sleep_until(self.deadline.into()) => {
+                    self.cut("request_timeout", 504, "timeout", "the request timed out", false).await;
+                    return;
+                }
+            };
+            match next {
+                Ok(Ok(Some(data))) => {
+                    let at = Instant::now();
+                    if let Some(out) = self.sse.push(data) {
+                        if !self.send(out, Some(at)).await {
+                            return; // the client left: dropping the upstream body aborts the engine's request
+                        }
+                    }
+                }
+                Ok(Ok(None)) => {
+                    if self.sse.saw_done {
+                        let w = &self.worker;
+                        METRICS.inc(
+                            "kimik3_router_leg_requests_total",
+                            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
+                        );
+                        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "ok")]);
+                        w.endpoint.record_success();
+                    } else {
+                        self.cut(
+                            "ended_early",
+                            502,
+                            "upstream_error",
+                            "the engine ended the stream before it was complete",
+                            true,
+                        )
+                        .await;
+                    }
+                    return;
+                }
+                Ok(Err(e)) => {
+                    self.cut("upstream_error", 502, "upstream_error", &format!("the engine's stream broke: {e}"), true)
+                        .await;
+                    return;
+                }
+                Err(_) => {
+                    self.cut("idle_gap", 504, "timeout", "the engine stalled mid-stream", true).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn outcome_of(status: u16) -> &'static str {
+    match status {
+        200..=299 => "ok",
+        404 => "not_found",
+        413 => "too_large",
+        400..=499 => "client_error",
+        502 => "upstream_error",
+        503 => "no_engine",
+        504 => "timeout",
+        _ => "error",
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            if let Some(v) = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_relay_passes_events_and_rewrites_usage() {
+        let prefill = json!({"usage": {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}});
+        let mut r = SseRelay { buf: Vec::new(), prefill: Some(prefill), saw_done: false };
+        let plain = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
+        assert_eq!(r.push(plain.clone()), Some(plain));
+        assert_eq!(r.push(Bytes::from_static(b"data: {\"usage\":{\"prompt_tokens\":10,")), None);
+        let out = r.push(Bytes::from_static(b"\"completion_tokens\":5}}\n\ndata: [DONE]\n\n")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert!(r.saw_done);
+    }
+
+    #[test]
+    fn retry_budget_has_a_floor_and_a_ratio() {
+        let b = RetryBudget::new(0.5, 2);
+        assert!(b.try_retry() && b.try_retry());
+        assert!(!b.try_retry());
+        for _ in 0..4 {
+            b.record_request();
+        }
+        assert!(b.try_retry() && b.try_retry());
+        assert!(!b.try_retry());
+    }
+}

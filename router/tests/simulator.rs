@@ -1,0 +1,259 @@
+//! The router in P/D mode in front of the project's engine simulator (simulator/), started from the
+//! golden scenario's rendered prefill and decode commands (TP8 x DP2, NIXL producer/consumer).
+//! Never skipped: if Python or the simulator cannot start, the test fails and says why.
+//! Python: $KIMIK3_PYTHON, else the e2e venv's interpreter.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEFAULT_PYTHON: &str = "/root/.cache/kimik3-e2e/venv/e0a92776d046/bin/python";
+const SCENARIO: &str = "b200-dep16-disaggregated";
+
+struct Sim {
+    port: u16,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn python() -> String {
+    let py = std::env::var("KIMIK3_PYTHON").unwrap_or_else(|_| DEFAULT_PYTHON.to_string());
+    assert!(
+        Path::new(&py).exists(),
+        "the simulator test needs Python with the simulator's dependencies (aiohttp, prometheus_client): \
+         {py} does not exist; set KIMIK3_PYTHON"
+    );
+    py
+}
+
+fn pythonpath() -> String {
+    let r = repo();
+    format!("{}:{}:{}", r.display(), r.join("operator").display(), r.join("simulator").display())
+}
+
+/// The rendered leader commands of the scenario's prefill and decode roles.
+fn commands() -> (Vec<String>, Vec<String>) {
+    let script = format!(
+        "import json\nfrom tests.simulator.sims import role_report, expand\n\
+         print(json.dumps([expand(role_report({SCENARIO:?}, r)['command']) for r in ('prefill', 'decode')]))"
+    );
+    let out = Command::new(python())
+        .args(["-c", &script])
+        .env("PYTHONPATH", pythonpath())
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rendering the scenario's commands failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Vec<Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+    (v[0].clone(), v[1].clone())
+}
+
+fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
+    let port = free_port();
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(python())
+        .args(["-m", "kimik3_simulator"])
+        .args(cmd)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .env("PYTHONPATH", pythonpath())
+        .env("K3SIM_GPU_PRODUCT", "B200")
+        .env("K3SIM_HANDSHAKE_DIR", dir.join("nixl"))
+        .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.9.8.7")
+        .env("K3SIM_OUTPUT_TOKENS", "64")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Sim { port, child, log }
+}
+
+async fn wait_healthy(sim: &mut Sim) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(code) = sim.child.try_wait().unwrap() {
+            panic!("the simulator exited with {code}:\n{}", std::fs::read_to_string(&sim.log).unwrap_or_default());
+        }
+        if let Ok((200, _, _)) = try_call(sim.port, "GET", "/health", &[], b"").await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the simulator was not healthy in 60 s:\n{}",
+            std::fs::read_to_string(&sim.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn pd_handoff_through_the_simulator() {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-sim-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (prefill_cmd, decode_cmd) = commands();
+    let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
+    let mut decode = start_sim(&decode_cmd, &dir, "decode");
+    wait_healthy(&mut prefill).await;
+    wait_healthy(&mut decode).await;
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefill.port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", decode.port),
+    ]))
+    .await;
+    // DP2 engines: one worker per rank, read from their /metrics.
+    assert_eq!(r.metric("kimik3_router_engines", &[("role", "decode")]).await, 2.0);
+
+    let prompt: String = (0..3000).map(|i| format!("w{i} ")).collect();
+    let (status, headers, text) = call(
+        r.port,
+        "POST",
+        "/v1/completions",
+        &[("x-request-id", "sim-client-1")],
+        &serde_json::to_vec(&json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 8})).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers["x-request-id"], "sim-client-1");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["usage"]["prompt_tokens"], 3000);
+
+    let body = json!({"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, text) = post(r.port, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{text}");
+    let ev = events(&text);
+    assert_eq!(ev.last(), Some(&json!("[DONE]")), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(ev.iter().any(|e| e.get("usage").is_some_and(|u| u.is_object())), "{text}");
+
+    // The decode pulled the prompt from the prefill (no local prefill), once per request.
+    let (_, _, stats) = call(decode.port, "GET", "/sim/stats", &[], b"").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let records: Vec<&Value> = stats["by_request_id"].as_object().unwrap().values().collect();
+    assert_eq!(records.len(), 2, "{stats}");
+    for rec in records {
+        assert_eq!(rec["path"], "remote_prefill", "{rec}");
+    }
+    let (_, _, stats) = call(prefill.port, "GET", "/sim/stats", &[], b"").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    for rec in stats["by_request_id"].as_object().unwrap().values() {
+        assert_eq!(rec["path"], "prefill_for_remote_decode", "{rec}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One of two engines of a role SIGKILLed under an open-loop load (bounded: 60 requests in ~6 s):
+/// no non-streamed request fails; a stream fails only if it had already received bytes, and then
+/// it ends with an error event and [DONE].
+async fn kill_one_under_load(kill_prefill: bool) {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-chaos-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (prefill_cmd, decode_cmd) = commands();
+    let victim_cmd = if kill_prefill { &prefill_cmd } else { &decode_cmd };
+    let mut other = start_sim(if kill_prefill { &decode_cmd } else { &prefill_cmd }, &dir, "other");
+    let mut victim = start_sim(victim_cmd, &dir, "victim");
+    let mut survivor = start_sim(victim_cmd, &dir, "survivor");
+    for sim in [&mut other, &mut victim, &mut survivor] {
+        wait_healthy(sim).await;
+    }
+    let (role, other_role) = if kill_prefill { ("--prefill", "--decode") } else { ("--decode", "--prefill") };
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--prefill-policy",
+        "round_robin",
+        "--decode-policy",
+        "round_robin",
+        "--health-interval-ms",
+        "200",
+        other_role,
+        &format!("http://127.0.0.1:{}", other.port),
+        role,
+        &format!("http://127.0.0.1:{}", victim.port),
+        role,
+        &format!("http://127.0.0.1:{}", survivor.port),
+    ]))
+    .await;
+    let port = r.port;
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for i in 0..60u32 {
+        let at = started + Duration::from_millis(100 * u64::from(i));
+        tokio::time::sleep_until(at.into()).await;
+        if i == 20 {
+            victim.child.kill().unwrap();
+        }
+        let stream = i % 2 == 0;
+        let prompt: String = (0..500).map(|w| format!("c{i}w{w} ")).collect();
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 64, "stream": stream});
+            (stream, post(port, "/v1/completions", &body).await)
+        }));
+    }
+    let (mut ok, mut cut) = (0, 0);
+    for t in tasks {
+        let (stream, (status, _, text)) = t.await.unwrap();
+        if !stream {
+            assert_eq!(status, 200, "a non-streamed request failed: {text}");
+            ok += 1;
+            continue;
+        }
+        assert_eq!(status, 200, "a stream failed before any byte: {text}");
+        let ev = events(&text);
+        assert_eq!(ev.last(), Some(&json!("[DONE]")), "a stream ended without [DONE]: {text}");
+        if ev.iter().any(|e| e.get("error").is_some()) {
+            assert!(ev.len() >= 3, "a cut stream must have relayed a token before its error event: {text}");
+            cut += 1;
+        } else {
+            ok += 1;
+        }
+    }
+    let what = if kill_prefill { "prefill" } else { "decode" };
+    eprintln!("{what} killed under load: {ok} whole answers, {cut} streams cut (each ended with an error event)");
+    assert!(cut <= 5, "only streams in flight on the killed decode may be cut: {cut}");
+    assert_eq!(ok + cut, 60);
+    let victim_engine = format!("127.0.0.1:{}", victim.port);
+    let before = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine), ("outcome", "ok")]).await;
+    let after_kill = r.metric("kimik3_router_leg_requests_total", &[("engine", &victim_engine)]).await - before;
+    eprintln!("legs on the killed {what}: {before} ok, {after_kill} failed");
+    assert!(before >= 1.0, "the killed {what} served nothing before it died: the test proves nothing");
+    if kill_prefill {
+        assert_eq!(cut, 0, "a prefill's death cuts no stream: nothing was relayed before its leg ended");
+    }
+    assert_eq!(r.metric("kimik3_router_engine_healthy", &[("engine", &victim_engine)]).await, 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_decode_killed_under_load_costs_only_streams_it_was_serving() {
+    kill_one_under_load(false).await;
+}
+
+#[tokio::test]
+async fn a_prefill_killed_under_load_costs_nothing() {
+    kill_one_under_load(true).await;
+}
