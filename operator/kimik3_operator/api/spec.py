@@ -914,8 +914,23 @@ class RouterGateway(SpecModel):
     """Host names the route answers (default: every host name of the listener)."""
 
 
+RouterImplementation = Literal["KimiK3Router", "VllmRouter"]
+
+
+class RouterWatchdog(SpecModel):
+    """When kimik3-router gives up on an engine that took a request and does not answer: it then
+    sends the request elsewhere if no token has reached the client yet, else ends the stream with
+    an error event (docs/router.md)."""
+
+    first_token_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    """The first-token deadline's base; the router adds the prompt's predicted prefill time at the
+    slowest prefill rate the planner predicts for the roles it routes to."""
+    idle_gap_seconds: Annotated[int, Field(ge=1, le=3600)] = 60
+    """The longest silence between two chunks of a stream."""
+
+
 class Router(SpecModel):
-    """The router in front of the engines (vllm-router): one endpoint for clients. A deployment with
+    """The router in front of the engines (kimik3-router): one endpoint for clients. A deployment with
     prefill/decode roles gets a prefill/decode router (`<name>-router`) that sends each request to a
     prefill engine, then to a decode engine with the KV hand-off; aggregated roles get a load-balancing
     router (`<name>-router`, or `<name>-router-aggregated` beside a prefill/decode one)."""
@@ -946,6 +961,13 @@ class Router(SpecModel):
     scheduling: Scheduling | None = None
     """Priority class, scheduler, tolerations and node affinity of the router pods (beside
     nodeSelector and tolerations above)."""
+    implementation: RouterImplementation = "VllmRouter"
+    """KimiK3Router: the project's router, which fails a leg over to another engine by the NIXL
+    connector's rules (docs/router.md). VllmRouter: vllm-router 0.1.17, the router of earlier
+    releases, kept for one release as a fallback: it never retries a leg, so an engine's death costs
+    every request sent to it until its pod turns unready (docs/decisions/router-failover.md)."""
+    watchdog: RouterWatchdog = RouterWatchdog()
+    """kimik3-router's deadlines for an engine that took a request and does not answer."""
 
 
 class SelectorRequirement(SpecModel):

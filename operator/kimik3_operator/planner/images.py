@@ -15,9 +15,11 @@ IMAGE_REPOSITORY = "ghcr.io/kimik3-operator"
 VLLM_VERSION = "0.33.0"
 CUDA_IMAGE = f"{IMAGE_REPOSITORY}/vllm-serving:{VLLM_VERSION}-cuda"
 ROCM_IMAGE = f"{IMAGE_REPOSITORY}/vllm-serving:{VLLM_VERSION}-rocm"
-# vLLM's request router (PyPI vllm-router), tagged with its own version (images/router).
-ROUTER_VERSION = "0.1.17"
-ROUTER_IMAGE = f"{IMAGE_REPOSITORY}/vllm-router:{ROUTER_VERSION}"
+# The project's router (router/, images/router), tagged with the operator's version; and vLLM's
+# (PyPI vllm-router, images/vllm-router), tagged with its own, the fallback of spec.router.implementation.
+ROUTER_IMAGE = f"{IMAGE_REPOSITORY}/kimik3-router:{__version__}"
+VLLM_ROUTER_VERSION = "0.1.17"
+VLLM_ROUTER_IMAGE = f"{IMAGE_REPOSITORY}/vllm-router:{VLLM_ROUTER_VERSION}"
 # The operator, tagged with the package version it was built from (images/operator); the chart's
 # default (image.repository, tag = appVersion).
 OPERATOR_IMAGE = f"{IMAGE_REPOSITORY}/kimik3-operator:{__version__}"
@@ -25,3 +27,8 @@ OPERATOR_IMAGE = f"{IMAGE_REPOSITORY}/kimik3-operator:{__version__}"
 
 def serving_image(gpu: GpuSpec | None) -> str:
     return ROCM_IMAGE if gpu is not None and gpu.vendor == "amd" else CUDA_IMAGE
+
+
+def router_image(implementation: str) -> str:
+    """The router pod's image (its front's too: both images carry HAProxy) for spec.router.implementation."""
+    return VLLM_ROUTER_IMAGE if implementation == "VllmRouter" else ROUTER_IMAGE

@@ -1,6 +1,6 @@
 """Which routers a deployment gets, and what each one routes to.
 
-One vllm-router process is either a prefill/decode router or a load balancer, never both (its
+One router process is either a prefill/decode router or a load balancer, never both (its
 `--worker-urls` are dropped in P/D mode, and an aggregated engine cannot act as a prefill or a
 decode). So the prefill and decode roles of every pool share one P/D router (any prefill may feed
 any decode of the same revision), and aggregated roles get a load-balancing router of their own.
@@ -8,10 +8,11 @@ any decode of the same revision), and aggregated roles get a load-balancing rout
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
-from ..api.spec import RouterAdmission, RouterMode
+from ..api.spec import RouterAdmission, RouterImplementation, RouterMode
 from .placement import Placement, placement
 
 
@@ -57,6 +58,15 @@ class RouterPlan:
     front: FrontPlan = FrontPlan()
     gateway: GatewayPlan | None = None
     """The Gateway its Service is attached to: the first router's (the deployment's endpoint) only."""
+    implementation: RouterImplementation = "KimiK3Router"
+    served_name: str = ""
+    """The model name it answers /v1/models with (spec.model.servedName)."""
+    first_token_seconds: int = 30
+    idle_gap_seconds: int = 60
+    prefill_tokens_per_second: int | None = None
+    """The slowest prefill rate the planner predicts for the roles it sends prompts to (prefill, or
+    aggregated), per replica at the workload's prompt length: the first-token deadline grows by the
+    prompt's tokens over it. None: no prediction (the router's default)."""
 
     @property
     def roles(self) -> tuple[RoleName, ...]:
@@ -77,9 +87,11 @@ class RouterPlan:
         return dict(self.policies).get("aggregated")
 
 
-def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
+def router_plans(spec: KimiK3DeploymentSpec,
+                 prefill_rates: Mapping[tuple[str, RoleName], float] | None = None) -> tuple[RouterPlan, ...]:
     """The P/D router first when there are prefill/decode roles, then the aggregated one; none
-    when spec.router.replicas is 0."""
+    when spec.router.replicas is 0. `prefill_rates`: prompt tokens per second per replica, by
+    (pool, role), as the perf model predicts them."""
     router = spec.router
     if router.replicas == 0:
         return ()
@@ -98,8 +110,17 @@ def router_plans(spec: KimiK3DeploymentSpec) -> tuple[RouterPlan, ...]:
     gateway = (GatewayPlan(name=router.gateway.name, namespace=router.gateway.namespace,
                            section_name=router.gateway.section_name, hostnames=tuple(router.gateway.hostnames))
                if router.gateway else None)
+    rates = prefill_rates or {}
+
+    def slowest(routes: tuple[tuple[str, RoleName], ...]) -> int | None:
+        found = [rates[r] for r in routes if r[1] in ("prefill", "aggregated") and r in rates]
+        return max(1, int(min(found))) if found else None
+
     return tuple(
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
+                   implementation=router.implementation, served_name=spec.model.served_name,
+                   first_token_seconds=router.watchdog.first_token_seconds,
+                   idle_gap_seconds=router.watchdog.idle_gap_seconds, prefill_tokens_per_second=slowest(chosen),
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
                    drain_seconds=spec.engine.shutdown_timeout_seconds,

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from ..api import KimiK3DeploymentSpec, Pool, Role
+from ..api import KimiK3DeploymentSpec, Pool, Role, RoleName
 from ..api.quantity import quantity
 from ..api.reasons import HARDWARE_UNSUPPORTED, INVALID_SPEC, NO_MATCHING_NODES, PD_INCOMPATIBLE
 from ..kimi_k3 import NUM_EXPERTS
@@ -63,9 +63,18 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     pools = with_vision_encoders(engine, with_cold_starts(spec, with_shapes(spec, engine, pools)))
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
-                            routers=router_plans(spec), scaling=scaling_settings(spec, pools, prometheus_url),
+                            routers=router_plans(spec, prefill_rates(spec, pools)),
+                            scaling=scaling_settings(spec, pools, prometheus_url),
                             network=network_plan(spec)),
                        staged or {})
+
+
+def prefill_rates(spec: KimiK3DeploymentSpec, pools: tuple[PoolPlan, ...]) -> dict[tuple[str, RoleName], float]:
+    """Prompt tokens per second one replica of each prefilling role takes, as predicted: its prompts
+    per second at the workload's prompt length (planner/perf.py), times that length."""
+    tokens = (spec.workload or DEFAULT_WORKLOAD).input_tokens
+    return {(p.name, r.role): r.predicted["prefillRequestsPerSecond"] * tokens
+            for p in pools for r in p.roles if r.predicted.get("prefillRequestsPerSecond")}
 
 
 def with_staged(plan: Plan, commits: Mapping[str, str]) -> Plan:

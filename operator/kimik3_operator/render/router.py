@@ -1,5 +1,7 @@
-"""The router in front of the engines: vllm-router 0.1.17 that follows the pods itself, its Service,
-and the identity it watches them with.
+"""The router in front of the engines: kimik3-router (router/, docs/router.md), or vllm-router 0.1.17
+as the fallback of spec.router.implementation, each following the pods itself; its Service, and the
+identity it watches them with. What differs between the two is one row of IMPLEMENTATIONS: the
+image and the command line.
 
 Why discovery and not lists (docs/decisions/router-discovery.md): a router given static engine
 lists must restart for every change of them, and every restart drops its prefix trees, load and
@@ -30,17 +32,17 @@ admin API.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..api.router_policies import ROUTER_POLICIES
 from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..planner import Plan, RouterPlan
-from ..planner.images import ROUTER_IMAGE
+from ..planner.images import router_image
 from .disruption import budget
 from .engine import HTTP_PORT
-from .front import FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
+from .front import ANSWER_SECONDS, FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
 from .front import METRICS_PORT as FRONT_METRICS_PORT
 from .gateway import http_route
 from .names import (
@@ -170,7 +172,31 @@ def engine_selector(owner: Owner, role: str, compat_hash: str | None) -> list[st
     return [f"{k}={v}" for k, v in pairs.items()]
 
 
-def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
+def kimik3_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
+    """kimik3-router's arguments (the image's ENTRYPOINT, docs/router.md): on the pod's loopback for
+    the front, its metrics on every address; the engines found by a watch of the pods with
+    server-side label selectors (one flag per role, `k=v,...`); the body cap and the request
+    timeout the front's; the drain the engines' own; the watchdog's deadlines from the spec and the
+    slowest prefill rate the planner predicts for the roles it routes to."""
+    plan = targets.plan
+    policy = {role: POLICY_FLAG[name] for role, name in plan.policies}
+    args = ["--host", "127.0.0.1", "--port", str(ROUTER_LOOPBACK_PORT),
+            "--metrics-host", "0.0.0.0", "--metrics-port", str(METRICS_PORT),
+            "--served-model-name", plan.served_name, "--namespace", owner.namespace, "--engine-port", str(HTTP_PORT),
+            "--max-payload-size", str(plan.front.max_request_bytes), "--request-timeout-secs", str(ANSWER_SECONDS),
+            "--drain-secs", str(plan.drain_seconds), "--first-token-timeout-secs", str(plan.first_token_seconds),
+            "--idle-gap-timeout-secs", str(plan.idle_gap_seconds)]
+    if plan.prefill_tokens_per_second is not None:
+        args += ["--prefill-tokens-per-sec", str(plan.prefill_tokens_per_second)]
+    if plan.mode == "PrefillDecode":
+        return [*args, "--mode", "pd", "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"],
+                "--prefill-selector", ",".join(engine_selector(owner, "prefill", targets.compat_hash)),
+                "--decode-selector", ",".join(engine_selector(owner, "decode", targets.compat_hash))]
+    return [*args, "--mode", "aggregated", "--policy", policy["aggregated"],
+            "--selector", ",".join(engine_selector(owner, "aggregated", None))]
+
+
+def vllm_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
     """vllm-router's arguments (the image's ENTRYPOINT is vllm-router). It serves on the pod's
     loopback only, for the front; its metrics listener (metrics only) binds every address. Each
     selector is one flag with all its pairs: the router's launcher keeps only the last of a repeated
@@ -188,6 +214,25 @@ def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
                 "--prefill-selector", *engine_selector(owner, "prefill", targets.compat_hash),
                 "--decode-selector", *engine_selector(owner, "decode", targets.compat_hash)]
     return [*args, "--policy", policy["aggregated"], "--selector", *engine_selector(owner, "aggregated", None)]
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """What a router implementation renders: its arguments and its log filter (RUST_LOG)."""
+
+    args: Callable[[Owner, RouterTargets], list[str]]
+    log_filter: str
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    "KimiK3Router": Implementation(kimik3_router_args, "info"),  # logs no session key at info (docs/router.md)
+    "VllmRouter": Implementation(vllm_router_args, ROUTER_LOG_FILTER),
+}
+"""spec.router.implementation -> how it is rendered (its image: planner/images.py router_image)."""
+
+
+def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
+    return IMPLEMENTATIONS[targets.plan.implementation].args(owner, targets)
 
 
 def service_account(owner: Owner) -> str:
@@ -251,9 +296,9 @@ def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                                  "limits": {**dict(plan.limits), "ephemeral-storage": ROUTER_EPHEMERAL[1]}}
     return {
         "name": COMPONENT,
-        "image": ROUTER_IMAGE,
+        "image": router_image(plan.implementation),
         "args": router_args(owner, targets),
-        "env": [{"name": "RUST_LOG", "value": ROUTER_LOG_FILTER}],
+        "env": [{"name": "RUST_LOG", "value": IMPLEMENTATIONS[plan.implementation].log_filter}],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # It listens at once (discovery runs beside the server, server.rs startup), on loopback: the
         # kubelet reaches its /liveness through the front (which answers its probes unqueued). The
