@@ -4,7 +4,9 @@
 # shared venv's editable install: scripts/venv.sh). PYTHONPATH puts this checkout's code first
 # whichever venv runs it.
 #
-#   make check      lint, types, import contracts, unit and golden tests: the fast loop (under a minute)
+#   make check      lint, types, import contracts, the router's fmt and clippy, unit and golden tests:
+#                   the fast loop (under a minute warm; clippy's first run compiles the router's
+#                   crates, about a minute)
 #   make test       every suite under tests/ (also contract, security, fuzz, mutation, images,
 #                   simulator, e2e_infra): what scripts/test.sh runs before its cluster (~9 min)
 #   make generate   regenerate everything generated: CRD + chart copy, chart README values,
@@ -47,6 +49,8 @@ lint: venv
 	cd "$(ROOT)" && $(RUN) ruff check .
 	cd "$(ROOT)" && $(RUN) mypy
 	cd "$(ROOT)" && $(RUN) lint-imports
+	cd "$(ROOT)/router" && cargo fmt --check
+	cd "$(ROOT)/router" && cargo clippy --quiet --locked --all-targets --target-dir "$(KIMIK3_CACHE)/router-target" -- -D warnings
 
 unit: venv
 	cd "$(ROOT)" && $(RUN) python -m pytest tests/unit tests/golden -q $(ARGS)

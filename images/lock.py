@@ -26,7 +26,7 @@ ROOT = HERE.parent
 # Docker's TARGETARCH -> the CPU name in uv's --python-platform.
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
 # image folder -> (Python of the image, glibc of its base: Ubuntu 24.04 = 2.39, Debian 12 = 2.36)
-IMAGES = {"vllm-cuda": ("3.12", "2_39"), "router": ("3.11", "2_36"), "operator": ("3.11", "2_36")}
+IMAGES = {"vllm-cuda": ("3.12", "2_39"), "vllm-router": ("3.11", "2_36"), "operator": ("3.11", "2_36")}
 
 
 def inputs(image: str) -> list[str]:

@@ -67,8 +67,11 @@ echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n ki
 for _ in $(seq 50); do [[ -s $STAGER_PIDFILE ]] && break; sleep 0.2; done
 echo "== weights stager running (pid $(cat "$STAGER_PIDFILE"), log $STAGER_LOG)"
 # Likewise the serving and router pods: each leader pod's rendered command runs the Kimi K3 engine
-# simulator and each router pod's the real vllm-router, on loopback ports (e2e/harness/pod_runner.py).
+# simulator and each router pod's the real router its image names (kimik3-router, built here from
+# router/ by cargo; or vllm-router), on loopback ports (e2e/harness/pod_runner.py). Both built first,
+# so the runner starts at once.
 "$ROOT/scripts/router-venv.sh" >/dev/null
+"$ROOT/scripts/router-build.sh" >/dev/null
 (cd "$ROOT" && exec setsid "$VENV/bin/python" -m e2e.harness.pod_runner "$STATE/pods" "$PODS_PIDFILE") \
   >"$PODS_LOG" 2>&1 </dev/null &
 for _ in $(seq 50); do [[ -s $PODS_PIDFILE ]] && break; sleep 0.2; done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (once) and print the path of a cached virtualenv holding exactly what the router image
-# installs: vllm-router 0.1.17 and its dependencies from images/router/requirements-<arch>.txt,
+# installs: vllm-router 0.1.17 and its dependencies from images/vllm-router/requirements-<arch>.txt,
 # installed --require-hashes --no-deps as the Dockerfile does. It runs the contract check of
 # rendered router arguments (tests/contract/router_check.py) and, in e2e, the router itself
 # (`$VENV/bin/vllm-router ARGS`). About 30 MB of wheels; a warm run takes ~0.1 s.
@@ -28,9 +28,9 @@ log() { echo "[router-venv] $*" >&2; }
 case "$(uname -m)" in
   x86_64 | amd64) arch=amd64 ;;
   aarch64 | arm64) arch=arm64 ;;
-  *) die "no router lock for $(uname -m) (images/router has amd64 and arm64)" ;;
+  *) die "no router lock for $(uname -m) (images/vllm-router has amd64 and arm64)" ;;
 esac
-REQ="$ROOT/images/router/requirements-$arch.txt"
+REQ="$ROOT/images/vllm-router/requirements-$arch.txt"
 [[ -f "$REQ" ]] || die "missing $REQ"
 command -v "$PY" >/dev/null || die "no interpreter '$PY' (set PYTHON)"
 pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" || die "'$PY' does not run"

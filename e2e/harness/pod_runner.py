@@ -3,9 +3,12 @@
 kwok marks pods Running and runs nothing. For every Running leader pod of a serving role this starts
 the Kimi K3 engine simulator (`python -m kimik3_simulator`) with the pod's rendered command
 and the environment the kubelet would give it (`$(VAR)` references expanded, the pod IP from its
-status); for every Running router pod it starts the real `vllm-router` (from the router image's own
-hash-locked requirements, scripts/router-venv.sh) with the pod's rendered args, and its front: Debian's
-HAProxy, the router image's, on the pod's rendered configuration (e2e/harness/front_play.py).
+status); for every Running router pod it starts the real router its image names with the pod's
+rendered args: kimik3-router (built from router/ by scripts/router-build.sh; its ServiceAccount's
+token and CA in a folder it is pointed at, the API server's address in KUBERNETES_SERVICE_HOST/PORT,
+as a kubelet provides them) or vllm-router (from its image's hash-locked requirements,
+scripts/router-venv.sh), and its front: Debian's HAProxy, the router image's, on the pod's rendered
+configuration (e2e/harness/front_play.py).
 
 Pod IPs are loopback addresses here (the cluster's KIMIK3_POD_CIDR), so each process listens on its
 own pod IP at the rendered ports, as it would in its pod's network namespace: the one rewrite is the
@@ -57,6 +60,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +71,7 @@ import yaml
 
 from kimik3_operator.api.quantity import quantity
 from kimik3_operator.contract.names import SERIES_LABELS
+from kimik3_operator.planner.images import VLLM_ROUTER_IMAGE
 from kimik3_operator.render.front import API_KEY_ENV, CONFIG_ENV, FRONT_PORT, ROUTER_LOOPBACK_PORT
 from kimik3_operator.render.front import CONTAINER as FRONT
 from kimik3_operator.render.front import METRICS_PORT as FRONT_METRICS_PORT
@@ -142,6 +147,31 @@ def _kubelet_view(pod: dict[str, Any], container: dict[str, Any]) -> KubeletView
             "container": container["name"], "probe": Probe.of(pod, container),
             "statuses": (pod.get("status") or {}).get("containerStatuses") or [],
             "restarts": Restarts(container["name"])}
+
+
+def router_binary() -> Path:
+    """kimik3-router, built by scripts/router-build.sh (cargo, cached)."""
+    out = subprocess.run([str(ROOT / "scripts" / "router-build.sh")], capture_output=True, text=True, check=True,
+                         timeout=1200).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _admin_cluster() -> dict[str, Any]:
+    (cluster,) = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())["clusters"]
+    return dict(cluster["cluster"])
+
+
+def _cluster_ca() -> bytes:
+    cluster = _admin_cluster()
+    if "certificate-authority-data" in cluster:
+        return base64.b64decode(cluster["certificate-authority-data"])
+    return Path(cluster["certificate-authority"]).read_bytes()
+
+
+def _api_server_env() -> dict[str, str]:
+    """KUBERNETES_SERVICE_HOST and _PORT as the kubelet sets them, for the API server this runner uses."""
+    address = urllib.parse.urlsplit(_admin_cluster()["server"])
+    return {"KUBERNETES_SERVICE_HOST": str(address.hostname), "KUBERNETES_SERVICE_PORT": str(address.port or 443)}
 
 
 def router_venv() -> Path:
@@ -281,7 +311,8 @@ class PodRunner:
 
     def start(self) -> PodRunner:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.router_bin = router_venv() / "bin" / "vllm-router"
+        self.vllm_router_bin = router_venv() / "bin" / "vllm-router"
+        self.router_bin = router_binary()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._thread.start()
         self._prober = threading.Thread(target=self._probe_all, name="pod-runner-probes", daemon=True)
@@ -483,6 +514,18 @@ class PodRunner:
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
                     labels=dict(meta["labels"]), respawn=respawn, cgroup=cgroup, **_kubelet_view(pod, container))
 
+    def _router_token_dir(self, pod: dict[str, Any]) -> Path:
+        """What the kubelet mounts for the router's ServiceAccount (a projected volume): its token and
+        the cluster's CA, in a folder of this pod's own."""
+        meta, spec = pod["metadata"], pod["spec"]
+        account = spec.get("serviceAccountName") or "default"
+        token = kubectl_until_ok("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
+        folder: Path = self.root / "tokens" / str(meta["uid"])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "token").write_text(token)
+        (folder / "ca.crt").write_bytes(_cluster_ca())
+        return folder
+
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
         volume would hold), for the API server this runner talks to."""
@@ -513,14 +556,19 @@ class PodRunner:
                 for a in [*(container.get("command") or [])[1:], *(container.get("args") or [])]]
         # Played pods share the host's network namespace: the pod's wildcard and its loopback are its own IP.
         args = [ip if a in ("0.0.0.0", "127.0.0.1") else a for a in args]
-        health = str(self.router_health_seconds)
-        argv = [str(self.router_bin), *args,
-                # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
-                "--health-check-interval-secs", health]
         # The pod's RUST_LOG (render/router.py), unless the test run sets its own.
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
-               "KUBECONFIG": str(self._router_kubeconfig(pod)),
                "RUST_LOG": os.environ.get("RUST_LOG") or pod_env.get("RUST_LOG", "info")}
+        if container.get("image") == VLLM_ROUTER_IMAGE:
+            argv = [str(self.vllm_router_bin), *args,
+                    # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
+                    "--health-check-interval-secs", str(self.router_health_seconds)]
+            env["KUBECONFIG"] = str(self._router_kubeconfig(pod))
+        else:
+            # kimik3-router reads its ServiceAccount's token and CA as in a pod (--kube-token-dir for
+            # the mounted folder) and the API server's address from the kubelet's environment.
+            argv = [str(self.router_bin), *args, "--kube-token-dir", str(self._router_token_dir(pod))]
+            env.update(_api_server_env())
         name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
         played = self._start_front(pod, front, ip, name) if front is not None else None
         cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))

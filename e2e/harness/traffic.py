@@ -27,7 +27,8 @@ class Answer:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     done: bool = False
-    """The stream ended with `data: [DONE]` (always True for a whole JSON answer that parsed)."""
+    """The stream ended with `data: [DONE]` and carried no error event (always True for a whole JSON
+    answer that parsed)."""
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     """Seconds between consecutive content chunks of a stream."""
@@ -68,7 +69,7 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, int
                     continue
                 payload = line[len(b"data: "):]
                 if payload == b"[DONE]":
-                    answer.done = True
+                    answer.done = not answer.error  # a stream that carried an error event did not finish
                     break
                 chunk = json.loads(payload)
                 if "error" in chunk:
@@ -129,7 +130,8 @@ def failure_kind(answer: Answer) -> str:
     if answer.error.startswith("no endpoint"):
         return "no endpoint"
     if answer.status == 200:
-        return "broken stream"
+        # An error event marks a cut stream (kimik3-router, vLLM); a stream that just stops does not.
+        return "stream error event" if answer.error.startswith("{") else "broken stream"
     return f"HTTP {answer.status}" if answer.status else "connection"
 
 
@@ -147,15 +149,52 @@ def router_uids(namespace: str) -> set[str]:
                                                  "app.kubernetes.io/component=router")["items"]}
 
 
+def _router_metrics(router: Proc) -> str | None:
+    try:
+        return SESSION.get(f"http://{router.ip}:{router.metrics_port}/metrics", timeout=2).text
+    except requests.RequestException:
+        return None
+
+
+def is_kimik3_router(router: Proc) -> bool:
+    """The pod runs kimik3-router (spec.router.implementation KimiK3Router), not vllm-router."""
+    argv = router.proc.args
+    return isinstance(argv, list) and bool(argv) and "kimik3-router" in str(argv[0])
+
+
 def router_workers(router: Proc) -> set[str] | None:
-    """The engine IPs a router has found (its GET /workers), None when it does not answer. Asked
-    of the router itself, behind its front (which never passes the admin API): in a pod that is
-    its loopback, which a played pod's IP stands for (pod_runner)."""
+    """The engine IPs a router has found, None when it does not answer. kimik3-router: the engines
+    its metrics list (kimik3_router_engine_healthy has one series per engine found, healthy or not).
+    vllm-router: its GET /workers, asked of the router itself, behind its front (which never passes
+    the admin API): in a pod that is its loopback, which a played pod's IP stands for (pod_runner)."""
+    if is_kimik3_router(router):
+        text = _router_metrics(router)
+        if text is None:
+            return None
+        return set(re.findall(r'^kimik3_router_engine_healthy\{[^}]*engine="\[?([0-9a-fA-F.:]+?)\]?:\d+', text,
+                              re.M))
     try:
         body = SESSION.get(f"{router.admin_url}/workers", timeout=2).text
     except requests.RequestException:
         return None
     return set(re.findall(r"http://\[?([0-9a-fA-F.:]+?)\]?:\d+", body))
+
+
+def engine_routable(router: Proc, engine: Proc) -> float | None:
+    """1 while the router would send the engine requests, 0 once its health check gave it up, None
+    while the router does not list it."""
+    url = f"http://{router.ip}:{router.metrics_port}/metrics"
+    if is_kimik3_router(router):
+        return metric_line(url, "kimik3_router_engine_healthy", engine=f"{engine.ip}:{engine.port}")
+    return metric_line(url, "vllm_router_worker_health", worker=engine.url)
+
+
+def decode_legs(router: Proc) -> float:
+    """Requests the router sent to decode engines (answered or not)."""
+    url = f"http://{router.ip}:{router.metrics_port}/metrics"
+    if is_kimik3_router(router):
+        return metric(url, "kimik3_router_leg_requests_total", role="decode")
+    return metric(url, "vllm_router_pd_decode_requests_total")
 
 
 def ready_router(runner: PodRunner, namespace: str, name: str, timeout: float = 120) -> Proc:

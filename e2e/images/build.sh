@@ -5,15 +5,16 @@
 # one). Everything lands outside the repository, in $KIMIK3_CACHE/images: podman's own storage and
 # the stand-in base (built once). An image is built again only when its source changed (`build`).
 #
-#   e2e/images/build.sh            build both images; prints "<name> <ref> <image id>" per image
-#   e2e/images/build.sh push HOST  build, then push both images and the chart to the registry at
+#   e2e/images/build.sh            build the operator image and both router images (kimik3-router, and
+#                                  vllm-router, the fallback); prints "<name> <ref> <image id>" per image
+#   e2e/images/build.sh push HOST  build, then push the images and the chart to the registry at
 #                                  HOST (plain HTTP: the local cluster's, on loopback), each image
 #                                  under its usual path with HOST for the registry
 #                                  (HOST/kimik3-operator/kimik3-operator:<version>) and also tagged
 #                                  <version>-<image id> (printed: "<name> <ref>"), the chart as
 #                                  oci://HOST/charts/kimik3-operator (helm on PATH)
 #   e2e/images/build.sh retag FROM TO   push an image already built or pushed (FROM) as TO
-#   e2e/images/build.sh tags       the two image references it builds
+#   e2e/images/build.sh tags       the image references it builds
 #   e2e/images/build.sh env        `export` lines for running podman against this storage
 #
 # The build needs, on this VM and not in the images: runc (Debian 12's crun 1.8.1 refuses the
@@ -164,13 +165,14 @@ build() {
 # The tags the chart and the planner expect (planner/images.py), read from the code, not copied
 # (by text: the build needs no Python packages).
 image_tags() {
-  local images="$ROOT/operator/kimik3_operator/planner/images.py" repo version router
+  local images="$ROOT/operator/kimik3_operator/planner/images.py" repo version vllm_router
   repo="$(sed -n 's/^IMAGE_REPOSITORY = "\(.*\)"$/\1/p' "$images")"
-  router="$(sed -n 's/^ROUTER_VERSION = "\(.*\)"$/\1/p' "$images")"
+  vllm_router="$(sed -n 's/^VLLM_ROUTER_VERSION = "\(.*\)"$/\1/p' "$images")"
   version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/operator/kimik3_operator/__init__.py")"
-  [[ -n $repo && -n $router && -n $version ]] || die "could not read the image tags from planner/images.py"
+  [[ -n $repo && -n $vllm_router && -n $version ]] || die "could not read the image tags from planner/images.py"
   echo "$repo/kimik3-operator:$version"
-  echo "$repo/vllm-router:$router"
+  echo "$repo/kimik3-router:$version"
+  echo "$repo/vllm-router:$vllm_router"
 }
 
 main() {
@@ -205,11 +207,15 @@ main() {
   # The operator's source as its Dockerfile.dockerignore lets it into the build.
   build operator "${tags[0]}" "$ROOT/images/operator/Dockerfile" "$ROOT" \
     pyproject.toml README.md constraints.txt images/operator operator >&4
-  build router "${tags[1]}" "$ROOT/images/router/Dockerfile" "$ROOT/images/router" images/router >&4
+  # The crate's source as its Dockerfile.dockerignore lets it into the build (not router/target).
+  build router "${tags[1]}" "$ROOT/images/router/Dockerfile" "$ROOT" images/router router/Cargo.toml \
+    router/Cargo.lock router/src >&4
+  build vllm-router "${tags[2]}" "$ROOT/images/vllm-router/Dockerfile" "$ROOT/images/vllm-router" images/vllm-router >&4
   if [[ ${1:-} == push ]]; then
     [[ -n ${2:-} ]] || die "usage: build.sh push HOST:PORT"
     push operator "$2" "${tags[0]}"
     push router "$2" "${tags[1]}"
+    push vllm-router "$2" "${tags[2]}"
     push_chart "$2"
   fi
 }

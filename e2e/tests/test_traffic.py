@@ -32,9 +32,10 @@ from e2e.harness.replicas import Exit, Replicas
 from e2e.harness.traffic import (
     SESSION,
     Answer,
+    decode_legs,
+    engine_routable,
     failure_kinds,
     metric,
-    metric_line,
     post,
     prompt,
     ready_router,
@@ -109,11 +110,12 @@ def _healthy(engine: Proc) -> bool:
 
 
 def _paths(engines: list[Proc]) -> dict[str, dict[str, Any]]:
-    """Per request id, what each engine did with it: {request id: {pod: record}}."""
+    """Per prompt, what each engine did with it: {prompt fingerprint: {pod: record}}. Joined by the
+    prompt's fingerprint, not the request id: each leg carries its own id (kimik3-router)."""
     joined: dict[str, dict[str, Any]] = {}
     for engine in engines:
         for rid, record in stats(engine)["by_request_id"].items():
-            joined.setdefault(rid, {})[engine.pod] = record
+            joined.setdefault(str(record.get("prompt_fingerprint", rid)), {})[engine.pod] = record
     return joined
 
 
@@ -152,8 +154,7 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     assert all(stats(d)["requests"]["local_prefill"] == 0 for d in decode)
     spread = {d.pod: sum(d.pod in r for r in decoded.values()) for d in decode}
     # The router's own metrics agree.
-    routed = metric(f"http://{router.ip}:{router.metrics_port}/metrics", "vllm_router_pd_decode_requests_total")
-    assert routed >= len(answers)
+    assert decode_legs(router) >= len(answers)
 
     # Measured through the router against the perf model's prediction for the same roles.
     streamed = [a for a in answers if a.gaps]
@@ -245,10 +246,9 @@ def test_decode_killed_mid_stream_is_a_clean_error_and_the_next_request_succeeds
 
     # The router stops choosing the dead engine: its health check (1 s in e2e) marks it unhealthy,
     # or its pod turns unready first (readiness probe, 3 misses) and its discovery drops it.
-    health = f"http://{router.ip}:{router.metrics_port}/metrics"
     wait_for("the router to stop routing to the dead decode",
-             lambda: metric_line(health, "vllm_router_worker_health", worker=victim.url) == 0
-             or victim.ip not in (router_workers(router) or {victim.ip}), timeout=30)
+             lambda: engine_routable(router, victim) == 0 or victim.ip not in (router_workers(router) or {victim.ip}),
+             timeout=30)
     # ... and its pod is no longer Ready (the kubelet's readiness probe), so the operator and every
     # other router see it too.
     wait_for("the dead decode's pod unready", lambda: (condition(
@@ -449,19 +449,19 @@ REPLACE_SECONDS = 5
 """What LWS's recreation of a group takes beside the preStop pause here: the old pods' SIGTERM and
 removal, the new pods' creation, scheduling and start (measured 3-4 s on an idle machine)."""
 RECOVERY_BOUND_SECONDS = 15.0
-"""How long after an engine dies requests may still fail here: until its pod turns unready (the
-kubelet's readiness probe, 3 misses; the pod runner probes every second) or the router's own
-health check drops it (1 s interval, 3 failures, in e2e), whichever comes first, with room for a
-loaded machine."""
+"""How long after an engine dies the router may still send it a first try (until its pod turns
+unready or the router's probes give it up); every request after that window must be served at the
+first try as well."""
 
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
-def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays(
+def test_an_engine_killed_under_load_fails_no_request_and_its_group_comes_back(
         operator: Path, stager: Any, pod_runner: PodRunner, namespace: str, role: str) -> None:
     """Chaos: one of two engines of `role` SIGKILLed under an open-loop load (4 requests/s). Every
-    outcome is counted. Failures stay inside a bounded window after the kill (vllm-router 0.1.17
-    does not retry a P/D leg on another engine: docs/front-door.md), every request after it is
-    served, and the router pods are the same ones throughout."""
+    outcome is counted: none fails (kimik3-router sends the leg elsewhere; vllm-router 0.1.17 lost
+    9 to 13 here), the deployment says Degraded with the pod named while LWS recreates the group, the
+    group is Ready and routed again within the bound, no KV is read twice, and the router pods are
+    the same ones throughout."""
     name = f"k3-chaos-{role}"
     body = _example(PD_EXAMPLE, namespace, name)
     pool = next(p for p in body["spec"]["pools"] if role in p)
@@ -508,7 +508,8 @@ def test_an_engine_killed_under_load_costs_a_bounded_window_and_the_router_stays
     assert _second_reads(pod_runner, namespace) == {}
     assert degraded["reason"] in (CONTAINER_EXITED, CRASH_LOOP), degraded
     assert recovered <= bound, (recovered, bound, [e.pod for e in back])
-    assert all(killed_at - 0.5 <= t <= killed_at + RECOVERY_BOUND_SECONDS for t, _ in failed), load.story()
+    # kimik3-router sends a failed leg elsewhere (docs/router.md): not one of these requests fails.
+    assert not failed, load.story()
     after = [a for t, a in load.outcomes if t > killed_at + RECOVERY_BOUND_SECONDS]
     assert after and all(a.status == 200 and a.done for a in after)
     assert router_uids(namespace) == uids

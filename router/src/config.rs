@@ -222,7 +222,9 @@ pub fn parse(args: &[String]) -> Result<Config, String> {
                 _ => return Err(format!("--{name} needs a value")),
             },
         };
-        if value.is_empty() {
+        // An empty served name is one the API and vLLM's own parser take (spec.model.servedName ""):
+        // the router answers what its engines answer.
+        if value.is_empty() && *known != "served-model-name" {
             return Err(format!("--{name} needs a non-empty value"));
         }
         if REPEATABLE.contains(known) {
@@ -481,6 +483,13 @@ mod tests {
                 Err(e) => assert!(e.contains(needle), "{line}: {e}"),
             }
         }
+    }
+
+    #[test]
+    fn an_empty_served_name_is_taken_as_the_engines_take_it() {
+        let c = parse(&args("--served-model-name= --prefill http://a:1 --decode http://b:2"));
+        assert!(matches!(&c, Ok(c) if c.served_model_name.is_empty()), "{:?}", c.err());
+        assert!(parse(&args("--served-model-name= --namespace= --prefill http://a:1 --decode http://b:2")).is_err());
     }
 
     #[test]

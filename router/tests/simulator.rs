@@ -1,7 +1,7 @@
 //! The router in P/D mode in front of the project's engine simulator (simulator/), started from the
 //! golden scenario's rendered prefill and decode commands (TP8 x DP2, NIXL producer/consumer).
 //! Never skipped: if Python or the simulator cannot start, the test fails and says why.
-//! Python: $KIMIK3_PYTHON, else the e2e venv's interpreter.
+//! Python: $KIMIK3_PYTHON (tests/router/test_crate.py sets the project venv's), else python3 on PATH.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod common;
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const DEFAULT_PYTHON: &str = "/root/.cache/kimik3-e2e/venv/e0a92776d046/bin/python";
+const DEFAULT_PYTHON: &str = "python3";
 const SCENARIO: &str = "b200-dep16-disaggregated";
 
 struct Sim {
@@ -77,14 +77,31 @@ fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .env("PYTHONPATH", pythonpath())
         .env("K3SIM_GPU_PRODUCT", "B200")
-        .env("K3SIM_HANDSHAKE_DIR", dir.join("nixl"))
-        .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.9.8.7")
+        // The prefill's NIXL side channel (the decode reads the KV over it): on loopback, from a
+        // base of its own, as tests/simulator/sims.py starts them.
+        .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        .env("VLLM_NIXL_SIDE_CHANNEL_PORT", side_channel_base().to_string())
         .env("K3SIM_OUTPUT_TOKENS", "64")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     Sim { port, child, log }
+}
+
+/// A loopback port with 16 free ports from it (one per data-parallel rank), below Linux's ephemeral
+/// range, where outgoing connections do not take ports between this check and the simulator's bind.
+fn side_channel_base() -> u16 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let seed = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
+    for i in 0..200u32 {
+        let offset = seed.wrapping_mul(2_654_435_761).wrapping_add(i.wrapping_mul(7_919)) % (32_768 - 16 - 20_000);
+        let base = 20_000 + offset as u16;
+        if (base..base + 16).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no 16 consecutive free loopback ports below 32768");
 }
 
 async fn wait_healthy(sim: &mut Sim) {

@@ -1,4 +1,5 @@
-"""Every router argument list the renderer produces goes through vllm-router 0.1.17's own parser and
+"""Every vllm-router argument list the renderer produces (spec.router.implementation VllmRouter, the
+fallback) goes through vllm-router 0.1.17's own parser and
 validation (the launcher's, then the Rust core's), and means what the plan meant: the mode, the
 discovery of its engines (namespace, port, the selectors of one revision), the policies, listeners
 on every address, and no static engine list.
@@ -24,7 +25,7 @@ from kimik3_operator.render import Owner
 from kimik3_operator.render.front import ROUTER_LOOPBACK_PORT
 from kimik3_operator.render.router import ADD_WAIT_SECONDS, POLICY_FLAG, RouterTargets, router_args, router_targets
 from tests.golden.scenarios import SCENARIOS
-from tests.golden.test_golden import OWNER_UID, plan_scenario, rendered_objects
+from tests.golden.test_golden import OWNER_UID, plan_scenario
 from tests.support.cases import load_examples
 from tests.support.nodes import all_pools
 
@@ -37,20 +38,24 @@ def _owner(body: dict[str, Any]) -> Owner:
 
 
 def golden_cases() -> dict[str, Case]:
-    """The args of every golden router Deployment, with what the renderer meant by them."""
+    """The vllm-router args of every golden router Deployment, with what the renderer meant by them."""
     out = {}
     for scenario, body in sorted(SCENARIOS.items()):
-        plan = plan_scenario(body)
-        deployments = {o["metadata"]["name"]: o for o in rendered_objects(scenario) if o["kind"] == "Deployment"}
-        for targets in router_targets(_owner(body), plan):
-            containers = deployments[targets.deployment]["spec"]["template"]["spec"]["containers"]
-            container = next(c for c in containers if c["name"] == "router")
-            out[f"golden/{scenario}/{targets.deployment}"] = (container["args"], targets, _owner(body))
+        for targets in router_targets(_owner(body), plan_scenario(vllm_router(body))):
+            out[f"golden/{scenario}/{targets.deployment}"] = (router_args(_owner(body), targets), targets, _owner(body))
     return out
 
 
+def vllm_router(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with spec.router.implementation VllmRouter."""
+    body = copy.deepcopy(body)
+    body["spec"]["router"] = {**body["spec"].get("router", {}), "implementation": "VllmRouter"}
+    return body
+
+
 def _every_router(body: dict[str, Any]) -> list[Case]:
-    """Each router of `body` (planned on the test fleet), for its own revision and an older one."""
+    """Each vllm-router of `body` (planned on the test fleet), for its own revision and an older one."""
+    body = vllm_router(body)
     spec = KimiK3Deployment.model_validate(body).spec
     plan = plan_deployment(spec, {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools})
     owner = _owner(body)

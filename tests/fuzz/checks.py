@@ -209,7 +209,10 @@ def _check_router(child: dict[str, Any], children: list[dict[str, Any]], owner: 
     c = pod["containers"][1]
     args = c["args"]
     assert args[args.index("--host") + 1] == "127.0.0.1"
-    assert "--service-discovery" in args and args[args.index("--service-discovery-namespace") + 1] == owner.namespace
+    if "--service-discovery" in args:  # vllm-router, the fallback
+        assert args[args.index("--service-discovery-namespace") + 1] == owner.namespace
+    else:  # kimik3-router
+        assert args[args.index("--namespace") + 1] == owner.namespace and "--prefill" not in args
     assert pod["automountServiceAccountToken"] is True
     name = pod["serviceAccountName"]
     assert name not in {j["spec"]["template"]["spec"].get("serviceAccountName") for j in children if j["kind"] == "Job"}

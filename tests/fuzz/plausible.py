@@ -336,6 +336,11 @@ def _router_settings(draw: Draw) -> dict[str, Any]:
             router["admission"]["maxRequestBytes"] = draw(st.sampled_from(REQUEST_BYTES))
     if maybe(draw, 15):
         router["apiKey"] = {"name": "clients", **({"key": "key"} if maybe(draw, 50) else {})}
+    if maybe(draw, 20):
+        router["implementation"] = draw(st.sampled_from(("KimiK3Router", "VllmRouter")))
+    if maybe(draw, 10):
+        router["watchdog"] = {k: draw(st.integers(1, 3600)) for k in ("firstTokenSeconds", "idleGapSeconds")
+                              if maybe(draw, 60)}
     return router
 
 

@@ -29,7 +29,7 @@ def hadolint() -> str:
 
 
 def test_there_are_dockerfiles() -> None:
-    assert {p.parent.name for p in DOCKERFILES} >= {"operator", "vllm-cuda", "vllm-rocm", "router"}
+    assert {p.parent.name for p in DOCKERFILES} >= {"operator", "vllm-cuda", "vllm-rocm", "router", "vllm-router"}
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)

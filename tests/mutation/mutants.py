@@ -134,7 +134,7 @@ MUTANTS += (
            'and any(ref.get("kind") == "Job"', 'or any(ref.get("kind") == "Job"',
            "tests/security/test_pods_progress.py::test_a_termination_message_from_a_pod_the_job_does_not_own_is_not_the_jobs_word"),
     Mutant("nothing serves before its weights are staged", "reconcile/reconciler.py",
-           "if weights.all_staged:", "if True:",
+           "if not weights.all_staged:", "if False:",
            "tests/unit/test_reconciler.py::test_weights_are_staged_before_anything_serves_then_steady_state_writes_nothing"),
     Mutant("the staged commit enters the P/D compatibility hash", "planner/plan.py",
            '**({"commits": dict(self.commits)} if self.commits else {}),', "",

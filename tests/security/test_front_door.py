@@ -181,12 +181,18 @@ def test_the_client_routes_pass_and_nothing_else_reaches_the_router(front: Calla
         assert status == 200 and json.loads(body)["path"] == path
     for path in PROBES:
         assert call(f.url + path)[0] == 200
+    for model in ("kimi-k3", "Kimi-K3.v1:fp8_x"):  # one model by name (kimik3-router answers it)
+        status, _, body = call(f.url + f"/v1/models/{model}")
+        assert status == 200 and json.loads(body)["path"] == f"/v1/models/{model}"
+    for refused in ("/v1/models/.hidden", "/v1/models/a/b", "/v1/models/a%2Fb", "/v1/models/" + "x" * 129):
+        assert call(f.url + refused)[0] == 404, refused
     passed = set(f.router.paths())
     for method, path in ADMIN:
         status, _, body = call(f.url + path, method, {} if method in ("POST", "PUT") else None)
         assert status == 404, (method, path, status)
         assert json.loads(body)["error"]["code"] == 404
-    assert f.router.paths() == passed == {p for _, p in ROUTES} | set(PROBES)
+    assert f.router.paths() == passed == {p for _, p in ROUTES} | set(PROBES) | {
+        "/v1/models/kimi-k3", "/v1/models/Kimi-K3.v1:fp8_x"}
 
 
 @pytest.mark.parametrize("line", TRICKS, ids=lambda b: b.decode().replace("\t", "\\t"))

@@ -174,6 +174,7 @@ def test_every_user_string_reaches_its_container_as_written(body: dict[str, Any]
             elif c["name"] == "wait-model":
                 assert args[4] == commit  # python3 -c SCRIPT DEST COMMIT TIMEOUT
             elif c["name"] == "router":  # finds its engines in its own namespace, by labels
-                assert after(args, "--service-discovery-namespace") == OWNER.namespace
+                assert after(args, "--namespace") == OWNER.namespace
+                assert after(args, "--served-model-name") == spec.model.served_name
                 assert after(args, "--selector").startswith("app.kubernetes.io/managed-by=")
     assert {"stage", "wait-model", "vllm", "router"} <= seen

@@ -46,9 +46,11 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def _values(args: list[str], flag: str) -> list[str]:
-    """Every value given to `flag`: all of them up to the next flag (nargs=+), or the next one."""
+    """Every value given to `flag`; a selector's pairs, whether given as one `k=v,...` (kimik3-router)
+    or one each up to the next flag (vllm-router, nargs=+)."""
     if flag.endswith("selector"):
-        return list(takewhile(lambda a: not a.startswith("--"), args[args.index(flag) + 1:]))
+        given = takewhile(lambda a: not a.startswith("--"), args[args.index(flag) + 1:])
+        return [pair for value in given for pair in value.split(",")]
     return [args[i + 1] for i, a in enumerate(args) if a == flag]
 
 
@@ -57,18 +59,45 @@ def test_a_pd_router_finds_the_leaders_of_its_revision_itself() -> None:
     (deployment,) = _routers(plan).values()
     assert deployment["metadata"]["name"] == f"k3-router-{plan.compat_hash[:10]}"
     args = _container(deployment)["args"]
-    assert "--service-discovery" in args
-    assert _values(args, "--service-discovery-namespace") == ["inference"]
-    assert _values(args, "--service-discovery-port") == ["8000"]  # its default is 80
+    assert _values(args, "--namespace") == ["inference"] and _values(args, "--mode") == ["pd"]
+    assert _values(args, "--engine-port") == ["8000"]
     common = ["app.kubernetes.io/managed-by=kimik3-operator", "serving.kimik3.dev/deployment=k3"]
     for role in ("prefill", "decode"):
         assert _values(args, f"--{role}-selector") == [
             *common, f"serving.kimik3.dev/role={role}", "leaderworkerset.sigs.k8s.io/worker-index=0",
             f"serving.kimik3.dev/compat-hash={plan.compat_hash}"]
         assert f"--{role}" not in args  # no static list: nothing to restart for
-    assert "--vllm-pd-disaggregation" in args and _values(args, "--kv-connector") == ["nixl"]
     assert "--policy" not in args and "--selector" not in args
+    assert _values(args, "--served-model-name") == ["kimi-k3"]
     assert deployment["spec"]["replicas"] == 2
+
+
+def test_the_watchdog_follows_the_spec_and_the_planners_prefill_rate() -> None:
+    plan = _plan(PD, watchdog={"firstTokenSeconds": 12, "idleGapSeconds": 7})
+    args = _container(next(iter(_routers(plan).values())))["args"]
+    assert (_values(args, "--first-token-timeout-secs"), _values(args, "--idle-gap-timeout-secs")) == (["12"], ["7"])
+    prefill = next(r for p in plan.pools for r in p.roles if r.role == "prefill")
+    tokens = KimiK3Deployment.model_validate(PD).spec.workload
+    expected = prefill.predicted["prefillRequestsPerSecond"] * (tokens.input_tokens if tokens else 8192)
+    assert _values(args, "--prefill-tokens-per-sec") == [str(int(expected))]
+    assert _values(args, "--request-timeout-secs") == ["1800"]  # the front's answer timeout
+
+
+def test_the_vllm_router_fallback_renders_its_own_command_line() -> None:
+    plan = _plan(PD, implementation="VllmRouter")
+    (deployment,) = _routers(plan).values()
+    container = _container(deployment)
+    assert container["image"] == "ghcr.io/kimik3-operator/vllm-router:0.1.17"
+    args = container["args"]
+    assert "--service-discovery" in args and _values(args, "--service-discovery-port") == ["8000"]
+    assert "--vllm-pd-disaggregation" in args and _values(args, "--kv-connector") == ["nixl"]
+    assert _values(args, "--decode-selector")[-1] == f"serving.kimik3.dev/compat-hash={plan.compat_hash}"
+    assert _values(args, "--worker-startup-timeout-secs") == [str(ADD_WAIT_SECONDS)]
+    assert ADD_WAIT_SECONDS <= 30  # one unreachable Ready pod stalls every add behind it this long
+    assert _values(args, "--prometheus-host") == ["0.0.0.0"]
+    # the same template but for the router: its serving pods unchanged
+    serving = [[o for o in render_serving(OWNER, p) if o["kind"] == "LeaderWorkerSet"] for p in (_plan(PD), plan)]
+    assert serving[0] == serving[1]
 
 
 def test_the_router_never_depends_on_which_engines_are_ready() -> None:
@@ -119,7 +148,7 @@ def test_a_mixed_deployment_gets_a_pd_router_and_an_aggregated_one() -> None:
     pd = _container(routers[f"k3-router-{plan.compat_hash[:10]}"])["args"]
     aggregated = _container(routers["k3-router-aggregated"])["args"]
     assert "--selector" not in pd
-    assert "--vllm-pd-disaggregation" not in aggregated and "--prefill-selector" not in aggregated
+    assert _values(aggregated, "--mode") == ["aggregated"] and "--prefill-selector" not in aggregated
     assert _values(aggregated, "--selector") == [
         "app.kubernetes.io/managed-by=kimik3-operator", "serving.kimik3.dev/deployment=k3",
         "serving.kimik3.dev/role=aggregated", "leaderworkerset.sigs.k8s.io/worker-index=0"]  # any revision
@@ -175,12 +204,10 @@ def test_probes_and_the_add_wait() -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
     assert front["livenessProbe"]["httpGet"] == {"path": "/front/healthz", "port": "front-metrics"}
     assert "startupProbe" not in container  # it listens at once: nothing to wait for
-    assert _values(container["args"], "--worker-startup-timeout-secs") == [str(ADD_WAIT_SECONDS)]
-    assert ADD_WAIT_SECONDS <= 30  # one unreachable Ready pod stalls every add behind it this long
     # the router on the pod's loopback only, behind the front; its metrics on every address
     args = container["args"]
     assert (_values(args, "--host"), _values(args, "--port")) == (["127.0.0.1"], ["8001"])
-    assert _values(args, "--prometheus-host") == ["0.0.0.0"]
+    assert _values(args, "--metrics-host") == ["0.0.0.0"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("metrics", 29000)]
     assert [(p["name"], p["containerPort"]) for p in front["ports"]] == [("http", 8000), ("front-metrics", 29001)]
 

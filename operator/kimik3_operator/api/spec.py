@@ -961,7 +961,7 @@ class Router(SpecModel):
     scheduling: Scheduling | None = None
     """Priority class, scheduler, tolerations and node affinity of the router pods (beside
     nodeSelector and tolerations above)."""
-    implementation: RouterImplementation = "VllmRouter"
+    implementation: RouterImplementation = "KimiK3Router"
     """KimiK3Router: the project's router, which fails a leg over to another engine by the NIXL
     connector's rules (docs/router.md). VllmRouter: vllm-router 0.1.17, the router of earlier
     releases, kept for one release as a fallback: it never retries a leg, so an engine's death costs

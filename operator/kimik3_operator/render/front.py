@@ -78,6 +78,10 @@ ROUTES: tuple[tuple[str, str], ...] = (
 """The OpenAI routes clients may call: one row per route. Other client routes of the router (the
 Responses API, /generate, embeddings, rerank) are left out: this model serves none of them
 through the P/D path."""
+MODEL_PATH = r"^/v1/models/[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,127}$"
+"""GET /v1/models/{id}: one model by name, a single path segment that cannot start with a dot (so
+no `..`, no `%`-escape, no second segment). kimik3-router answers it from its served name; a name with
+a `/` is listed by GET /v1/models only."""
 PROBES: tuple[str, ...] = ("/health", "/liveness", "/readiness")
 """GET routes anyone may call without a key: the kubelet's probes and load balancers' checks."""
 
@@ -95,8 +99,10 @@ def _too_large(plan: FrontPlan) -> str:
 
 def front_config(plan: FrontPlan, drain_seconds: int) -> str:
     """haproxy.cfg for one router pod (checked by `haproxy -c` in the tests)."""
-    acls = [f"acl route_{i} path {path}" for i, (_, path) in enumerate(ROUTES)]
-    allowed = " || ".join(f"route_{i} METH_{method}" for i, (method, _) in enumerate(ROUTES))
+    acls = [*(f"acl route_{i} path {path}" for i, (_, path) in enumerate(ROUTES)),
+            f"acl route_model path_reg {MODEL_PATH}"]
+    allowed = " || ".join([*(f"route_{i} METH_{method}" for i, (method, _) in enumerate(ROUTES)),
+                           "route_model METH_GET"])
     lines = [
         "global",
         f"    nbthread {THREADS}",

@@ -45,6 +45,7 @@ from .engine import HTTP_PORT
 from .front import ANSWER_SECONDS, FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
 from .front import METRICS_PORT as FRONT_METRICS_PORT
 from .gateway import http_route
+from .kubelet import literal
 from .names import (
     LABEL_COMPAT,
     LABEL_DEPLOYMENT,
@@ -182,7 +183,9 @@ def kimik3_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
     policy = {role: POLICY_FLAG[name] for role, name in plan.policies}
     args = ["--host", "127.0.0.1", "--port", str(ROUTER_LOOPBACK_PORT),
             "--metrics-host", "0.0.0.0", "--metrics-port", str(METRICS_PORT),
-            "--served-model-name", plan.served_name, "--namespace", owner.namespace, "--engine-port", str(HTTP_PORT),
+            # A user's string: escaped from the kubelet's $(VAR) expansion, as the engines' copy is.
+            "--served-model-name", literal(plan.served_name), "--namespace", owner.namespace,
+            "--engine-port", str(HTTP_PORT),
             "--max-payload-size", str(plan.front.max_request_bytes), "--request-timeout-secs", str(ANSWER_SECONDS),
             "--drain-secs", str(plan.drain_seconds), "--first-token-timeout-secs", str(plan.first_token_seconds),
             "--idle-gap-timeout-secs", str(plan.idle_gap_seconds)]
