@@ -24,7 +24,8 @@ def _selector_hashes(deployment: dict[str, Any]) -> set[str]:
     """The compatibility hashes a router Deployment's engine selectors name (one, if it pairs one
     revision)."""
     containers = deployment["spec"]["template"]["spec"]["containers"]
-    return {a.partition("=")[2] for c in containers for a in c.get("args", []) if a.startswith(f"{COMPAT}=")}
+    pairs = [pair for c in containers for a in c.get("args", []) for pair in a.split(",")]  # k=v,... selectors
+    return {pair.partition("=")[2] for pair in pairs if pair.startswith(f"{COMPAT}=")}
 
 
 def _state(namespace: str) -> dict[str, Any]:

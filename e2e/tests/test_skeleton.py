@@ -115,7 +115,7 @@ def test_deployment_becomes_leader_worker_sets(operator: Path, namespace: str) -
     args = containers[1]["args"]
     assert "--prefill" not in args and "--decode" not in args  # no list to restart for
     for role in ("prefill", "decode"):
-        selector = args[args.index(f"--{role}-selector") + 1:]
+        selector = args[args.index(f"--{role}-selector") + 1].split(",")  # kimik3-router: one k=v,... value
         assert f"serving.kimik3.dev/role={role}" in selector and f"serving.kimik3.dev/compat-hash={compat}" in selector
     assert cr["status"]["routableCapacityPercent"] == 100
     printed = kubectl("get", "k3", "k3", "-n", namespace).stdout

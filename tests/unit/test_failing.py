@@ -10,6 +10,7 @@ from kimik3_operator.api.reasons import (
     CRASH_LOOP,
     ENGINE_NOT_READY,
     IMAGE_PULL,
+    INSUFFICIENT_CAPACITY,
     OOM_KILLED,
     UNSCHEDULABLE,
     UPDATING,
@@ -134,3 +135,18 @@ def test_a_failure_during_a_rollout_is_degraded_and_progressing() -> None:
                             failures=[Failure(CRASH_LOOP, "pool gb300 role decode group 0", "p", "loops")], **rolling)
     assert _cond(status, "Progressing").status == "True" and _cond(status, "Progressing").reason == UPDATING
     assert _cond(status, "Degraded").reason == CRASH_LOOP
+
+
+def test_a_replacement_without_room_reads_as_the_capacity_it_lacks() -> None:
+    """A group whose node went and whose new pods find no room: InsufficientCapacity with the numbers,
+    not a bare Unschedulable (the capacity rows explain it)."""
+    plan = _plan()
+    lagging = {k: v for k, v in SERVING.items()}
+    decode = next(n for n in lagging["workloads"] if "decode" in n)
+    live = lagging["workloads"][decode]
+    lagging["workloads"] = {**lagging["workloads"], decode: {**live, "status": {**live["status"], "readyReplicas": 1}}}
+    status = compute_status(owner=OWNER, generation=3, previous=None, plan=plan, error=None, now=T1,
+                            capacity=["pool gb300-decode role decode: 1 of 2 replicas do not fit now"],
+                            failures=[Failure(UNSCHEDULABLE, "pool gb300 role decode group 1", "p", "no room")],
+                            **lagging)
+    assert _cond(status, "Degraded").reason == INSUFFICIENT_CAPACITY

@@ -24,6 +24,7 @@ from ..api.reasons import (
     PODS_NOT_READY,
     ROUTER_NOT_READY,
     STABLE,
+    UNSCHEDULABLE,
     UPDATING,
     WEIGHTS_FAILED,
     WEIGHTS_STAGING,
@@ -227,6 +228,12 @@ class Seen:
     """A role's workload is being updated or scaled (its generation, count or updated replicas lag)."""
 
     @property
+    def failing(self) -> bool:
+        """Replicas fail for a reason of their own: not a replacement that finds no room, which the
+        capacity rows explain with the numbers (InsufficientCapacity)."""
+        return bool(self.failures) and not (self.short and all(f.reason == UNSCHEDULABLE for f in self.failures))
+
+    @property
     def weights_failed(self) -> bool:
         return bool(self.weights and self.weights.failed)
 
@@ -299,11 +306,11 @@ SITUATIONS: tuple[Situation, ...] = (
               (False, WEIGHTS_FAILED, _weights), (False, WEIGHTS_FAILED, _weights), (True, WEIGHTS_FAILED, _weights)),
     # A replica or router pod fails with no change asked for (a crash, an OOM, an image, a hang):
     # Progressing only while a rollout or scaling goes on beside it.
-    Situation(lambda s: bool(s.failures) and bool(s.lagging) and s.rolling, "Degraded",
+    Situation(lambda s: s.failing and bool(s.lagging) and s.rolling, "Degraded",
               (False, _failure, _failing), (True, UPDATING, _lagging), (True, _failure, _failing)),
-    Situation(lambda s: bool(s.failures) and bool(s.lagging or s.routing), "Degraded",
+    Situation(lambda s: s.failing and bool(s.lagging or s.routing), "Degraded",
               (False, _failure, _failing), (False, _failure, _failing), (True, _failure, _failing)),
-    Situation(lambda s: bool(s.failures), "Degraded",
+    Situation(lambda s: s.failing, "Degraded",
               (True, ALL_REPLICAS_READY, _counts), (False, _failure, _failing), (True, _failure, _failing)),
     # Every engine serves, but the router in front (the one endpoint) does not yet.
     Situation(lambda s: bool(s.routing) and s.serving and not s.lagging, "Progressing",
