@@ -36,7 +36,7 @@ def pod(group: int, *, ready: bool, revision: str = "r1", worker: int = 0, uid: 
         "leaderworkerset.sigs.k8s.io/template-revision-hash": revision, "app.kubernetes.io/component": "decode"}}
     if deleting:
         meta["deletionTimestamp"] = T0
-    status: dict[str, Any] = {"conditions": conditions}
+    status: dict[str, Any] = {"conditions": conditions, "phase": "Pending" if unschedulable else "Running"}
     if container is not None:
         status["containerStatuses"] = [{"name": "vllm", **container}]
     return {"metadata": meta, "status": status}
@@ -86,6 +86,9 @@ def test_the_reason_is_the_kubelets() -> None:
 def test_a_replacement_the_scheduler_cannot_place_fails_and_a_scaled_in_group_is_forgotten() -> None:
     memory = FailureMemory()
     failing(memory, KEY, [pod(0, ready=True), pod(1, ready=True)], SLOTS)
+    pending = pod(1, ready=False)
+    pending["status"]["phase"] = "Pending"  # its node went; LWS made it again; not scheduled yet
+    assert failing(memory, KEY, [pod(0, ready=True), pending], SLOTS) == []
     (f,) = failing(memory, KEY, [pod(0, ready=True), pod(1, ready=False, worker=0, unschedulable=True)], SLOTS)
     assert f.reason == UNSCHEDULABLE
     shrunk = {"k3-gb300-decode": ("pool gb300 role decode", 1)}

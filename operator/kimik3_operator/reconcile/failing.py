@@ -164,6 +164,8 @@ def _slot(slot: tuple[str, int], pods: list[Mapping[str, Any]], planned: Mapping
     unplaced = next((p for p in live if _unschedulable(p)), None)
     if unplaced is not None:
         return Failure(UNSCHEDULABLE, where, str(unplaced["metadata"]["name"]), "cannot be scheduled again")
+    if (leader.get("status") or {}).get("phase") != "Running":
+        return None  # a replacement on its way (its node went): starting, as far as its pods tell
     stuck = next(p for p in [leader, *live] if not _ready(p))
     return Failure(ENGINE_NOT_READY, where, str(stuck["metadata"]["name"]),
                    "was Ready and is not, its container running (it fails its readiness probe)")
