@@ -84,6 +84,17 @@ BENCH_IMAGE = "vllm/vllm-openai:v0.33.0-rebuilt"
 """A serving image tag for the rollouts (kwok runs no image; the simulator plays every engine alike)."""
 
 
+def _static_base(args: list[str]) -> list[str]:
+    """vllm-router's arguments for the static design, less its engine lists: the rendered ones without
+    discovery when the deployment runs vllm-router; when it runs kimik3-router (every flag of which
+    takes a value), the same policies and body cap on vllm-router's P/D flags."""
+    if "--service-discovery" in args:
+        return _without(args, DISCOVERY_FLAGS)
+    flags = dict(zip(args[::2], args[1::2], strict=False))
+    return ["--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill-policy", flags["--prefill-policy"],
+            "--decode-policy", flags["--decode-policy"], "--max-payload-size", flags["--max-payload-size"]]
+
+
 def _ready(pod: dict[str, Any]) -> bool:
     """Ready and not on its way out (what a Service would still send to)."""
     return not pod["metadata"].get("deletionTimestamp") and is_ready(pod)
@@ -149,7 +160,7 @@ class Static:
         pods = cluster.pods()
         router = next(p for p in cluster.routers(pods) if not p["metadata"].get("deletionTimestamp"))
         container = next(c for c in router["spec"]["containers"] if c["name"] == "router")  # not the front
-        self.base = _without(container.get("args") or [], DISCOVERY_FLAGS)
+        self.base = _static_base(container.get("args") or [])
         threading.Thread(target=self._follow, daemon=True).start()
 
     def _wanted(self) -> tuple[Any, ...] | None:
