@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kimik3_operator.contract.names import AUTOSCALER_FIELD_MANAGER, FIELD_MANAGER, LABEL_DEPLOYMENT
-from kimik3_operator.k8s import ApplyResult, unchanged_since_our_apply
+from kimik3_operator.k8s import ApplyResult, MissingApiError, unchanged_since_our_apply
 from kimik3_operator.k8s.cache import Observation, active_pod_view, child_view, own_pod_view
 from kimik3_operator.k8s.cluster import writes_digest
 from kimik3_operator.k8s.config_maps import ConfigMapKey
@@ -163,6 +163,15 @@ class MemoryCluster:
     def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.deployment["status"] = status
         self.writes.append("status")
+
+
+class NoDra(MemoryCluster):
+    """A cluster without NVIDIA's DRA driver: the ComputeDomain kind is not served."""
+
+    def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
+        if desired["kind"] == "ComputeDomain":
+            raise MissingApiError(desired["apiVersion"], desired["kind"])
+        return super().apply(desired, live)
 
 
 def pd_body() -> dict[str, Any]:

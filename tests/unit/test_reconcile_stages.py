@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from kimik3_operator.api.reasons import INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
-from kimik3_operator.k8s import ApplyResult, MissingApiError
 from kimik3_operator.k8s.cache import Observation
 from kimik3_operator.planner import PlanningError
 from kimik3_operator.reconcile.pass_memo import PassMemo
 from kimik3_operator.reconcile.reconciler import Pass, apply, fail, observe, plan, prune, status
-from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
+from tests.support.memory_cluster import NODES, MemoryCluster, NoDra, pd_body, staged
 
 NOW = "2026-11-30T00:00:00Z"
 
@@ -107,12 +106,6 @@ def test_apply_serves_once_staged_and_wants_what_it_applied() -> None:
 
 
 def test_apply_turns_a_missing_api_into_a_planning_problem() -> None:
-    class NoDra(MemoryCluster):
-        def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
-            if desired["kind"] == "ComputeDomain":
-                raise MissingApiError(desired["apiVersion"], desired["kind"])
-            return super().apply(desired, live)
-
     p = _planned(staged(NoDra(pd_body(), NODES)))
     with pytest.raises(PlanningError) as info:
         apply(p)

@@ -21,7 +21,7 @@ from kimik3_operator.contract.names import ANNOTATION_HASH, FIELD_MANAGER
 from kimik3_operator.k8s import ApplyResult
 from kimik3_operator.reconcile.reconciler import Pass, reconcile
 from tests.support.cases import base_deployment
-from tests.support.memory_cluster import NODES, MemoryCluster, pd_body, staged
+from tests.support.memory_cluster import NODES, MemoryCluster, NoDra, pd_body, staged
 from tests.support.nodes import b200_nodes
 
 
@@ -109,14 +109,6 @@ def test_schema_invalid_body_gets_invalid_spec_status() -> None:
 
 
 def test_a_missing_kind_is_a_condition_not_a_crash() -> None:
-    from kimik3_operator.k8s import MissingApiError
-
-    class NoDra(MemoryCluster):
-        def apply(self, desired: dict[str, Any], live: dict[str, Any] | None) -> ApplyResult:
-            if desired["kind"] == "ComputeDomain":
-                raise MissingApiError(desired["apiVersion"], desired["kind"])
-            return super().apply(desired, live)
-
     cluster = staged(NoDra(pd_body(), NODES))
     outcome = reconcile(Pass(cluster, "ns", "k3"))
     assert outcome.error is not None and outcome.error.reason == MISSING_DEPENDENCY
