@@ -156,9 +156,21 @@ def router_binary() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def _admin_cluster() -> dict[str, Any]:
+def _service_account_token(pod: dict[str, Any]) -> tuple[str, str]:
+    """The pod's ServiceAccount and a token of it (a TokenRequest, as a projected volume would hold)."""
+    account = pod["spec"].get("serviceAccountName") or "default"
+    token = kubectl_until_ok("create", "token", account, "-n", pod["metadata"]["namespace"], "--duration=2h")
+    return account, token.stdout.strip()
+
+
+def _admin_cluster_entry() -> dict[str, Any]:
+    """The `clusters` entry (name and cluster) of the admin kubeconfig this runner talks to the API server with."""
     (cluster,) = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())["clusters"]
-    return dict(cluster["cluster"])
+    return dict(cluster)
+
+
+def _admin_cluster() -> dict[str, Any]:
+    return dict(_admin_cluster_entry()["cluster"])
 
 
 def _cluster_ca() -> bytes:
@@ -517,9 +529,8 @@ class PodRunner:
     def _router_token_dir(self, pod: dict[str, Any]) -> Path:
         """What the kubelet mounts for the router's ServiceAccount (a projected volume): its token and
         the cluster's CA, in a folder of this pod's own."""
-        meta, spec = pod["metadata"], pod["spec"]
-        account = spec.get("serviceAccountName") or "default"
-        token = kubectl_until_ok("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
+        meta = pod["metadata"]
+        _, token = _service_account_token(pod)
         folder: Path = self.root / "tokens" / str(meta["uid"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "token").write_text(token)
@@ -529,11 +540,9 @@ class PodRunner:
     def _router_kubeconfig(self, pod: dict[str, Any]) -> Path:
         """What the kubelet gives the router: its ServiceAccount's token (a TokenRequest, as a projected
         volume would hold), for the API server this runner talks to."""
-        meta, spec = pod["metadata"], pod["spec"]
-        account = spec.get("serviceAccountName") or "default"
-        token = kubectl_until_ok("create", "token", account, "-n", meta["namespace"], "--duration=2h").stdout.strip()
-        admin = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
-        (cluster,) = admin["clusters"]
+        meta = pod["metadata"]
+        account, token = _service_account_token(pod)
+        cluster = _admin_cluster_entry()
         path = self.root / "tokens" / f"{meta['uid']}.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump({
