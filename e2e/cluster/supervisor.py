@@ -343,22 +343,23 @@ def _alive(pid: int) -> bool:
 def stop(layout: Layout, names: Sequence[str]) -> None:
     """TERM, wait up to 15 s, then KILL what is left; only pids from our pidfiles."""
     rows = [component(n) for n in names]
-    left = {}
+    left: dict[str, int] = {}
     for row in rows:
         if (pid := pid_of(layout, row)) is not None:
             os.kill(pid, signal.SIGTERM)
-            left[row.name] = row
+            left[row.name] = pid
     deadline, killed = time.monotonic() + 15, False
     while left:
-        left = {n: r for n, r in left.items() if pid_of(layout, r) is not None}
+        # The command line empties before the process is gone: wait for the pid itself, as crash() does.
+        left = {n: pid for n, pid in left.items() if _alive(pid)}
         if not left:
             break
         if time.monotonic() >= deadline + 5:
             raise Failed(f"could not stop: {' '.join(left)}")
         if time.monotonic() >= deadline and not killed:
-            for name, row in left.items():
+            for name, pid in left.items():
                 log(f"{name} did not stop after 15 s, killing it")
-                if (pid := pid_of(layout, row)) is not None:
+                if pid_of(layout, component(name)) == pid:  # still ours: a reused pid is not
                     os.kill(pid, signal.SIGKILL)
             killed = True
         time.sleep(0.2)

@@ -19,7 +19,7 @@ use crate::upstream::{self, SendError};
 use crate::usage;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
@@ -30,6 +30,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::sleep_until;
 
 const ANSWER_CAP: usize = 64 << 20;
+/// How much of a body over --max-payload-size is read and dropped before the 413 goes out.
+const DRAIN_CAP: usize = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
 
 /// Retries allowed: at most `ratio` x the requests of the last 10 s, plus `floor`.
 pub struct RetryBudget {
@@ -377,13 +380,41 @@ impl App {
                 }
             }
         }
-        let (parts, body) = req.into_parts();
-        match tokio::time::timeout(self.cfg.body_timeout, Limited::new(body, cap).collect()).await {
-            Err(_) => Err(reply::error(408, "invalid_request_error", "the request body did not arrive in time")),
-            Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-            Ok(Err(e)) => Err(reply::error(400, "invalid_request_error", &format!("reading the request body: {e}"))),
-            Ok(Ok(c)) => Ok((parts.headers, c.to_bytes())),
+        let (parts, mut body) = req.into_parts();
+        let mut deadline = tokio::time::Instant::now() + self.cfg.body_timeout;
+        let mut collected = Vec::new();
+        // Past the cap the rest is read and dropped (up to DRAIN_CAP more, for up to DRAIN_TIME)
+        // before answering: closing a socket with unread bytes sends a reset, and the peer (the front)
+        // may then lose the 413 it had not read yet.
+        let mut seen: usize = 0;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) if seen > cap => break,
+                Err(_) => {
+                    return Err(reply::error(408, "invalid_request_error", "the request body did not arrive in time"));
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    return Err(reply::error(400, "invalid_request_error", &format!("reading the request body: {e}")));
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Ok(data) = frame.into_data() {
+                seen = seen.saturating_add(data.len());
+                if seen <= cap {
+                    collected.extend_from_slice(&data);
+                } else if seen > cap.saturating_add(DRAIN_CAP) {
+                    break;
+                } else if seen - data.len() <= cap {
+                    collected = Vec::new();
+                    deadline = deadline.min(tokio::time::Instant::now() + DRAIN_TIME);
+                }
+            }
         }
+        if seen > cap {
+            return Err(too_large());
+        }
+        Ok((parts.headers, Bytes::from(collected)))
     }
 
     async fn inference(
