@@ -195,6 +195,10 @@ struct Ctx {
     started: Instant,
     deadline: Instant,
     first_token: Duration,
+    /// A whole (non-streamed) answer's allowance past the first-token deadline: max_tokens idle
+    /// gaps, the most a stream of that length could take without the idle-gap watchdog cutting it.
+    /// None when the request names no max_tokens (only the request deadline bounds it then).
+    whole_answer: Option<Duration>,
     session: Option<String>,
     prefix: Vec<u8>,
     sent_first: AtomicBool,
@@ -482,6 +486,11 @@ impl App {
         let estimate = bytes.len() as f64 / 4.0;
         let first_token =
             self.cfg.first_token_timeout + Duration::from_secs_f64(estimate / self.cfg.prefill_tokens_per_sec);
+        let whole_answer = ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_u64))
+            .filter(|n| *n > 0)
+            .map(|n| self.cfg.idle_gap_timeout.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
         let trace =
             ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
         let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
@@ -497,6 +506,7 @@ impl App {
             started,
             deadline: started + self.cfg.request_timeout,
             first_token,
+            whole_answer,
             prefix,
             sent_first: AtomicBool::new(false),
         };
@@ -683,9 +693,17 @@ impl App {
         let load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
         let first_until = (Instant::now() + ctx.first_token).min(ctx.deadline);
-        let until = if ctx.stream { first_until } else { ctx.deadline };
+        // vLLM sends a whole answer's head with its body, at the end: its watchdog is one deadline.
+        let until = match (ctx.stream, ctx.whole_answer) {
+            (true, _) => first_until,
+            (false, Some(allowance)) => first_until.checked_add(allowance).unwrap_or(ctx.deadline).min(ctx.deadline),
+            (false, None) => ctx.deadline,
+        };
         let resp = match self.send_leg(ctx, w, body, leg_id, until, &mut down).await {
             Ok(r) => r,
+            Err(Failure::Timeout("first_token_timeout", _)) if !ctx.stream => {
+                return Leg::Failed(Failure::Timeout("answer_timeout", "no answer in time".into()));
+            }
             Err(f) => return Leg::Failed(f),
         };
         let (parts, mut incoming) = resp.into_parts();
@@ -702,11 +720,14 @@ impl App {
             return Leg::Failed(Failure::Sent("http_5xx", format!("engine answered {}", parts.status.as_u16())));
         }
         if !ctx.stream {
-            let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), ctx.deadline, &mut down).await {
+            let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await {
                 Ok(Ok(b)) => b,
                 Ok(Err(m)) => return Leg::Failed(Failure::Sent("failed", m)),
-                Err(Stop::Deadline) => {
+                Err(Stop::Deadline) if until >= ctx.deadline => {
                     return Leg::Failed(Failure::Timeout("timeout", "the request timed out".into()));
+                }
+                Err(Stop::Deadline) => {
+                    return Leg::Failed(Failure::Timeout("answer_timeout", "no answer in time".into()));
                 }
                 Err(Stop::Down) => {
                     return Leg::Failed(Failure::Sent(

@@ -262,6 +262,45 @@ async fn an_engine_that_accepts_and_never_answers_is_failed_over() {
 }
 
 #[tokio::test]
+async fn a_non_streamed_request_on_a_hung_engine_with_healthy_probes_is_failed_over() {
+    // A whole answer's deadline: the first-token deadline plus max_tokens idle gaps (here 0.4 s +
+    // 3 x 0.2 s), the longest a stream of that length could take without its watchdog cutting it.
+    let l = ledger();
+    let p = Fake::start(Behavior::Prefill, 1, l.clone()).await;
+    let hung = Fake::start(Behavior::Hang, 1, l.clone()).await;
+    let good = Fake::start(serve(), 1, l.clone()).await;
+    let r = Router::start(&pd_args(
+        &[&p],
+        &[&hung, &good],
+        &[
+            "--decode-policy",
+            "round_robin",
+            "--first-token-timeout-secs",
+            "0.4",
+            "--idle-gap-timeout-secs",
+            "0.2",
+            "--prefill-tokens-per-sec",
+            "1000000",
+            "--eject-after",
+            "100",
+        ],
+    ))
+    .await;
+    let started = Instant::now();
+    for i in 0..2 {
+        let (status, _, text) =
+            post(r.port, "/v1/completions", &json!({"prompt": format!("h{i}"), "max_tokens": 3})).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let hung_legs = hung.completions().len();
+    assert!(hung_legs >= 1, "round robin must have tried the hung decode");
+    assert_eq!(r.metric("kimik3_router_leg_requests_total", &[("outcome", "answer_timeout")]).await, hung_legs as f64);
+    assert_eq!(p.completions().len(), 2 + hung_legs, "a decode that took the params and hung costs a fresh prefill");
+    assert_no_reuse(&l);
+}
+
+#[tokio::test]
 async fn a_non_streamed_request_on_an_engine_whose_probes_fail_is_failed_over() {
     let l = ledger();
     let p = Fake::start(Behavior::Prefill, 1, l.clone()).await;
