@@ -615,8 +615,10 @@ def report(loads: list[Load], records: PrefixRecords, marks: dict[str, tuple[flo
 
 
 PHASES = ("steady", "scale-up", "scale-down", "after-scale", "rollout", "after-rollout")
-QUICK = {"steady": 4.0, "direct_requests": 12, "policy_seconds": 10.0}
-"""--quick (CI): short phases and samples; the same scenarios."""
+QUICK = {"steady": 4.0, "direct_requests": 12, "policy_seconds": 10.0, "designs": "discovery",
+         "policies": "CacheAware/CacheAware"}
+"""--quick (CI): short phases and samples, the shipped design and the default policies only (the
+static design and the other policy pairs are compared by the full run, results committed)."""
 TRACES = {"shared": {"system_words": 3000, "user_words": 40},
           "history": {"system_words": 150, "user_words": 600}}
 """shared: one long system prompt dominates every prompt (agents on one tool set). history: each

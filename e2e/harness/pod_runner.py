@@ -516,6 +516,9 @@ class PodRunner:
             "K3SIM_STARTUP_TIME_SCALE": str(self.cold_start_scale),
             **_read_throughput(meta["namespace"], meta["labels"].get("app.kubernetes.io/instance", "")),
             "K3SIM_COMPAT_EXTRA": meta["labels"].get(COMPAT_LABEL, ""),
+            # The chaos tests arm hangs and stalls at run time (POST /sim/fault, loopback peers only;
+            # docs/simulator-faults.md §3). The operator never renders it.
+            "K3SIM_FAULT_ADMIN": "1",
         }
         # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
         cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))

@@ -35,6 +35,7 @@ from e2e.harness.traffic import (
     decode_legs,
     engine_routable,
     failure_kinds,
+    is_kimik3_router,
     metric,
     post,
     prompt,
@@ -178,6 +179,33 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     assert "city" in tool.tool_calls[0]["function"]["arguments"]
     _images_follow_the_fetch_policy(router.url)
     _disaggregating_says_so(namespace, "k3-pd", decode)
+    _rolling_back_to_vllm_router_rolls_only_the_routers(pod_runner, namespace, "k3-pd", prefill + decode)
+
+
+def _rolling_back_to_vllm_router_rolls_only_the_routers(
+        runner: PodRunner, namespace: str, name: str, engines: list[Proc]) -> None:
+    """The documented rollback (CHANGELOG, docs/router.md): spec.router.implementation VllmRouter
+    rolls the router pods onto vllm-router 0.1.17 and nothing else (no serving pod is replaced, no
+    LeaderWorkerSet's template changes), and the endpoint serves P/D through it."""
+    def templates() -> dict[str, int]:
+        return {i["metadata"]["name"]: i["metadata"]["generation"]
+                for i in get_json("leaderworkerset", "-n", namespace)["items"]}
+    before, serving = templates(), {e.uid for e in engines}
+    old_routers = router_uids(namespace)
+    kubectl("-n", namespace, "patch", "k3", name, "--type=merge", "-p",
+            json.dumps({"spec": {"router": {"implementation": "VllmRouter"}}}))
+
+    def rolled() -> Proc | None:
+        routers = runner.running(namespace, "router")
+        fresh = [r for r in routers if r.uid not in old_routers and not is_kimik3_router(r)]
+        return fresh[0] if fresh and len(fresh) == len(routers) and _ready_endpoint(fresh[0]) else None
+    router = wait_for("the routers rolled onto vllm-router", rolled, timeout=120)
+    answers = [post(router.url, "/v1/completions", {"model": MODEL, "max_tokens": 8, "stream": i % 2 == 1,
+                                                    "prompt": prompt(512, f"rollback{i}-")}) for i in range(4)]
+    assert all(a.status == 200 and a.done and not a.error for a in answers), answers
+    assert templates() == before
+    now = {e.uid for role in ("prefill", "decode") for e in runner.running(namespace, role)}
+    assert now == serving, "a serving pod was replaced by the router's rollback"
 
 
 def _images_follow_the_fetch_policy(url: str) -> None:
@@ -280,10 +308,15 @@ class OpenLoop:
     Service spreads connections; a pod on its way out is no endpoint). Every outcome is kept: a
     moment with no ready router is a failure too ("no endpoint"), never skipped."""
 
-    def __init__(self, runner: PodRunner, namespace: str, interval: float = 0.25, max_requests: int = 1200) -> None:
+    def __init__(self, runner: PodRunner, namespace: str, interval: float = 0.25, max_requests: int = 1200,
+                 stream_every: int = 0) -> None:
         self.runner, self.namespace, self.interval, self.max_requests = runner, namespace, interval, max_requests
+        self.stream_every = stream_every
+        """Every Nth request is streamed (0: none)."""
         self.outcomes: list[tuple[float, Answer]] = []
         self.routers: list[Proc | None] = []
+        self.streamed: list[bool] = []
+        """Whether each outcome's request was streamed."""
         """The router pod each outcome's request went to (None: no endpoint), for a failure's story."""
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -295,14 +328,18 @@ class OpenLoop:
     def _one(self, index: int, started: float) -> None:
         endpoints = self._endpoints()
         router = endpoints[index % len(endpoints)] if endpoints else None
+        stream = False
         if router is None:
             answer = Answer(0, "", error="no endpoint: no ready router pod")
         else:
-            answer = post(router.url, "/v1/completions",
-                          {"model": MODEL, "prompt": prompt(96, f"o{index}-"), "max_tokens": 4}, timeout=30)
+            stream = bool(self.stream_every) and index % self.stream_every == self.stream_every - 1
+            answer = post(router.url, "/v1/completions", {"model": MODEL, "prompt": prompt(96, f"o{index}-"),
+                                                          "max_tokens": 8 if stream else 4, "stream": stream},
+                          timeout=30)
         with self._lock:
             self.outcomes.append((time.monotonic() - started, answer))
             self.routers.append(router)
+            self.streamed.append(router is not None and stream)
 
     def run(self, seconds: float) -> OpenLoop:
         started = time.monotonic()
@@ -515,6 +552,67 @@ def test_an_engine_killed_under_load_fails_no_request_and_its_group_comes_back(
     assert router_uids(namespace) == uids
     if role == "decode":
         _its_machine_lost(pod_runner, namespace, victim, uids)
+
+
+FAULT_WATCHDOG = {"firstTokenSeconds": 2, "idleGapSeconds": 2}
+"""The router's watchdog in the hang and stall scenarios: short, so that a request it saves still
+answers within the load's 30 s client timeout (a whole answer of 4 tokens: 2 s + 4 x 2 s)."""
+
+
+@pytest.mark.parametrize("fault", ["hang", "stall"])
+def test_a_decode_that_hangs_or_stalls_under_load_fails_only_streams_it_had_begun(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str, fault: str) -> None:
+    """Chaos beyond SIGKILL: one of two decodes takes requests and never answers (`hang`), or stops
+    every stream after 2 tokens with the connection open (`stall`), for 20 s under an open-loop load
+    (4 requests/s, every other one streamed), while its /health keeps saying 200 and its pod stays
+    Ready, as vLLM's does when its engine core is stuck: nothing refuses, nothing times out by itself.
+    Every outcome is counted. No non-streamed request fails (the router's watchdog gives up on the leg
+    and serves it elsewhere with fresh KV params); a stream fails only if the stalled engine had
+    already relayed a token to it, and then it ends with an error event; no KV is read twice; once
+    the fault is cleared, the engine is routed again."""
+    name = f"k3-{fault}"
+    body = _example(PD_EXAMPLE, namespace, name)
+    next(p for p in body["spec"]["pools"] if "decode" in p)["decode"]["replicas"] = 2
+    body["spec"].setdefault("router", {})["watchdog"] = FAULT_WATCHDOG
+    _serve(pod_runner, namespace, body)
+    engines = _engines(pod_runner, namespace, "decode", 2)
+    ready_router(pod_runner, namespace, f"{name}-router")
+    load = OpenLoop(pod_runner, namespace, stream_every=2)
+    started = time.monotonic()
+    thread = threading.Thread(target=load.run, args=(44,), daemon=True)
+    thread.start()
+    time.sleep(8)
+    victim = engines[0]
+    armed = {"fault": fault, **({"after_tokens": 2} if fault == "stall" else {})}
+    assert SESSION.post(f"{victim.url}/sim/fault", json=armed, timeout=5).status_code == 200
+    armed_at = time.monotonic() - started
+    time.sleep(20)
+    assert SESSION.post(f"{victim.url}/sim/fault", json={"fault": "none"}, timeout=5).status_code == 200
+    cleared_at = time.monotonic() - started
+    thread.join(90)
+    struck = int(stats(victim)["faults"]["counts"][fault])
+    routers = pod_runner.running(namespace, "router")
+    watchdog = sum(metric(f"http://{r.ip}:{r.metrics_port}/metrics", "kimik3_router_leg_requests_total",
+                          role="decode", outcome=outcome)
+                   for r in routers for outcome in ("first_token_timeout", "answer_timeout", "idle_gap"))
+    back = wait_for("the cleared decode routed again by every router", lambda: all(
+        engine_routable(r, victim) == 1.0 for r in routers), timeout=40)
+    failed = [(t, a, streamed) for (t, a), streamed in zip(load.outcomes, load.streamed, strict=True)
+              if not (a.status == 200 and a.done)]
+    REPORT.append(f"chaos: a decode {fault} for {cleared_at - armed_at:.0f} s under 4 req/s (every other one "
+                  f"streamed): {load.summary()}; {struck} requests struck on the engine, {watchdog:.0f} decode "
+                  f"legs given up by the routers' watchdogs; routed again after the clear: {bool(back)}")
+    assert len(load.outcomes) >= 150, load.summary()
+    assert struck >= 1, f"the {fault} struck no request: the test proved nothing"
+    assert watchdog >= 1
+    assert _second_reads(pod_runner, namespace) == {}
+    assert not [a for _, a, streamed in failed if not streamed], load.story()
+    # A stream fails only when a token had reached it, and then ends with an error event.
+    begun = [(a, a.ttft is not None and a.error.startswith("{")) for _, a, _ in failed]
+    assert all(ok for _, ok in begun), load.story()
+    if fault == "hang":  # a hung engine relays nothing: every stream is saved too
+        assert not failed, load.story()
+    assert len(failed) <= struck
 
 
 def _degraded_naming(namespace: str, name: str, pod: str) -> dict[str, Any] | None:

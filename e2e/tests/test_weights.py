@@ -6,6 +6,8 @@ checkpoint is verified in place; the token never leaves its Secret."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,22 @@ def test_weights_are_staged_before_anything_serves(operator: Path, stager: Stage
     reasons = [e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["creationTimestamp"])]
     assert reasons.count(WEIGHTS_STAGING) == 1 and reasons.count(ALL_REPLICAS_READY) == 1, reasons
     assert all(e["source"]["component"] == "kimik3-operator" for e in events)
+    _the_cli_plans_what_the_operator_planned(namespace, cr["status"]["engine"]["compatibilityHash"])
+
+
+def _the_cli_plans_what_the_operator_planned(namespace: str, status_hash: str) -> None:
+    """`kimik3 plan NAME -n NS` of a deployment whose checkpoints are staged gives status's hash (the
+    staged commits enter it), and `--diff` says nothing would roll."""
+    kimik3 = str(Path(sys.executable).with_name("kimik3"))
+    named = subprocess.run([kimik3, "plan", "k3w", "-n", namespace, "-o", "json"], capture_output=True, text=True,
+                           timeout=60)
+    assert named.returncode in (0, 3), named.stderr
+    assert json.loads(named.stdout)["compatibilityHash"] == status_hash
+    diff = subprocess.run([kimik3, "plan", f"{namespace}/k3w", "--diff"], capture_output=True, text=True, timeout=60)
+    assert diff.returncode == 0, diff.stderr
+    lines = diff.stdout.splitlines()
+    assert lines[0] == f"compatibility hash {status_hash}: unchanged", lines
+    assert lines[1:] and all(line.endswith(": unchanged") for line in lines[1:]), lines
 
 
 def test_a_new_revision_stages_beside_what_serves_then_rolls(operator: Path, stager: Stager, namespace: str,

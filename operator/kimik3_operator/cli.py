@@ -13,12 +13,15 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from . import __version__
 from .api import KimiK3Deployment, first_error
 from .api.crd import CHART_CRD_PATH, CRD_FILENAME, chart_crd_template, crd_yaml
-from .planner import PlanningError, plan_deployment, pool_facts
+from .planner import Plan, PlanningError, plan_deployment, pool_facts, with_staged
 from .planner.capacity import gpus_used, pool_capacity
 from .render.names import LABEL_DEPLOYMENT, Owner, deployment_label
 from .render.report import plan_report, plan_table
+from .render.roll_diff import roll_diff
+from .render.weights import job_name
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -75,35 +78,55 @@ def nodes_from(text: str, source: str) -> list[dict[str, Any]]:
     return nodes
 
 
-def _load_cluster(path: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _load_cluster(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Nodes and the pods holding GPUs on them: from the live cluster, or the nodes of a file or
     `-` for stdin (whose GPUs then all count as free)."""
-    if path is None:
-        cluster = _live_cluster()
+    if args.nodes is None:
+        cluster = _live_cluster(args.context)
         return cluster.list_nodes(), cluster.list_active_pods()
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    return nodes_from(text, "stdin" if path == "-" else path), []
+    text = sys.stdin.read() if args.nodes == "-" else Path(args.nodes).read_text()
+    return nodes_from(text, "stdin" if args.nodes == "-" else args.nodes), []
 
 
-def _live_cluster() -> Any:
-    from .k8s import Cluster, api_client  # the live cluster, from $KUBECONFIG or in-cluster
+def _live_cluster(context: str | None = None) -> Any:
+    """The live cluster, from $KUBECONFIG (its `context`) or in-cluster; no configuration is one line."""
+    from .k8s import Cluster, NoClusterError, api_client
 
-    return Cluster(api_client())
+    try:
+        return Cluster(api_client(context=context))
+    except NoClusterError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "no configuration"
+        raise InputError(f"no cluster to read ({first}): set KUBECONFIG or --context, or give the nodes "
+                         "with --nodes FILE") from None
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(namespace, name) of a live deployment: NAMESPACE/NAME, or NAME with -n NAMESPACE."""
+    if not args.target:
+        return None
+    namespace, slash, name = args.target.rpartition("/")
+    if not slash:
+        namespace = args.namespace or ""
+    elif args.namespace and args.namespace != namespace:
+        raise InputError(f"{args.target!r} names namespace {namespace!r} but -n says {args.namespace!r}")
+    if not namespace or not name or "/" in namespace:
+        raise InputError(f"{args.target!r}: expected NAMESPACE/NAME, or NAME with -n NAMESPACE")
+    return namespace, name
 
 
 def _deployment(args: argparse.Namespace) -> Any:
-    """The KimiK3Deployment to plan (unvalidated): `-f FILE`, or `NAMESPACE/NAME` read from the live cluster."""
+    """The KimiK3Deployment to plan (unvalidated): `-f FILE`, or NAMESPACE/NAME read from the live cluster."""
     if bool(args.file) == bool(args.target):
         raise InputError("give either -f FILE or NAMESPACE/NAME of a deployment in the cluster")
     if args.file:
         return yaml.safe_load(Path(args.file).read_text())
-    namespace, _, name = args.target.partition("/")
-    if not namespace or not name or "/" in name:
-        raise InputError(f"{args.target!r}: expected NAMESPACE/NAME")
+    target = _target(args)
+    assert target is not None
+    namespace, name = target
     from .k8s import MissingApiError
 
     try:
-        body = _live_cluster().read_deployment(namespace, name)
+        body = _live_cluster(args.context).read_deployment(namespace, name)
     except MissingApiError as exc:
         raise InputError(f"{exc}: is the operator's CRD installed?") from exc
     if body is None:
@@ -111,14 +134,40 @@ def _deployment(args: argparse.Namespace) -> Any:
     return body
 
 
+def staged_commits(plan: Plan, owner: Owner, status: dict[str, Any]) -> dict[str, str] | None:
+    """The commits the operator staged for this plan's checkpoints, from the deployment's status
+    (`status.weights`, one entry per source and staging Job): None unless every source is Staged,
+    the same rule as the operator's (reconcile/weights_status.py `all_staged`), whose plan then
+    carries them in its compatibility hash."""
+    entries = {(w.get("name"), w.get("job")): w for w in status.get("weights") or []}
+    commits: dict[str, str] = {}
+    for source in plan.weights.sources:
+        entry = entries.get((source.name, job_name(owner, source)))
+        if not entry or entry.get("phase") != "Staged" or not entry.get("commit"):
+            return None
+        commits[source.name] = str(entry["commit"])
+    return commits
+
+
 def _plan(args: argparse.Namespace) -> int:
     try:
+        if args.diff and not args.target:
+            raise InputError("--diff compares with a deployment in the cluster: give NAMESPACE/NAME")
         body = _deployment(args)
         cr = KimiK3Deployment.model_validate(body)
         spec = cr.spec
-        nodes, pods = _load_cluster(args.nodes)
+        nodes, pods = _load_cluster(args)
         facts = {p.name: pool_facts(p.node_selector, nodes) for p in spec.pools}
         plan = plan_deployment(spec, facts)
+        owner = Owner(name=cr.metadata.name, namespace=cr.metadata.namespace, uid="")
+        status = body.get("status") or {}
+        if args.target and (commits := staged_commits(plan, owner, status)) is not None:
+            plan = with_staged(plan, commits)  # as the operator plans it once its checkpoints are staged
+        if args.diff:
+            live_hash = (status.get("engine") or {}).get("compatibilityHash")
+            workloads = _live_cluster(args.context).list_workloads(owner.namespace, deployment_label(owner))
+            print("\n".join(roll_diff(plan, owner, live_hash, workloads)))
+            return 0
     except ValidationError as exc:
         print(f"InvalidSpec: {first_error(exc)}", file=sys.stderr)
         return 2
@@ -132,7 +181,6 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     # The deployment's own pods (a re-plan of a running one) leave their GPUs to it.
-    owner = Owner(name=cr.metadata.name, namespace=cr.metadata.namespace, uid="")
     capacity = pool_capacity(plan, facts, gpus_used(pods, lambda p: _owned_by(p, owner)))
     if args.output == "json":
         print(json.dumps({**plan_report(plan), "capacity": capacity}, indent=2))
@@ -246,6 +294,7 @@ LOG_FORMATS = ("text", "json")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kimik3", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kimik3 {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     crd = sub.add_parser("crd", help="write the KimiK3Deployment CRD generated from the API models")
     crd.add_argument("--out", default="crds", help="directory to write into, or - for stdout")
@@ -254,7 +303,11 @@ def parser() -> argparse.ArgumentParser:
     crd.set_defaults(func=_crd)
     plan = sub.add_parser("plan", help="show what a KimiK3Deployment would become, without applying it")
     plan.add_argument("target", nargs="?", metavar="NAMESPACE/NAME",
-                      help="a KimiK3Deployment in the live cluster (instead of -f)")
+                      help="a KimiK3Deployment in the live cluster (instead of -f); NAME with -n")
+    plan.add_argument("-n", "--namespace", help="the namespace of a NAME given alone")
+    plan.add_argument("--context", help="the kubeconfig context to use (default: the current one)")
+    plan.add_argument("--diff", action="store_true",
+                      help="say which roles applying the plan would roll, and why (needs NAMESPACE/NAME)")
     plan.add_argument("-f", "--file", help="the KimiK3Deployment YAML")
     plan.add_argument("--nodes", help="Node objects: `kubectl get nodes -o yaml` or `-o json`, a multi-document "
                                        "YAML stream of Nodes, or one Node; - reads stdin (default: the live cluster)")

@@ -268,9 +268,30 @@ EITHER = "error: give either -f FILE or NAMESPACE/NAME of a deployment in the cl
 @pytest.mark.parametrize(("args", "message"), [
     (["plan"], EITHER),
     (["plan", "ns/name", "-f", "x.yaml"], EITHER),
-    (["plan", "just-a-name"], "error: 'just-a-name': expected NAMESPACE/NAME"),
-    (["plan", "a/b/c"], "error: 'a/b/c': expected NAMESPACE/NAME"),
+    (["plan", "just-a-name"], "error: 'just-a-name': expected NAMESPACE/NAME, or NAME with -n NAMESPACE"),
+    (["plan", "a/b/c"], "error: 'a/b/c': expected NAMESPACE/NAME, or NAME with -n NAMESPACE"),
+    (["plan", "ns/name", "-n", "other"], "error: 'ns/name' names namespace 'ns' but -n says 'other'"),
+    (["plan", "-f", "x.yaml", "--diff"],
+     "error: --diff compares with a deployment in the cluster: give NAMESPACE/NAME"),
 ])
 def test_plan_names_one_deployment(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 1
     assert capsys.readouterr().err == message + "\n"
+
+
+def test_no_cluster_and_no_nodes_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither a kubeconfig nor a pod's service environment: one line naming the ways out, exit 1."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    example = next(p for p in EXAMPLES if p.name == "gb300-aggregated-tp8.yaml")
+    assert main(["plan", "-f", str(example)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: no cluster to read (") and "--nodes FILE" in err, err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from kimik3_operator import __version__
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"kimik3 {__version__}\n"

@@ -5,6 +5,7 @@ from .cluster import (
     ApplyResult,
     Cluster,
     MissingApiError,
+    NoClusterError,
     RejectedApiError,
     TransientApiError,
     api_client,
@@ -12,5 +13,5 @@ from .cluster import (
 )
 from .lease import NotLeaderError, WriteGuard
 
-__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "NotLeaderError", "RejectedApiError",
-           "TransientApiError", "WriteGuard", "api_client", "unchanged_since_our_apply"]
+__all__ = ["UNREACHABLE", "ApplyResult", "Cluster", "MissingApiError", "NoClusterError", "NotLeaderError",
+           "RejectedApiError", "TransientApiError", "WriteGuard", "api_client", "unchanged_since_our_apply"]

@@ -29,11 +29,13 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, Resour
 
 from ..api import GROUP, KIND, VERSION
 from ..contract import timestamps
+from ..contract.kinds import LEADER_WORKER_SET
 from ..contract.kueue import JOB_UID_LABEL, WORKLOAD_API_VERSION, WORKLOAD_KIND
 from ..contract.names import (
     ANNOTATION_HASH,
     AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
+    LABEL_DEPLOYMENT,
 )
 from ..contract.stager import PROGRESS_FIELD_MANAGER, PROGRESS_KEY
 from .cache import ACTIVE_PODS, ClusterCache, Observation
@@ -86,16 +88,23 @@ class ApplyResult:
     written: bool
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from the given kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster.
-    Its User-Agent names this process's identity, so the audit log tells replicas apart."""
+class NoClusterError(Exception):
+    """No kubeconfig (or not its context) and not in a pod: nothing says where the API server is."""
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """A client from the given kubeconfig (and context), else $KUBECONFIG/~/.kube/config, else
+    in-cluster. Its User-Agent names this process's identity, so the audit log tells replicas apart."""
     try:
-        api = config.new_client_from_config(config_file=kubeconfig)
-    except config.ConfigException:
-        if kubeconfig:
-            raise
+        api = config.new_client_from_config(config_file=kubeconfig, context=context)
+    except config.ConfigException as exc:
+        if kubeconfig or context:
+            raise NoClusterError(str(exc)) from None
         cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as inside:
+            raise NoClusterError(f"{exc}; and not in a pod: {inside}") from None
         api = client.ApiClient(cfg)
     api.user_agent = user_agent()
     return api
@@ -182,6 +191,11 @@ class Cluster:
     def list_nodes(self) -> list[dict[str, Any]]:
         """One list, for `kimik3 plan` against the live cluster (a reconcile pass reads the informers)."""
         return [n.to_dict() for n in self._resource("v1", "Node").get().items]
+
+    def list_workloads(self, namespace: str, label: str) -> list[dict[str, Any]]:
+        """A deployment's LeaderWorkerSets (by its deployment label), for `kimik3 plan --diff`."""
+        res = self._resource(LEADER_WORKER_SET.api_version, LEADER_WORKER_SET.kind)
+        return [o.to_dict() for o in res.get(namespace=namespace, label_selector=f"{LABEL_DEPLOYMENT}={label}").items]
 
     def list_active_pods(self) -> list[dict[str, Any]]:
         """Every namespace's pods that hold (or wait for) resources, for `kimik3 plan`'s capacity."""
