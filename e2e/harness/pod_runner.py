@@ -274,7 +274,11 @@ class Proc:
         """The pod's containerStatuses as its kubelet reports them now: its container's with `ready`,
         its restarts and its last exit; the others as they were."""
         mine = next((c for c in self.statuses if c.get("name") == self.container), None)
-        others = [c for c in self.statuses if c.get("name") != self.container]
+        # A container with no readinessProbe is ready while it runs: a router pod's front, played
+        # beside the router (`kubectl get pods` then shows 2/2 once the router is ready too).
+        others = [{**c, "ready": self.front.poll() is None, "started": self.front.poll() is None}
+                  if c.get("name") == FRONT and self.front is not None else c
+                  for c in self.statuses if c.get("name") != self.container]
         return [*others, self.restarts.status(mine, ready, self.pod, self.namespace, self.uid)]
 
     @property

@@ -127,6 +127,9 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     prefill, decode = _engines(pod_runner, namespace, "prefill"), _engines(pod_runner, namespace, "decode", 2)
     router = ready_router(pod_runner, namespace, "k3-pd-router")
     predicted = {role.role: role.predicted for _, role in planned(cr).role_plans()}
+    # As a kubelet reports it: the front (no probe) ready while it runs, the router by its probe: 2/2.
+    wait_for("the router pod's containers all ready", lambda: all(
+        c["ready"] for c in get_json("pod", router.pod, "-n", namespace)["status"]["containerStatuses"]), timeout=30)
 
     # Bounded: 12 requests, each at most 60 s; completions and chat, whole and streamed.
     input_words = 8192

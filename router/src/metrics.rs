@@ -36,12 +36,13 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "kimik3_router_added_seconds",
         "histogram",
-        "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), chunk_relay (an upstream chunk in to handed to the client connection).",
+        "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), body_to_upstream (the same from the request body's last byte in), chunk_relay (an upstream chunk in to handed to the client connection).",
     ),
     ("kimik3_router_request_duration_seconds", "histogram", "Client request duration by route."),
 ];
 
-const ADDED_BUCKETS: &[f64] = &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
+const ADDED_BUCKETS: &[f64] =
+    &[0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.0025, 0.003, 0.005, 0.01, 0.025, 0.1, 1.0];
 const DURATION_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
 
 pub struct Histogram {
@@ -89,6 +90,7 @@ impl Histogram {
 pub struct Metrics {
     series: Mutex<BTreeMap<(&'static str, String), f64>>,
     pub added_request: Histogram,
+    pub added_body: Histogram,
     pub added_chunk: Histogram,
     pub duration_chat: Histogram,
     pub duration_completions: Histogram,
@@ -97,6 +99,7 @@ pub struct Metrics {
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     series: Mutex::new(BTreeMap::new()),
     added_request: Histogram::new(ADDED_BUCKETS),
+    added_body: Histogram::new(ADDED_BUCKETS),
     added_chunk: Histogram::new(ADDED_BUCKETS),
     duration_chat: Histogram::new(DURATION_BUCKETS),
     duration_completions: Histogram::new(DURATION_BUCKETS),
@@ -144,6 +147,7 @@ impl Metrics {
             match *name {
                 "kimik3_router_added_seconds" => {
                     self.added_request.render(&mut out, name, "stage=\"request_to_upstream\"");
+                    self.added_body.render(&mut out, name, "stage=\"body_to_upstream\"");
                     self.added_chunk.render(&mut out, name, "stage=\"chunk_relay\"");
                 }
                 "kimik3_router_request_duration_seconds" => {
