@@ -95,10 +95,14 @@ pub struct RouteInput<'a> {
     pub prefix: &'a [u8],
 }
 
+#[derive(Default)]
 struct PrefixIndex {
     /// chained block hash -> (worker id, last use tick)
     blocks: HashMap<u64, Vec<(u64, u64)>>,
     entries: usize,
+    /// Entries per worker id: a miss goes to the least loaded, ties to the one holding least (as
+    /// vllm-router sends a miss to its smallest tree), so an idle fleet is spread, not filled in order.
+    held: HashMap<u64, usize>,
     tick: u64,
 }
 
@@ -144,6 +148,7 @@ impl PrefixIndex {
                 None => {
                     holders.push((worker, tick));
                     self.entries += 1;
+                    *self.held.entry(worker).or_default() += 1;
                 }
             }
         }
@@ -158,12 +163,17 @@ impl PrefixIndex {
         ticks.sort_unstable();
         let cut = ticks.get(ticks.len() / 2).copied().unwrap_or(0);
         let mut entries = 0;
+        let mut held: HashMap<u64, usize> = HashMap::new();
         self.blocks.retain(|_, v| {
             v.retain(|(_, t)| *t > cut);
             entries += v.len();
+            for (w, _) in v.iter() {
+                *held.entry(*w).or_default() += 1;
+            }
             !v.is_empty()
         });
         self.entries = entries;
+        self.held = held;
     }
 }
 
@@ -195,7 +205,7 @@ impl Policy {
             kind,
             role,
             counter: AtomicUsize::new(0),
-            index: Mutex::new(PrefixIndex { blocks: HashMap::new(), entries: 0, tick: 0 }),
+            index: Mutex::new(PrefixIndex::default()),
             ring: Mutex::new((Vec::new(), Vec::new())),
             sessions: Mutex::new(Sessions {
                 sessions: HashMap::new(),
@@ -339,9 +349,10 @@ impl Policy {
         let best = matched.iter().copied().max().unwrap_or(0);
         let rate = if chain.is_empty() { 0.0 } else { best as f64 / chain.len() as f64 };
         let use_prefix = !imbalanced && rate > self.cache_threshold;
+        let held = |i: usize| candidates.get(i).and_then(|w| index.held.get(&w.id)).copied().unwrap_or(0);
         let position = (0..candidates.len())
             .filter(|&i| !use_prefix || matched.get(i) == Some(&best))
-            .min_by_key(|&i| loads.get(i).copied().unwrap_or(usize::MAX))?;
+            .min_by_key(|&i| (loads.get(i).copied().unwrap_or(usize::MAX), held(i)))?;
         let chosen = candidates.get(position)?;
         index.insert(&chain, chosen.id);
         drop(index);
@@ -414,6 +425,22 @@ mod tests {
         let other = "z".repeat(4000);
         let miss = p.select(&ws, &ws, &RouteInput { session: None, prefix: other.as_bytes() });
         assert_ne!(miss.map(|w| w.id), first);
+    }
+
+    #[test]
+    fn cache_aware_spreads_misses_over_an_idle_fleet() {
+        // Unrelated prompts, nothing in flight: each worker in turn (the one holding least), not
+        // the first one every time.
+        let c = cfg();
+        let ws = workers(3);
+        let p = Policy::new(PolicyKind::CacheAware, Role::Decode, &c, 1);
+        let picked: std::collections::HashSet<u64> = (0..3)
+            .filter_map(|i| {
+                let prompt = format!("{i}").repeat(2000);
+                p.select(&ws, &ws, &RouteInput { session: None, prefix: prompt.as_bytes() }).map(|w| w.id)
+            })
+            .collect();
+        assert_eq!(picked.len(), 3, "{picked:?}");
     }
 
     #[test]
