@@ -510,7 +510,7 @@ def main() -> None:
         if args.discovery:
             print(f"[router-bench] discovery: {args.discovery} pods", file=sys.stderr, flush=True)
             found = discovery(args.discovery, Path(tmp))
-    text = report(results, args) if results else ""
+    text = report(results, args) if results else f"# kimik3-router discovery ({time.strftime('%Y-%m-%d')})\n"
     if found[0]:
         text += ("\nDiscovery on a real API server (kimik3-router's watch; a pod's status written as a kubelet "
                  "writes it, timed from before the write until the router's metrics say so, polled every 5 ms):\n\n"
