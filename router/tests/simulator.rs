@@ -89,15 +89,25 @@ fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
     Sim { port, child, log }
 }
 
+/// Bases handed out in this process: the tests run side by side, and a range that is free when one
+/// test checks it may be another test's simulator's a moment later.
+static TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
 /// A loopback port with 16 free ports from it (one per data-parallel rank), below Linux's ephemeral
-/// range, where outgoing connections do not take ports between this check and the simulator's bind.
+/// range, where outgoing connections do not take ports between this check and the simulator's bind,
+/// and clear of every range this process gave another simulator.
 fn side_channel_base() -> u16 {
+    let mut taken = TAKEN.lock().unwrap();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     let seed = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
     for i in 0..200u32 {
         let offset = seed.wrapping_mul(2_654_435_761).wrapping_add(i.wrapping_mul(7_919)) % (32_768 - 16 - 20_000);
         let base = 20_000 + offset as u16;
+        if taken.iter().any(|t| base < t + 16 && *t < base + 16) {
+            continue;
+        }
         if (base..base + 16).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            taken.push(base);
             return base;
         }
     }

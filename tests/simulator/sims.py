@@ -56,22 +56,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+HANDED_OUT: list[tuple[int, int]] = []
+"""(base, count) of every range given out in this process: a simulator started a moment ago may not
+have bound its range yet when the next one is checked."""
+
+
 def free_port_base(count: int = 16) -> int:
     """A loopback port where `count` consecutive ports are free: a NIXL side channel's base (5600's
     stand-in), one port per data-parallel rank. Picked below Linux's ephemeral range (32768 up),
-    where outgoing connections do not take ports between the check and the simulator's bind."""
+    where outgoing connections do not take ports between the check and the simulator's bind, and
+    clear of the ranges this process gave out before."""
     rng = random.Random()
     for _ in range(100):
         base = rng.randrange(20000, 32768 - count)
-        taken = False
+        taken = any(base < b + n and b < base + count for b, n in HANDED_OUT)
         for port in range(base, base + count):
+            if taken:
+                break
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     taken = True
-                    break
         if not taken:
+            HANDED_OUT.append((base, count))
             return base
     raise AssertionError(f"no {count} consecutive free loopback ports")
 
