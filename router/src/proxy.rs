@@ -14,20 +14,23 @@ use crate::config::{Config, Mode};
 use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
 use crate::policy::{Policy, RouteInput, session_key};
-use crate::reply::{self, Body, ChannelBody};
+use crate::reply::{self, Body};
 use crate::upstream::{self, SendError};
 use crate::usage;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::{Sleep, sleep_until};
 
 const ANSWER_CAP: usize = 64 << 20;
@@ -776,8 +779,21 @@ impl App {
             }
         };
         let arrived = Instant::now();
-        let (tx, rx) = mpsc::channel(32);
-        let mut resp = Response::new(BodyExt::boxed(ChannelBody { rx }));
+        let relay = RelayBody {
+            cfg: self.cfg.clone(),
+            reg: self.reg.clone(),
+            worker: w.clone(),
+            route: ctx.route,
+            sse: SseRelay { buf: Vec::new(), prefill, saw_done: false },
+            first: Some((first, arrived)),
+            upstream: incoming,
+            idle: Box::pin(tokio::time::sleep(self.cfg.idle_gap_timeout)),
+            deadline: Box::pin(sleep_until(ctx.deadline.into())),
+            idle_armed: false,
+            done: false,
+            _hold: (load, in_flight.take()),
+        };
+        let mut resp = Response::new(BodyExt::boxed(relay));
         let ct = parts
             .headers
             .get(http::header::CONTENT_TYPE)
@@ -785,17 +801,6 @@ impl App {
             .unwrap_or(HeaderValue::from_static("text/event-stream"));
         resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
         resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        let relay = Relay {
-            cfg: self.cfg.clone(),
-            reg: self.reg.clone(),
-            worker: w.clone(),
-            tx,
-            deadline: ctx.deadline,
-            route: ctx.route,
-            sse: SseRelay { buf: Vec::new(), prefill, saw_done: false },
-        };
-        let guard = in_flight.take();
-        tokio::spawn(relay.run(first, arrived, incoming, load, guard));
         Leg::Answer(resp)
     }
 
@@ -928,31 +933,30 @@ impl App {
     }
 }
 
-struct Relay {
+/// The client's stream: the engine's, relayed as the client's connection asks for it (no task and
+/// no channel between them: a chunk costs one wake-up, not two), with the idle-gap and request
+/// watchdogs; a cut stream ends with an SSE error event. Dropped when the client leaves, which drops
+/// the engine's connection and so aborts its request.
+struct RelayBody {
     cfg: Arc<Config>,
     reg: Arc<Registry>,
     worker: Arc<Worker>,
-    tx: mpsc::Sender<(Bytes, Option<Instant>)>,
-    deadline: Instant,
     route: &'static str,
     sse: SseRelay,
+    /// The first chunk, read before the answer was committed, and when it arrived.
+    first: Option<(Bytes, Instant)>,
+    upstream: Incoming,
+    idle: Pin<Box<Sleep>>,
+    deadline: Pin<Box<Sleep>>,
+    /// The idle gap is timed from when the client asks for the next chunk, not from the last one:
+    /// a slow client is not a stalled engine.
+    idle_armed: bool,
+    done: bool,
+    _hold: (LoadGuard, Option<InFlight>),
 }
 
-impl Relay {
-    /// Hand a chunk to the client's connection: at once when the channel has room (the common case,
-    /// no timer), else waiting for room until the request deadline.
-    async fn send(&self, bytes: Bytes, arrived: Option<Instant>, deadline: Pin<&mut Sleep>) -> bool {
-        match self.tx.try_send((bytes, arrived)) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(item)) => tokio::select! {
-                r = self.tx.send(item) => r.is_ok(),
-                _ = deadline => false,
-            },
-        }
-    }
-
-    async fn cut(&self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) {
+impl RelayBody {
+    fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) -> Bytes {
         METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "cut")]);
         let w = &self.worker;
@@ -965,80 +969,96 @@ impl Relay {
             w.endpoint.record_failure(&self.cfg);
             self.reg.pool(w.endpoint.role).publish_count();
         }
-        let _ = self.tx.send((reply::sse_error(status, kind, message), None)).await;
+        self.done = true;
+        reply::sse_error(status, kind, message)
     }
 
-    async fn run(
-        mut self,
-        first: Bytes,
-        arrived: Instant,
-        mut body: Incoming,
-        load: LoadGuard,
-        in_flight: Option<InFlight>,
-    ) {
-        let _hold = (load, in_flight);
-        // Two timers for the whole stream, reset per chunk rather than made anew (three per chunk
-        // before: a measurable share of the CPU a relayed chunk costs).
-        let deadline = tokio::time::sleep_until(self.deadline.into());
-        let idle = tokio::time::sleep(self.cfg.idle_gap_timeout);
-        tokio::pin!(deadline, idle);
-        if let Some(out) = self.sse.push(first) {
-            if !self.send(out, Some(arrived), deadline.as_mut()).await {
-                return;
+    fn finished(&mut self) {
+        let w = &self.worker;
+        METRICS.inc(
+            "kimik3_router_leg_requests_total",
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
+        );
+        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "ok")]);
+        w.endpoint.record_success();
+        self.done = true;
+    }
+
+    fn out(&mut self, bytes: Bytes, arrived: Instant) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.idle_armed = false;
+        METRICS.added_chunk.observe(arrived.elapsed());
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+}
+
+impl hyper::body::Body for RelayBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some((first, arrived)) = this.first.take() {
+            if let Some(out) = this.sse.push(first) {
+                return this.out(out, arrived);
             }
+        }
+        if !this.idle_armed {
+            this.idle.as_mut().reset(tokio::time::Instant::now() + this.cfg.idle_gap_timeout);
+            this.idle_armed = true;
         }
         loop {
-            idle.as_mut().reset(tokio::time::Instant::now() + self.cfg.idle_gap_timeout);
-            let next = tokio::select! {
-                biased;
-                r = next_data(&mut body) => Some(r),
-                _ = &mut idle => None,
-                _ = &mut deadline => {
-                    self.cut("request_timeout", 504, "timeout", "the request timed out", false).await;
-                    return;
-                }
-            };
-            match next {
-                Some(Ok(Some(data))) => {
-                    let at = Instant::now();
-                    if let Some(out) = self.sse.push(data) {
-                        if !self.send(out, Some(at), deadline.as_mut()).await {
-                            return; // the client left: dropping the upstream body aborts the engine's request
-                        }
+            match Pin::new(&mut this.upstream).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    let arrived = Instant::now();
+                    match this.sse.push(data) {
+                        Some(out) => return this.out(out, arrived),
+                        // An event not complete yet: bytes did come, so the gap starts again.
+                        None => this.idle.as_mut().reset(tokio::time::Instant::now() + this.cfg.idle_gap_timeout),
                     }
                 }
-                Some(Ok(None)) => {
-                    if self.sse.saw_done {
-                        let w = &self.worker;
-                        METRICS.inc(
-                            "kimik3_router_leg_requests_total",
-                            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
-                        );
-                        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "ok")]);
-                        w.endpoint.record_success();
-                    } else {
-                        self.cut(
-                            "ended_early",
-                            502,
-                            "upstream_error",
-                            "the engine ended the stream before it was complete",
-                            true,
-                        )
-                        .await;
-                    }
-                    return;
+                Poll::Ready(Some(Err(e))) => {
+                    let out = this.cut(
+                        "upstream_error",
+                        502,
+                        "upstream_error",
+                        &format!("the engine's stream broke: {e}"),
+                        true,
+                    );
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
                 }
-                Some(Err(e)) => {
-                    self.cut("upstream_error", 502, "upstream_error", &format!("the engine's stream broke: {e}"), true)
-                        .await;
-                    return;
+                Poll::Ready(None) if this.sse.saw_done => {
+                    this.finished();
+                    return Poll::Ready(None);
                 }
-                None => {
-                    self.cut("idle_gap", 504, "timeout", "the engine stalled mid-stream", true).await;
-                    return;
+                Poll::Ready(None) => {
+                    let out = this.cut(
+                        "ended_early",
+                        502,
+                        "upstream_error",
+                        "the engine ended the stream before it was complete",
+                        true,
+                    );
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
                 }
+                Poll::Pending => break,
             }
         }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            let out = this.cut("request_timeout", 504, "timeout", "the request timed out", false);
+            return Poll::Ready(Some(Ok(Frame::data(out))));
+        }
+        if this.idle.as_mut().poll(cx).is_ready() {
+            let out = this.cut("idle_gap", 504, "timeout", "the engine stalled mid-stream", true);
+            return Poll::Ready(Some(Ok(Frame::data(out))));
+        }
+        Poll::Pending
     }
 }
 

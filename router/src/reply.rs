@@ -1,18 +1,13 @@
 //! Answers the router makes itself: every error in OpenAI's shape
-//! `{"error": {"message", "type", "param", "code"}}` (code: the HTTP status), and the body that
-//! relays a stream chunk by chunk.
+//! `{"error": {"message", "type", "param", "code"}}` (code: the HTTP status), and the end of a cut
+//! stream.
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::Response;
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use serde_json::{Value, json};
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Instant;
-use tokio::sync::mpsc;
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -42,32 +37,4 @@ pub fn error(status: u16, kind: &str, message: &str) -> Response<Body> {
 pub fn sse_error(status: u16, kind: &str, message: &str) -> Bytes {
     let event = serde_json::to_string(&error_value(status, kind, message)).unwrap_or_default();
     Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))
-}
-
-/// A response body fed by the relay task; each chunk carries the instant its upstream bytes
-/// arrived, so the time until hyper takes it is measured (kimik3_router_added_seconds{stage="chunk_relay"}).
-pub struct ChannelBody {
-    pub rx: mpsc::Receiver<(Bytes, Option<Instant>)>,
-}
-
-impl HttpBody for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some((bytes, arrived))) => {
-                if let Some(t) = arrived {
-                    crate::metrics::METRICS.added_chunk.observe(t.elapsed());
-                }
-                Poll::Ready(Some(Ok(Frame::data(bytes))))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
 }
