@@ -20,7 +20,7 @@ use crate::usage;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Frame, Incoming};
+use hyper::body::{Body as _, Frame, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
 use std::convert::Infallible;
@@ -181,6 +181,11 @@ impl Failure {
     }
 }
 
+/// A watchdog that fired: the leg's outcome and the client's message if it was the last failure.
+type Late = (&'static str, &'static str);
+const FIRST_TOKEN_LATE: Late = ("first_token_timeout", "the engine did not answer in time");
+const WHOLE_ANSWER_LATE: Late = ("answer_timeout", "no answer in time");
+
 enum Leg {
     /// The answer to give the client (committed: a byte may already be on its way).
     Answer(Response<Body>),
@@ -229,21 +234,27 @@ async fn guarded<T>(fut: impl Future<Output = T>, until: Instant, down: &mut wat
     }
 }
 
-/// The next non-empty data frame of an upstream body; Ok(None) at its end.
-async fn next_data(body: &mut Incoming) -> Result<Option<Bytes>, String> {
+/// The next non-empty data frame of an upstream body, polled; Ready(Ok(None)) at its end.
+fn poll_data(body: &mut Incoming, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, String>> {
     loop {
-        match body.frame().await {
-            None => return Ok(None),
-            Some(Err(e)) => return Err(e.to_string()),
-            Some(Ok(frame)) => {
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => return Poll::Ready(Ok(None)),
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e.to_string())),
+            Poll::Ready(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     if !data.is_empty() {
-                        return Ok(Some(data));
+                        return Poll::Ready(Ok(Some(data)));
                     }
                 }
             }
         }
     }
+}
+
+/// The next non-empty data frame of an upstream body; Ok(None) at its end.
+async fn next_data(body: &mut Incoming) -> Result<Option<Bytes>, String> {
+    std::future::poll_fn(|cx| poll_data(body, cx)).await
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -602,14 +613,15 @@ impl App {
         self.reg.pool(w.endpoint.role).publish_count();
     }
 
-    /// Connect and send one leg; the answer's head within `until` (or the engine dies first).
+    /// Connect and send one leg; the answer's head by the watchdog's `until` (or the engine dies
+    /// first). Its `Late` names the failure of a head that comes after it and before the request deadline.
     async fn send_leg(
         &self,
         ctx: &Ctx,
         w: &Arc<Worker>,
         body: Bytes,
         leg_id: &str,
-        until: Instant,
+        (until, late): (Instant, Late),
         down: &mut watch::Receiver<bool>,
     ) -> Result<Response<Incoming>, Failure> {
         let req =
@@ -629,9 +641,7 @@ impl App {
             Err(Stop::Deadline) if until >= ctx.deadline => {
                 Err(Failure::Timeout("timeout", "the request timed out".into()))
             }
-            Err(Stop::Deadline) => {
-                Err(Failure::Timeout("first_token_timeout", "the engine did not answer in time".into()))
-            }
+            Err(Stop::Deadline) => Err(Failure::Timeout(late.0, late.1.into())),
             Err(Stop::Down) => {
                 Err(Failure::Sent("engine_down", "the engine stopped answering its health probes".into()))
             }
@@ -658,7 +668,7 @@ impl App {
         let _load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
         let until = (Instant::now() + ctx.first_token).min(ctx.deadline);
-        let resp = self.send_leg(ctx, w, body, leg_id, until, &mut down).await?;
+        let resp = self.send_leg(ctx, w, body, leg_id, (until, FIRST_TOKEN_LATE), &mut down).await?;
         let (parts, incoming) = resp.into_parts();
         let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await {
             Ok(Ok(b)) => b,
@@ -708,11 +718,9 @@ impl App {
             (false, Some(allowance)) => first_until.checked_add(allowance).unwrap_or(ctx.deadline).min(ctx.deadline),
             (false, None) => ctx.deadline,
         };
-        let resp = match self.send_leg(ctx, w, body, leg_id, until, &mut down).await {
+        let late = if ctx.stream { FIRST_TOKEN_LATE } else { WHOLE_ANSWER_LATE };
+        let resp = match self.send_leg(ctx, w, body, leg_id, (until, late), &mut down).await {
             Ok(r) => r,
-            Err(Failure::Timeout("first_token_timeout", _)) if !ctx.stream => {
-                return Leg::Failed(Failure::Timeout("answer_timeout", "no answer in time".into()));
-            }
             Err(f) => return Leg::Failed(f),
         };
         let (parts, mut incoming) = resp.into_parts();
@@ -736,7 +744,7 @@ impl App {
                     return Leg::Failed(Failure::Timeout("timeout", "the request timed out".into()));
                 }
                 Err(Stop::Deadline) => {
-                    return Leg::Failed(Failure::Timeout("answer_timeout", "no answer in time".into()));
+                    return Leg::Failed(Failure::Timeout(WHOLE_ANSWER_LATE.0, WHOLE_ANSWER_LATE.1.into()));
                 }
                 Err(Stop::Down) => {
                     return Leg::Failed(Failure::Sent(
@@ -1010,12 +1018,8 @@ impl hyper::body::Body for RelayBody {
             this.idle_armed = true;
         }
         loop {
-            match Pin::new(&mut this.upstream).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else { continue };
-                    if data.is_empty() {
-                        continue;
-                    }
+            match poll_data(&mut this.upstream, cx) {
+                Poll::Ready(Ok(Some(data))) => {
                     let arrived = Instant::now();
                     match this.sse.push(data) {
                         Some(out) => return this.out(out, arrived),
@@ -1023,7 +1027,7 @@ impl hyper::body::Body for RelayBody {
                         None => this.idle.as_mut().reset(tokio::time::Instant::now() + this.cfg.idle_gap_timeout),
                     }
                 }
-                Poll::Ready(Some(Err(e))) => {
+                Poll::Ready(Err(e)) => {
                     let out = this.cut(
                         "upstream_error",
                         502,
@@ -1033,11 +1037,11 @@ impl hyper::body::Body for RelayBody {
                     );
                     return Poll::Ready(Some(Ok(Frame::data(out))));
                 }
-                Poll::Ready(None) if this.sse.saw_done => {
+                Poll::Ready(Ok(None)) if this.sse.saw_done => {
                     this.finished();
                     return Poll::Ready(None);
                 }
-                Poll::Ready(None) => {
+                Poll::Ready(Ok(None)) => {
                     let out = this.cut(
                         "ended_early",
                         502,
