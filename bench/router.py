@@ -29,6 +29,7 @@ cannot serve the trace. The full run's table is committed in bench/results/route
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import os
 import signal
@@ -50,7 +51,7 @@ from kubernetes import client, config  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from traffic import MODEL, TRACES, Load, direct_pair  # noqa: E402
 
-from e2e.harness.kube import kubectl  # noqa: E402
+from e2e.harness.kube import kubectl, wait_for  # noqa: E402
 from e2e.harness.pod_runner import (  # noqa: E402
     _api_server_env,
     _cluster_ca,
@@ -58,7 +59,7 @@ from e2e.harness.pod_runner import (  # noqa: E402
     router_binary,
     router_venv,
 )
-from e2e.harness.traffic import SESSION, Answer, post, prompt  # noqa: E402
+from e2e.harness.traffic import SESSION, Answer, metric_line, post, prompt  # noqa: E402
 from tests.simulator import sims  # noqa: E402
 
 SCENARIO = "b200-dep16-disaggregated"
@@ -90,33 +91,20 @@ ROUTERS = {"kimik3-router": (kimik3_argv, "/health"), "vllm-router 0.1.17": (vll
 class Fleet:
     prefills: list[sims.Sim]
     decodes: list[sims.Sim]
+    stack: contextlib.ExitStack
 
     @classmethod
     def start(cls, tmp: Path, prefills: int, decodes: int) -> Fleet:
+        """The simulators, each healthy (tests/simulator/sims.py `simulator`, stopped with the stack)."""
+        stack = contextlib.ExitStack()
+
         def role(name: str, count: int) -> list[sims.Sim]:
             report = sims.role_report(SCENARIO, name, scale_out=True)
             env = {"K3SIM_GPU_PRODUCT": report["gpuProduct"]}
-            return [sims.start(report["command"], tmp, env) for _ in range(count)]
-        fleet = cls(role("prefill", prefills), role("decode", decodes))
-        deadline = time.monotonic() + 120
-        for sim in fleet.all:
-            while True:
-                if sim.process.poll() is not None:
-                    raise SystemExit(f"FAILED: a simulator exited ({sim.process.returncode}):\n"
-                                     f"{sim.log.read_text()[-2000:]}")
-                try:
-                    if SESSION.get(sim.url + "/health", timeout=1).status_code == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"FAILED: a simulator was not healthy in 120 s: {sim.log}")
-                time.sleep(0.2)
+            return [stack.enter_context(sims.simulator(report["command"], tmp, env)) for _ in range(count)]
+        with stack:
+            fleet = cls(role("prefill", prefills), role("decode", decodes), stack.pop_all())
         return fleet
-
-    @property
-    def all(self) -> list[sims.Sim]:
-        return [*self.prefills, *self.decodes]
 
     def hit_rate(self) -> float | None:
         records = [r for sim in self.prefills for r in sim.stats()["by_request_id"].values()]
@@ -124,10 +112,7 @@ class Fleet:
         return sum(r["local_cache_hit_tokens"] for r in records) / tokens if tokens else None
 
     def stop(self) -> None:
-        for sim in self.all:
-            if sim.process.poll() is None:
-                sim.process.kill()
-            sim.process.wait(10)
+        self.stack.close()
 
 
 @dataclass
@@ -154,16 +139,23 @@ def start_router(name: str, fleet: Fleet, tmp: Path) -> Running:
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp), "NO_PROXY": "127.0.0.0/8"})
     running = Running(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if SESSION.get(running.url + ready_path, timeout=1).status_code == 200:
-                return running
-        except OSError:
-            pass
-        time.sleep(0.2)
-    running.stop()
-    raise SystemExit(f"FAILED: {name} did not become ready in 60 s ({argv[0]}); log {log.name}")
+    try:
+        wait_for(f"{name} ready ({argv[0]}; log {log.name})", lambda: _answers(running, running.url + ready_path),
+                 timeout=60, interval=0.2)
+    except BaseException:
+        running.stop()
+        raise
+    return running
+
+
+def _answers(running: Running, url: str) -> bool:
+    """`url` answers 200; a router that exited fails at once, with its code."""
+    if running.process.poll() is not None:
+        raise SystemExit(f"FAILED: the router exited with {running.process.returncode}")
+    try:
+        return SESSION.get(url, timeout=1).status_code == 200
+    except OSError:
+        return False
 
 
 def added_buckets(metrics_url: str) -> dict[str, dict[float, float]]:
@@ -274,8 +266,8 @@ def compare_direct(url: str, fleet: Fleet, count: int) -> list[float]:
     """Pairs of one request straight to the first prefill and decode, then the same request (a new
     prompt of the same size, so neither hits the other's cache) through the router: TTFT differences."""
     differences = []
-    for i in range(count):
-        tag = uuid_tag(i)
+    for _ in range(count):
+        tag = uuid.uuid4().hex[:12]
         body: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "stream": True,
                                 "messages": [{"role": "user", "content": prompt(2000, f"direct{tag}-")}]}
         direct = direct_pair(fleet.prefills[0].url, fleet.decodes[0].url, body)
@@ -290,24 +282,20 @@ def long_streams(router: Running, count: int, tokens: int = 256, at_once: int = 
     """`count` streams of `tokens` tokens each, `at_once` at a time: the router's CPU per chunk relayed."""
     answers: list[Answer] = []
 
-    def one(i: int) -> None:
+    def one() -> None:
         body = {"model": MODEL, "max_tokens": tokens, "stream": True, "ignore_eos": True,
-                "messages": [{"role": "user", "content": prompt(64, f"stream{uuid_tag(i)}-")}]}
+                "messages": [{"role": "user", "content": prompt(64, f"stream{uuid.uuid4().hex[:12]}-")}]}
         answers.append(post(router.url, "/v1/chat/completions", body, timeout=120))
 
     cpu0 = router.cpu_seconds()
     for first in range(0, count, at_once):
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(first, min(count, first + at_once))]
+        threads = [threading.Thread(target=one) for _ in range(first, min(count, first + at_once))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(150)
     chunks = sum(len(a.gaps) + 1 for a in answers if a.status == 200 and a.done)
     return (router.cpu_seconds() - cpu0) / chunks if chunks else None
-
-
-def uuid_tag(i: int) -> str:
-    return f"{os.getpid()}-{time.monotonic_ns()}-{i}"
 
 
 def _ms(value: float | None, digits: int = 2) -> str:
@@ -354,6 +342,10 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
 # -- discovery: Ready -> routable and terminating -> unrouted, on a real API server ------------------
 
 BENCH_LABEL = "kimik3-router-bench"
+HEALTHY = "kimik3_router_engine_healthy"
+"""1 while the router routes to the engine (its `engine` label: address:port)."""
+POLL = 0.005
+"""Seconds between looks at the router's metrics while an event is timed."""
 DISCOVERY_RBAC = """
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -395,22 +387,6 @@ def _status(ip: str) -> dict[str, Any]:
         {"type": "Ready", "status": "True", "lastTransitionTime": now}]}}
 
 
-def _routable(metrics_url: str, engine: str) -> float | None:
-    for line in SESSION.get(metrics_url, timeout=2).text.splitlines():
-        if line.startswith("kimik3_router_engine_healthy{") and f'engine="{engine}"' in line:
-            return float(line.rpartition(" ")[2])
-    return None
-
-
-def _until(what: str, done: Any, timeout: float = 30) -> float:
-    started = time.monotonic()
-    while not done():
-        if time.monotonic() - started > timeout:
-            raise SystemExit(f"FAILED: {what} did not happen within {timeout} s")
-        time.sleep(0.005)
-    return time.monotonic() - started
-
-
 def discovery(events: int, tmp: Path) -> tuple[list[float], list[float]]:
     """`events` pods, one after another: each turned Ready (status written as a kubelet writes it),
     timed until the router lists it routable; then deleted (terminating, held by a finalizer), timed
@@ -445,7 +421,7 @@ def discovery(events: int, tmp: Path) -> tuple[list[float], list[float]]:
                                         **_api_server_env()})
         router = Running(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics")
         try:
-            _until("the router answering", lambda: _healthy_answer(router.metrics_url))
+            wait_for("the router answering", lambda: _answers(router, router.metrics_url), timeout=30, interval=0.05)
             ready, gone = [], []
             api = client.CoreV1Api(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]))
             for i in range(events):
@@ -455,11 +431,13 @@ def discovery(events: int, tmp: Path) -> tuple[list[float], list[float]]:
                 # Timed from before the write is sent: an upper bound on what the router takes.
                 sent = time.monotonic()
                 api.patch_namespaced_pod_status(name, ns, _status(ip))
-                _until(f"{name} routable", lambda e=engine: _routable(router.metrics_url, e) == 1.0)
+                wait_for(f"{name} routable", lambda e=engine: metric_line(router.metrics_url, HEALTHY, engine=e) == 1.0,
+                         timeout=30, interval=POLL)
                 ready.append(time.monotonic() - sent)
                 sent = time.monotonic()
                 api.delete_namespaced_pod(name, ns)
-                _until(f"{name} unrouted", lambda e=engine: _routable(router.metrics_url, e) != 1.0)
+                wait_for(f"{name} unrouted", lambda e=engine: metric_line(router.metrics_url, HEALTHY, engine=e) != 1.0,
+                         timeout=30, interval=POLL)
                 gone.append(time.monotonic() - sent)
                 api.patch_namespaced_pod(name, ns, [{"op": "remove", "path": "/metadata/finalizers"}])
             return ready, gone
@@ -469,13 +447,6 @@ def discovery(events: int, tmp: Path) -> tuple[list[float], list[float]]:
         for server in servers:
             server.shutdown()
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-
-def _healthy_answer(url: str) -> bool:
-    try:
-        return SESSION.get(url, timeout=1).status_code == 200
-    except OSError:
-        return False
 
 
 SMOKE = {"runs": 1, "requests": 40, "interval": 0.1, "direct": 4, "streams": 8}

@@ -276,7 +276,8 @@ class Proc:
         mine = next((c for c in self.statuses if c.get("name") == self.container), None)
         # A container with no readinessProbe is ready while it runs: a router pod's front, played
         # beside the router (`kubectl get pods` then shows 2/2 once the router is ready too).
-        others = [{**c, "ready": self.front.poll() is None, "started": self.front.poll() is None}
+        front_runs = self.front is not None and self.front.poll() is None
+        others = [{**c, "ready": front_runs, "started": front_runs}
                   if c.get("name") == FRONT and self.front is not None else c
                   for c in self.statuses if c.get("name") != self.container]
         return [*others, self.restarts.status(mine, ready, self.pod, self.namespace, self.uid)]
