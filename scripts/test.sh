@@ -3,12 +3,14 @@
 # the e2e suite on the local real cluster (built from the Go module proxy on first use, cached in
 # ~/.cache/kimik3-e2e). Fails if either failed.
 #
-#   scripts/test.sh            all of it; stops the cluster it started at the end
-#   KIMIK3_KEEP_CLUSTER=1      leave the test cluster running afterwards
+#   scripts/test.sh            all of it, the e2e suite in two lanes on two clusters; stops the
+#                              clusters it started at the end
+#   KIMIK3_KEEP_CLUSTER=1      leave the test clusters running afterwards
 #   KIMIK3_TEST_STATE, KIMIK3_TEST_PORT_BASE  the test cluster's state folder ($CACHE/test-state)
-#                              and first of its 18 loopback ports (16400); the demo's cluster uses
-#                              $CACHE/state and the usual ports
-#   scripts/test.sh -k NAME    extra arguments go to both pytest runs
+#                              and first of its 18 loopback ports (16400); lane 2's cluster uses the
+#                              folder with -lane2 appended and the base + 100; the demo's cluster
+#                              uses $CACHE/state and the usual ports
+#   scripts/test.sh -k NAME    extra arguments go to both pytest runs (the e2e one in one lane)
 #   KIMIK3_STEP_TIMES=FILE     append `step<TAB>seconds` for lint, make-test and e2e (.ci/run's budget guard)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,23 +75,68 @@ await_build() { # await_build PID LOG TAG WHAT: a background build's end, its su
 await_build "$build_pid" "$CACHE/build.log" build "the cluster binaries"
 await_build "$images_pid" "$CACHE/images.log" images "the operator and router images"
 
-started_cluster=0
+# The whole suite runs in two lanes, each a pytest run on a cluster of its own (its own state folder,
+# ports, pod addresses and node bridge): the suite waits on its cluster about half the time, so two
+# lanes fill the 2 cores (bench/README.md, "CI time"). Lane 2 runs the files of E2E_LANE2, lane 1
+# every other file (a new file goes to lane 1); the tests marked after_suite (test_rbac.py judges
+# every request the operator made in both lanes, test_uninstall.py) run after both, on lane 1's
+# cluster. Arguments (scripts/test.sh -k NAME) run one lane, as one pytest run, on lane 1's cluster.
+E2E_LANE2=(test_traffic.py test_faults.py)  # about 1,250 s of the 2,400 (measured: bench/README.md)
+LANE2_STATE="$KIMIK3_STATE-lane2" LANE2_PORT_BASE=$((KIMIK3_PORT_BASE + 100))
+lanes=2
+(($# == 0)) || lanes=1
+lane2() { KIMIK3_STATE="$LANE2_STATE" KIMIK3_PORT_BASE="$LANE2_PORT_BASE" "$@"; }
+
+started_cluster=0 started_lane2=0
 if ! "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_cluster=1; fi
+if ((lanes == 2)) && ! lane2 "$ROOT/e2e/cluster/cluster.sh" status >/dev/null 2>&1; then started_lane2=1; fi
 cleanup() {
   stop_unit
-  if [[ $started_cluster == 1 && "${KIMIK3_KEEP_CLUSTER:-0}" != 1 ]]; then
-    "$ROOT/e2e/cluster/cluster.sh" down || true
+  [[ ${lane2_pid:-} ]] && kill "$lane2_pid" 2>/dev/null
+  if [[ "${KIMIK3_KEEP_CLUSTER:-0}" != 1 ]]; then
+    [[ $started_cluster == 0 ]] || "$ROOT/e2e/cluster/cluster.sh" down || true
+    [[ $started_lane2 == 0 ]] || lane2 "$ROOT/e2e/cluster/cluster.sh" down || true
   fi
 }
 trap cleanup EXIT
+if ((lanes == 2)); then
+  lane2 "$ROOT/e2e/cluster/cluster.sh" up >"$CACHE/e2e-lane2-up.log" 2>&1 &
+  lane2_up=$!
+fi
 "$ROOT/e2e/cluster/cluster.sh" up >/dev/null
 # Tell a broken cluster apart from a broken operator before the operator's tests run.
 "$ROOT/e2e/cluster/smoke.sh"
+if ((lanes == 2)) && ! wait "$lane2_up"; then
+  tail -n 40 "$CACHE/e2e-lane2-up.log" >&2
+  echo "FAILED: lane 2's cluster did not come up (log: $CACHE/e2e-lane2-up.log)" >&2
+  exit 1
+fi
 
-echo "== e2e tests on the local real cluster"
 e2e_t0=$SECONDS
+e2e() { python -m pytest e2e/tests -q -p no:cacheprovider --durations=30 "$@"; }  # the slowest, for the CI budget
 rc=0
-python -m pytest e2e/tests -q -p no:cacheprovider --durations=30 "$@" || rc=$?  # the slowest, for the CI budget
+if ((lanes == 1)); then
+  echo "== e2e tests on the local real cluster"
+  e2e "$@" || rc=$?
+else
+  KIMIK3_E2E_STARTED="$(date -u +%Y-%m-%dT%H:%M:%S)"
+  export KIMIK3_E2E_STARTED
+  LANE2_LOG="$CACHE/e2e-lane2.log"
+  echo "== e2e tests in two lanes; lane 2 (${E2E_LANE2[*]}) logs to $LANE2_LOG, printed when it ends"
+  lane2 python -m pytest "${E2E_LANE2[@]/#/e2e/tests/}" -q -p no:cacheprovider --durations=30 \
+    -m "not after_suite" >"$LANE2_LOG" 2>&1 &
+  lane2_pid=$!
+  lane1_rc=0 lane2_rc=0
+  e2e "${E2E_LANE2[@]/#/--ignore=e2e/tests/}" -m "not after_suite" || lane1_rc=$?
+  wait "$lane2_pid" || lane2_rc=$?
+  lane2_pid=
+  echo "== e2e lane 2 (rc $lane2_rc)"
+  cat "$LANE2_LOG"
+  echo "== e2e after both lanes: the after_suite tests on lane 1's cluster"
+  after_rc=0
+  KIMIK3_E2E_MORE_AUDIT_LOGS="$LANE2_STATE/audit.log" e2e -m after_suite || after_rc=$?
+  for lane_rc in "$lane1_rc" "$lane2_rc" "$after_rc"; do ((rc != 0)) || rc=$lane_rc; done
+fi
 if [[ $rc == 5 ]]; then
   echo "FAILED: no e2e test was collected" >&2
   exit 1

@@ -110,7 +110,8 @@ def cluster() -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def chart(cluster: dict[str, str]) -> Iterator[str]:
     """The chart, installed as users install it: CRD, ServiceAccount, RBAC, the Deployment."""
-    os.environ["KIMIK3_E2E_STARTED"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    # scripts/test.sh sets it once for all its e2e lanes and the after-suite run (test_rbac.py).
+    os.environ.setdefault("KIMIK3_E2E_STARTED", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     port = free_port()
     os.environ.update(KIMIK3_E2E_WEBHOOK_PORT=str(port))
     # No caBundle: the operator keeps the certificate (for 127.0.0.1) and sets the caBundle, as in a

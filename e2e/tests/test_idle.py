@@ -29,6 +29,7 @@ import pytest
 
 from e2e.harness.children import check_children
 from e2e.harness.kube import apply, condition, get_json, wait_for
+from e2e.harness.pod_runner import PodRunner
 from e2e.harness.replicas import Replicas
 from kimik3_operator.api.reasons import INSUFFICIENT_MEMORY
 from tests.support.cases import base_deployment
@@ -86,7 +87,10 @@ def describe(event: dict[str, Any]) -> str:
             f"-> {(event.get('responseStatus') or {}).get('code')}")
 
 
-def test_no_writes_while_idle(idle_operator: Replicas, namespace: str, cluster: dict[str, str]) -> None:
+def test_no_writes_while_idle(idle_operator: Replicas, namespace: str, cluster: dict[str, str],
+                              pod_runner: PodRunner) -> None:
+    """`pod_runner` plays the deployments' engines and routers, so that two of them become Ready:
+    asked for here, not left to whichever test of the run started it first."""
     aggregated = base_deployment(name="agg", namespace=namespace)
     aggregated["spec"]["pools"] = [{"name": "gb300", "nodeSelector": GB300,
                                     "aggregated": {"replicas": 1, "parallelism": {"tensor": 8}}}]
