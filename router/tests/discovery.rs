@@ -105,7 +105,7 @@ fn pod(name: &str, uid: &str, role: &str, ip: &str, ready: bool) -> Value {
 }
 
 async fn start_api() -> (Api, u16, PathBuf) {
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let data = manifest_dir().join("tests/data");
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_file_iter(data.join("server.crt")).unwrap().map(|c| c.unwrap()).collect();
     let key = PrivateKeyDer::from_pem_file(data.join("server.key")).unwrap();

@@ -420,7 +420,7 @@ pub async fn raw(port: u16, bytes: &[u8], wait: Duration) -> String {
 /// The SSE events of a stream body: JSON values, or the string "[DONE]".
 pub fn events(body: &str) -> Vec<Value> {
     body.split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .map(|d| {
             if d == "[DONE]" { Value::String("[DONE]".into()) } else { serde_json::from_str(d).unwrap_or(Value::Null) }
         })
@@ -441,4 +441,11 @@ pub fn assert_no_reuse(ledger: &Arc<Mutex<Vec<String>>>) {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), l.len(), "a set of kv_transfer_params reached two decodes: {l:?}");
+}
+
+/// The crate's folder, as `cargo test` names it when the test runs (not when it was compiled: a test
+/// binary cached in a shared target folder may have been built in another checkout whose sources
+/// cargo takes for the same, and that checkout may be gone).
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from)
 }
