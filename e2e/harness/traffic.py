@@ -27,8 +27,9 @@ class Answer:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     done: bool = False
-    """The stream ended with `data: [DONE]` and carried no error event (always True for a whole JSON
-    answer that parsed)."""
+    """The stream ended with `data: [DONE]` (a Responses stream: its response.completed or
+    response.incomplete event) and carried no error event (always True for a whole JSON answer that
+    parsed)."""
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     """Seconds between consecutive content chunks of a stream."""
@@ -54,9 +55,13 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, int
             if not body.get("stream"):
                 if r.status_code == 200:
                     data = r.json()
-                    choice = data["choices"][0]
-                    answer.text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
-                    answer.tool_calls = (choice.get("message") or {}).get("tool_calls") or []
+                    if data.get("object") == "response":  # the Responses API: output items, not choices
+                        answer.text = "".join(part.get("text", "") for item in data["output"]
+                                              for part in item.get("content") or [])
+                    else:
+                        choice = data["choices"][0]
+                        answer.text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+                        answer.tool_calls = (choice.get("message") or {}).get("tool_calls") or []
                     answer.usage, answer.done = data.get("usage") or {}, True
                     answer.ttft = time.monotonic() - started
                 else:
@@ -72,11 +77,18 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, int
                     answer.done = not answer.error  # a stream that carried an error event did not finish
                     break
                 chunk = json.loads(payload)
-                if "error" in chunk:
-                    answer.error = json.dumps(chunk["error"])[:500]
+                if "error" in chunk or chunk.get("type") == "error":
+                    answer.error = json.dumps(chunk.get("error") or chunk)[:500]
                     continue
+                kind = chunk.get("type") or ""
+                if kind in ("response.completed", "response.incomplete"):  # a Responses stream's end
+                    answer.usage = chunk["response"].get("usage") or answer.usage
+                    answer.done = not answer.error
+                    break
                 answer.usage = chunk.get("usage") or answer.usage
-                for choice in chunk.get("choices") or []:
+                pieces: list[dict[str, Any]] = ([{"text": chunk.get("delta") or ""}]
+                                                if kind == "response.output_text.delta" else [])
+                for choice in chunk.get("choices") or pieces:
                     delta = choice.get("delta") or {}
                     piece = choice.get("text") or delta.get("content") or ""
                     for call in delta.get("tool_calls") or []:

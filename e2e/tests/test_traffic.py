@@ -131,7 +131,7 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
     wait_for("the router pod's containers all ready", lambda: all(
         c["ready"] for c in get_json("pod", router.pod, "-n", namespace)["status"]["containerStatuses"]), timeout=30)
 
-    # Bounded: 12 requests, each at most 60 s; completions and chat, whole and streamed.
+    # Bounded: 12 requests, each at most 60 s; completions, the Responses API and chat, whole and streamed.
     input_words = 8192
     answers: list[Answer] = []
     for i in range(12):
@@ -139,11 +139,20 @@ def test_pd_requests_go_prefill_then_decode_through_the_router(
         if i % 3 == 2:
             body["messages"] = [{"role": "user", "content": prompt(input_words, f"c{i}-")}]
             answers.append(post(router.url, "/v1/chat/completions", body))
+        elif i % 3 == 1:
+            body.pop("max_tokens")
+            body.update(input=prompt(input_words, f"r{i}-"), max_output_tokens=64, store=True)
+            answers.append(post(router.url, "/v1/responses", body))
         else:
             body["prompt"] = prompt(input_words, f"p{i}-")
             answers.append(post(router.url, "/v1/completions", body))
     failed = [a for a in answers if a.status != 200 or not a.done or a.error]
     assert not failed, failed
+    # The Responses API keeps no response (router/src/routes.rs): a follow-up by id is refused,
+    # through the front, with the reason.
+    follow_up = post(router.url, "/v1/responses", {"model": MODEL, "input": "and then?",
+                                                   "previous_response_id": "resp_earlier"})
+    assert follow_up.status == 400 and "previous_response_id" in follow_up.error, follow_up
 
     # Each completion went prefill -> decode with the KV hand-off, and no decode prefilled a prompt itself.
     joined = _paths(prefill + decode)

@@ -10,6 +10,7 @@ mod metrics;
 mod policy;
 mod proxy;
 mod reply;
+mod routes;
 mod server;
 mod upstream;
 mod usage;

@@ -1,6 +1,7 @@
 //! Prometheus text exposition on the metrics port. Every label comes from a bounded set (role,
 //! engine address, outcome, stage...): never a request id, session key or model name from a request.
 
+use crate::routes::ROUTES;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,8 +93,8 @@ pub struct Metrics {
     pub added_request: Histogram,
     pub added_body: Histogram,
     pub added_chunk: Histogram,
-    pub duration_chat: Histogram,
-    pub duration_completions: Histogram,
+    /// One per row of routes::ROUTES, in its order.
+    pub duration: Vec<Histogram>,
 }
 
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -101,8 +102,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     added_request: Histogram::new(ADDED_BUCKETS),
     added_body: Histogram::new(ADDED_BUCKETS),
     added_chunk: Histogram::new(ADDED_BUCKETS),
-    duration_chat: Histogram::new(DURATION_BUCKETS),
-    duration_completions: Histogram::new(DURATION_BUCKETS),
+    duration: ROUTES.iter().map(|_| Histogram::new(DURATION_BUCKETS)).collect(),
 });
 
 fn escape(v: &str) -> String {
@@ -151,8 +151,9 @@ impl Metrics {
                     self.added_chunk.render(&mut out, name, "stage=\"chunk_relay\"");
                 }
                 "kimik3_router_request_duration_seconds" => {
-                    self.duration_chat.render(&mut out, name, "route=\"chat_completions\"");
-                    self.duration_completions.render(&mut out, name, "route=\"completions\"");
+                    for (h, route) in self.duration.iter().zip(ROUTES.iter()) {
+                        h.render(&mut out, name, &format!("route=\"{}\"", route.label));
+                    }
                 }
                 _ => {
                     for ((n, l), v) in series.range((*name, String::new())..) {

@@ -15,6 +15,7 @@ use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
 use crate::policy::{Policy, RouteInput, session_key};
 use crate::reply::{self, Body};
+use crate::routes::Route;
 use crate::upstream::{self, SendError};
 use crate::usage;
 use bytes::Bytes;
@@ -112,14 +113,15 @@ fn seed() -> u64 {
 }
 
 /// Counts a client request in flight until dropped (for streams: when the relay ends).
-struct InFlight(Arc<App>, Instant, &'static str);
+struct InFlight(Arc<App>, Instant, &'static Route);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
         METRICS.set("kimik3_router_in_flight_requests", &[], self.0.in_flight.load(Ordering::Relaxed) as f64);
-        let h = if self.2 == "chat_completions" { &METRICS.duration_chat } else { &METRICS.duration_completions };
-        h.observe(self.1.elapsed());
+        if let Some(h) = METRICS.duration.get(self.2.index()) {
+            h.observe(self.1.elapsed());
+        }
     }
 }
 
@@ -194,8 +196,7 @@ enum Leg {
 
 /// One client request on its way.
 struct Ctx {
-    path: &'static str,
-    route: &'static str,
+    route: &'static Route,
     body: Map<String, Value>,
     stream: bool,
     client_request_id: Option<HeaderValue>,
@@ -263,6 +264,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Relays SSE events as they complete, rewriting the one that carries usage (P/D).
 struct SseRelay {
+    route: &'static Route,
     buf: Vec<u8>,
     prefill: Option<Value>,
     saw_done: bool,
@@ -274,7 +276,7 @@ impl SseRelay {
             && data.ends_with(b"\n\n")
             && (self.prefill.is_none() || find(&data, b"\"usage\"").is_none());
         if simple {
-            if find(&data, b"data: [DONE]").is_some() {
+            if self.route.ends_stream(&data) {
                 self.saw_done = true;
             }
             return Some(data);
@@ -287,23 +289,26 @@ impl SseRelay {
             if event.is_empty() {
                 continue;
             }
-            let text: Vec<u8> = event.concat();
-            if text.starts_with(b"data: [DONE]") {
+            if self.route.ends_stream(&event.concat()) {
                 self.saw_done = true;
             }
-            match (&self.prefill, text.strip_prefix(b"data: ")) {
-                (Some(prefill), Some(json)) if find(json, b"\"usage\"").is_some() => {
-                    match serde_json::from_slice::<Value>(json) {
-                        Ok(mut v) if v.get("usage").is_some_and(Value::is_object) => {
-                            usage::reconcile(prefill, &mut v);
-                            out.extend_from_slice(b"data: ");
-                            out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
-                            out.push(b'\n');
+            for line in event {
+                match (&self.prefill, line.strip_prefix(b"data: ")) {
+                    (Some(prefill), Some(json)) if find(json, b"\"usage\"").is_some() => {
+                        let rewritten = serde_json::from_slice::<Value>(json)
+                            .ok()
+                            .and_then(|mut v| usage::reconcile(prefill, &mut v, &self.route.usage).then_some(v));
+                        match rewritten {
+                            Some(v) => {
+                                out.extend_from_slice(b"data: ");
+                                out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
+                                out.push(b'\n');
+                            }
+                            None => out.extend_from_slice(line),
                         }
-                        _ => out.extend_from_slice(&text),
                     }
+                    _ => out.extend_from_slice(line),
                 }
-                _ => out.extend_from_slice(&text),
             }
             out.push(b'\n');
         }
@@ -370,10 +375,17 @@ impl App {
                     reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."))
                 }
             }
-            (&Method::POST, "/v1/chat/completions") => {
-                self.clone().inference(req, "/v1/chat/completions", "chat_completions").await
+            (&Method::POST, p) if Route::find(p).is_some() => match Route::find(p) {
+                Some(route) => self.clone().inference(req, route).await,
+                None => reply::error(404, "not_found", "no such route"),
+            },
+            // vLLM's stored-response routes: nothing is stored here (routes.rs, NOT_STORED).
+            (&Method::GET | &Method::DELETE, p) if p.starts_with("/v1/responses/") => {
+                reply::error(404, "NotFoundError", crate::routes::NOT_STORED)
             }
-            (&Method::POST, "/v1/completions") => self.clone().inference(req, "/v1/completions", "completions").await,
+            (&Method::POST, p) if p.starts_with("/v1/responses/") && p.ends_with("/cancel") => {
+                reply::error(404, "NotFoundError", crate::routes::NOT_STORED)
+            }
             (&Method::POST, "/v1/messages") => reply::error(
                 501,
                 "not_implemented",
@@ -382,7 +394,7 @@ impl App {
             _ => reply::error(404, "not_found", "no such route"),
         };
         let status = resp.status().as_u16();
-        if status >= 400 && !matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions") {
+        if status >= 400 && Route::find(&path).is_none() {
             METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", outcome_of(status))]);
         }
         resp
@@ -438,20 +450,15 @@ impl App {
         Ok((parts.headers, Bytes::from(collected)))
     }
 
-    async fn inference(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        path: &'static str,
-        route: &'static str,
-    ) -> Response<Body> {
+    async fn inference(self: Arc<Self>, req: Request<Incoming>, route: &'static Route) -> Response<Body> {
         let started = Instant::now();
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         METRICS.set("kimik3_router_in_flight_requests", &[], self.in_flight.load(Ordering::Relaxed) as f64);
         let in_flight = InFlight(self.clone(), started, route);
-        let resp = self.inference_inner(req, path, route, started, in_flight).await;
+        let resp = self.inference_inner(req, route, started, in_flight).await;
         let status = resp.status().as_u16();
         if status != 200 {
-            METRICS.inc("kimik3_router_requests_total", &[("route", route), ("outcome", outcome_of(status))]);
+            METRICS.inc("kimik3_router_requests_total", &[("route", route.label), ("outcome", outcome_of(status))]);
         }
         resp
     }
@@ -459,8 +466,7 @@ impl App {
     async fn inference_inner(
         self: &Arc<Self>,
         req: Request<Incoming>,
-        path: &'static str,
-        route: &'static str,
+        route: &'static Route,
         started: Instant,
         in_flight: InFlight,
     ) -> Response<Body> {
@@ -491,29 +497,25 @@ impl App {
                 return resp;
             }
         }
+        if let Some(message) = (route.refuse)(&body) {
+            return reply::error(400, "invalid_request_error", message);
+        }
         // Only the router hands KV over: a client's own kv_transfer_params never reach an engine.
         body.remove("kv_transfer_params");
+        route.force(&mut body);
         self.budget.record_request();
         let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let prefix = match (path, body.get("messages"), body.get("prompt")) {
-            ("/v1/chat/completions", Some(m), _) => serde_json::to_vec(m).unwrap_or_default(),
-            (_, _, Some(Value::String(s))) => s.as_bytes().to_vec(),
-            (_, _, Some(p)) => serde_json::to_vec(p).unwrap_or_default(),
-            _ => Vec::new(),
-        };
+        let prefix = route.prefix(&body);
         let estimate = bytes.len() as f64 / 4.0;
         let first_token =
             self.cfg.first_token_timeout + Duration::from_secs_f64(estimate / self.cfg.prefill_tokens_per_sec);
-        let whole_answer = ["max_completion_tokens", "max_tokens"]
-            .iter()
-            .find_map(|k| body.get(*k).and_then(Value::as_u64))
-            .filter(|n| *n > 0)
+        let whole_answer = route
+            .max_tokens(&body)
             .map(|n| self.cfg.idle_gap_timeout.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
         let trace =
             ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
         let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
         let ctx = Ctx {
-            path,
             route,
             session: session_key(&headers, &body),
             body,
@@ -577,7 +579,7 @@ impl App {
     }
 
     fn leg_request(&self, ctx: &Ctx, w: &Worker, body: Bytes, leg_id: &str) -> Option<Request<Full<Bytes>>> {
-        let mut b = Request::post(ctx.path)
+        let mut b = Request::post(ctx.route.path)
             .header(http::header::HOST, w.endpoint.authority.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("x-request-id", leg_id);
@@ -755,10 +757,10 @@ impl App {
             };
             self.leg_done(w, "ok");
             w.endpoint.record_success();
-            METRICS.inc("kimik3_router_requests_total", &[("route", ctx.route), ("outcome", "ok")]);
+            METRICS.inc("kimik3_router_requests_total", &[("route", ctx.route.label), ("outcome", "ok")]);
             let out = match (prefill, serde_json::from_slice::<Value>(&bytes)) {
                 (Some(p), Ok(mut v)) => {
-                    usage::reconcile(&p, &mut v);
+                    usage::reconcile(&p, &mut v, &ctx.route.usage);
                     usage::merge_logprobs(&p, &mut v);
                     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
                 }
@@ -792,7 +794,7 @@ impl App {
             reg: self.reg.clone(),
             worker: w.clone(),
             route: ctx.route,
-            sse: SseRelay { buf: Vec::new(), prefill, saw_done: false },
+            sse: SseRelay { route: ctx.route, buf: Vec::new(), prefill, saw_done: false },
             first: Some((first, arrived)),
             upstream: incoming,
             idle: Box::pin(tokio::time::sleep(self.cfg.idle_gap_timeout)),
@@ -821,12 +823,14 @@ impl App {
                             "remote_block_ids": null, "remote_host": null, "remote_port": null});
         let mut b: std::collections::BTreeMap<&str, &Value> =
             ctx.body.iter().filter(|(k, _)| k.as_str() != "stream_options").map(|(k, v)| (k.as_str(), v)).collect();
-        b.insert("max_tokens", &one);
-        if b.contains_key("max_completion_tokens") {
-            b.insert("max_completion_tokens", &one);
+        for key in ctx.route.max_tokens.iter().chain([&ctx.route.prefill_cap]) {
+            if *key == ctx.route.prefill_cap || b.contains_key(key) {
+                b.insert(key, &one);
+            }
         }
         // vLLM hands KV over only for a request stopped by its length: no EOS on the one token.
-        b.insert("min_tokens", &one);
+        let (stop_key, stop_value) = ctx.route.one_token.field();
+        b.insert(stop_key, &stop_value);
         b.insert("stream", &no);
         b.insert("kv_transfer_params", &params);
         Bytes::from(serde_json::to_vec(&b).unwrap_or_default())
@@ -949,7 +953,7 @@ struct RelayBody {
     cfg: Arc<Config>,
     reg: Arc<Registry>,
     worker: Arc<Worker>,
-    route: &'static str,
+    route: &'static Route,
     sse: SseRelay,
     /// The first chunk, read before the answer was committed, and when it arrived.
     first: Option<(Bytes, Instant)>,
@@ -966,7 +970,7 @@ struct RelayBody {
 impl RelayBody {
     fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) -> Bytes {
         METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
-        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "cut")]);
+        METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "cut")]);
         let w = &self.worker;
         METRICS.inc(
             "kimik3_router_leg_requests_total",
@@ -978,7 +982,7 @@ impl RelayBody {
             self.reg.pool(w.endpoint.role).publish_count();
         }
         self.done = true;
-        reply::sse_error(status, kind, message)
+        (self.route.stream_error)(status, kind, message)
     }
 
     fn finished(&mut self) {
@@ -987,7 +991,7 @@ impl RelayBody {
             "kimik3_router_leg_requests_total",
             &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
         );
-        METRICS.inc("kimik3_router_requests_total", &[("route", self.route), ("outcome", "ok")]);
+        METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "ok")]);
         w.endpoint.record_success();
         self.done = true;
     }
@@ -1108,7 +1112,8 @@ mod tests {
     #[test]
     fn sse_relay_passes_events_and_rewrites_usage() {
         let prefill = json!({"usage": {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}});
-        let mut r = SseRelay { buf: Vec::new(), prefill: Some(prefill), saw_done: false };
+        let mut r =
+            SseRelay { route: &crate::routes::ROUTES[0], buf: Vec::new(), prefill: Some(prefill), saw_done: false };
         let plain = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
         assert_eq!(r.push(plain.clone()), Some(plain));
         assert_eq!(r.push(Bytes::from_static(b"data: {\"usage\":{\"prompt_tokens\":10,")), None);
@@ -1116,6 +1121,24 @@ mod tests {
         let text = String::from_utf8_lossy(&out);
         assert!(text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"), "{text}");
         assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert!(r.saw_done);
+    }
+
+    #[test]
+    fn a_responses_stream_ends_with_its_completed_event_and_its_usage_is_rewritten() {
+        let prefill =
+            json!({"usage": {"input_tokens": 10, "output_tokens": 1, "input_tokens_details": {"cached_tokens": 4}}});
+        let route = crate::routes::Route::find("/v1/responses").unwrap_or(&crate::routes::ROUTES[0]);
+        let mut r = SseRelay { route, buf: Vec::new(), prefill: Some(prefill), saw_done: false };
+        let delta = Bytes::from_static(b"event: response.output_text.delta\ndata: {\"delta\":\"data: [DONE]\"}\n\n");
+        assert_eq!(r.push(delta.clone()), Some(delta));
+        assert!(!r.saw_done, "a chat marker inside a responses event ends nothing");
+        let done = r.push(Bytes::from_static(
+            b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":5,\"input_tokens_details\":{\"cached_tokens\":0}}}}\n\n",
+        ));
+        let text = String::from_utf8_lossy(done.as_deref().unwrap_or_default()).into_owned();
+        assert!(text.starts_with("event: response.completed\ndata: {"), "{text}");
+        assert!(text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"), "{text}");
         assert!(r.saw_done);
     }
 

@@ -1,26 +1,36 @@
 //! What the decode's answer says about the prompt, set from the prefill's (as vllm-router does):
-//! prompt_tokens and its details from the prefill, total_tokens recomputed, cached_tokens = the
-//! prefill's prefix-cache hits (absent if the prefill reported none). Non-streamed answers also get
-//! the prefill's prompt logprobs.
+//! the prompt's token count and its details from the prefill, the total recomputed, cached tokens =
+//! the prefill's prefix-cache hits (absent if the prefill reported none). Non-streamed answers also
+//! get the prefill's prompt logprobs. The names are the route's (routes.rs): chat and completions
+//! say prompt_tokens, the Responses API input_tokens, and a Responses stream carries its usage in
+//! the final event's `response`.
 
+use crate::routes::UsageNames;
 use serde_json::{Map, Value};
 
 fn usage(v: &Value) -> Option<&Map<String, Value>> {
-    v.get("usage").and_then(Value::as_object)
+    v.get("usage").or_else(|| v.get("response").and_then(|r| r.get("usage"))).and_then(Value::as_object)
+}
+
+fn usage_mut(v: &mut Value) -> Option<&mut Map<String, Value>> {
+    if v.get("usage").is_some_and(Value::is_object) {
+        return v.get_mut("usage").and_then(Value::as_object_mut);
+    }
+    v.get_mut("response").and_then(|r| r.get_mut("usage")).and_then(Value::as_object_mut)
 }
 
 /// Rewrite `target`'s usage from `prefill`'s; true if anything changed.
-pub fn reconcile(prefill: &Value, target: &mut Value) -> bool {
+pub fn reconcile(prefill: &Value, target: &mut Value, names: &UsageNames) -> bool {
     let Some(source) = usage(prefill) else {
         return false;
     };
-    let Some(out) = target.get_mut("usage").and_then(Value::as_object_mut) else {
+    let Some(out) = usage_mut(target) else {
         return false;
     };
     let before = out.clone();
-    if let Some(input) = source.get("prompt_tokens").and_then(Value::as_u64) {
-        out.insert("prompt_tokens".into(), input.into());
-        match out.get("completion_tokens").and_then(Value::as_u64).and_then(|c| c.checked_add(input)) {
+    if let Some(input) = source.get(names.input).and_then(Value::as_u64) {
+        out.insert(names.input.into(), input.into());
+        match out.get(names.output).and_then(Value::as_u64).and_then(|c| c.checked_add(input)) {
             Some(total) => {
                 out.insert("total_tokens".into(), total.into());
             }
@@ -29,17 +39,17 @@ pub fn reconcile(prefill: &Value, target: &mut Value) -> bool {
             }
         }
     }
-    let details = source.get("prompt_tokens_details").and_then(Value::as_object);
+    let details = source.get(names.input_details).and_then(Value::as_object);
     let cached = details
         .and_then(|d| d.get("cached_tokens"))
         .and_then(Value::as_u64)
-        .filter(|c| source.get("prompt_tokens").and_then(Value::as_u64).is_none_or(|p| *c <= p));
+        .filter(|c| source.get(names.input).and_then(Value::as_u64).is_none_or(|p| *c <= p));
     let extra: Vec<(&String, &Value)> =
         details.map(|d| d.iter().filter(|(k, _)| *k != "cached_tokens").collect()).unwrap_or_default();
-    if (cached.is_some() || !extra.is_empty()) && !out.get("prompt_tokens_details").is_some_and(Value::is_object) {
-        out.insert("prompt_tokens_details".into(), Value::Object(Map::new()));
+    if (cached.is_some() || !extra.is_empty()) && !out.get(names.input_details).is_some_and(Value::is_object) {
+        out.insert(names.input_details.into(), Value::Object(Map::new()));
     }
-    if let Some(d) = out.get_mut("prompt_tokens_details").and_then(Value::as_object_mut) {
+    if let Some(d) = out.get_mut(names.input_details).and_then(Value::as_object_mut) {
         for (k, v) in extra {
             d.insert(k.clone(), v.clone());
         }
@@ -116,6 +126,7 @@ pub fn merge_logprobs(prefill: &Value, target: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routes::ROUTES;
     use serde_json::json;
 
     #[test]
@@ -124,17 +135,29 @@ mod tests {
                              "prompt_tokens_details": {"cached_tokens": 64}}});
         let mut decode = json!({"usage": {"prompt_tokens": 100, "completion_tokens": 8, "total_tokens": 108,
                                 "prompt_tokens_details": {"cached_tokens": 99}}});
-        assert!(reconcile(&prefill, &mut decode));
+        assert!(reconcile(&prefill, &mut decode, &ROUTES[0].usage));
         assert_eq!(
             decode["usage"],
             json!({"prompt_tokens": 100, "completion_tokens": 8, "total_tokens": 108,
                                            "prompt_tokens_details": {"cached_tokens": 64}})
         );
         let mut decode = json!({"usage": {"prompt_tokens": 100, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 99}}});
-        reconcile(&json!({"usage": {"prompt_tokens": 100}}), &mut decode);
+        reconcile(&json!({"usage": {"prompt_tokens": 100}}), &mut decode, &ROUTES[0].usage);
         assert_eq!(decode["usage"]["prompt_tokens_details"], json!({}));
         let mut none = json!({"choices": []});
-        assert!(!reconcile(&prefill, &mut none));
+        assert!(!reconcile(&prefill, &mut none, &ROUTES[0].usage));
+    }
+
+    #[test]
+    fn responses_usage_is_named_input_and_output_and_nested_in_a_streams_last_event() {
+        let responses = &ROUTES[2].usage;
+        let prefill = json!({"usage": {"input_tokens": 100, "output_tokens": 1, "total_tokens": 101,
+                             "input_tokens_details": {"cached_tokens": 64}}});
+        let mut event = json!({"type": "response.completed", "response": {"usage": {
+            "input_tokens": 100, "output_tokens": 8, "total_tokens": 108, "input_tokens_details": {"cached_tokens": 0}}}});
+        assert!(reconcile(&prefill, &mut event, responses));
+        assert_eq!(event["response"]["usage"]["input_tokens_details"], json!({"cached_tokens": 64}));
+        assert_eq!(event["response"]["usage"]["total_tokens"], json!(108));
     }
 
     #[test]

@@ -29,7 +29,7 @@ impl Drop for Sim {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    manifest_dir().parent().unwrap().to_path_buf()
 }
 
 fn python() -> String {
@@ -177,11 +177,35 @@ async fn pd_handoff_through_the_simulator() {
     assert!(!text.contains("\"error\""), "{text}");
     assert!(ev.iter().any(|e| e.get("usage").is_some_and(|u| u.is_object())), "{text}");
 
+    // The Responses API through the same hand-off (vLLM 0.33.0 takes kv_transfer_params there too):
+    // whole and streamed, the usage's prompt side from the prefill; what needs a store is refused.
+    let ask = json!({"model": "kimi-k3", "instructions": "Be brief.", "input": prompt, "max_output_tokens": 5,
+                     "store": true});
+    let (status, _, text) = post(r.port, "/v1/responses", &ask).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["object"].as_str(), v["status"].as_str()), (Some("response"), Some("incomplete")), "{text}");
+    assert_eq!(v["usage"]["output_tokens"], 5, "{text}");
+    assert_eq!(v["usage"]["total_tokens"], v["usage"]["input_tokens"].as_u64().unwrap() + 5, "{text}");
+    let (status, _, text) =
+        post(r.port, "/v1/responses", &json!({"stream": true, "max_output_tokens": 4, "input": "hi there"})).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("event: response.incomplete\n") && !text.contains("event: error"), "{text}");
+    let ev = events(&text);
+    assert_eq!(ev.first().and_then(|e| e["type"].as_str()), Some("response.created"), "{text}");
+    assert_eq!(ev.last().and_then(|e| e["type"].as_str()), Some("response.incomplete"), "{text}");
+    let (status, _, text) =
+        post(r.port, "/v1/responses", &json!({"input": "hi", "previous_response_id": "resp_1"})).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("previous_response_id"), "{text}");
+    let (status, _, text) = call(r.port, "GET", "/v1/responses/resp_1", &[], b"").await;
+    assert_eq!(status, 404, "{text}");
+
     // The decode pulled the prompt from the prefill (no local prefill), once per request.
     let (_, _, stats) = call(decode.port, "GET", "/sim/stats", &[], b"").await;
     let stats: Value = serde_json::from_str(&stats).unwrap();
     let records: Vec<&Value> = stats["by_request_id"].as_object().unwrap().values().collect();
-    assert_eq!(records.len(), 2, "{stats}");
+    assert_eq!(records.len(), 4, "{stats}");
     for rec in records {
         assert_eq!(rec["path"], "remote_prefill", "{rec}");
     }

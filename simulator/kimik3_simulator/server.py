@@ -32,6 +32,7 @@ from .faults import ENGINE_DEAD, HANG, HTTP_5XX, RESET, STALL, Fault, FaultError
 from .frontend import RENDER_PATHS, Frontend, response_id
 from .nixl import CONSUME, classify
 from .openai_format import BadRequest, Envelope, error_body, sse, tool_call_delta
+from .responses_format import ResponsesEnvelope, as_chat
 from .stats import SimStats
 from .text import Answer, PromptError, chat_answer, corrupted, prompt_seed
 
@@ -72,6 +73,7 @@ class Simulator:
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
             web.get("/sim/stats", self.sim_stats), web.post("/sim/fault", self.sim_fault),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/responses", self.responses),
             *(web.post(path, self.frontend_route) for path in ("/tokenize", "/detokenize", *RENDER_PATHS)),
         ])
         return app
@@ -172,10 +174,17 @@ class Simulator:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
-    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API: the chat path's engine work in its own envelope (responses_format.py)."""
+        return await self._serve(request, chat=True, responses=True)
+
+    async def _serve(self, request: web.Request, *, chat: bool, responses: bool = False) -> web.StreamResponse:
         try:
-            body = await self._json(request)
+            given = await self._json(request)
+            body = as_chat(given) if responses else given
             sub, answer, envelope = self._submission(request, body, chat)
+            shaped = ResponsesEnvelope(given, envelope.model, sub.max_tokens_param if sub.max_tokens_param is not None
+                                       else self.config.max_model_len - len(sub.tokens)) if responses else None
             fault = self.faults.take()
             if fault is not None and fault.kind != STALL:
                 return await self._fault(request, body, sub, fault)
@@ -187,6 +196,10 @@ class Simulator:
             return _error(f"The request queue is full ({full.reason})", 503, "ServiceUnavailableError")
         stall = fault.after_tokens if fault is not None else None
         try:
+            if shaped is not None:
+                if body.get("stream"):
+                    return await self._stream_responses(request, seq, answer, shaped, stall)
+                return await self._complete_responses(request, seq, answer, shaped, stall)
             if body.get("stream"):
                 return await self._stream(request, body, seq, answer, envelope, stall)
             return await self._complete(request, seq, answer, envelope, stall)
@@ -306,6 +319,61 @@ class Simulator:
                                            out.kv_transfer_params)
             return web.json_response(body)
         raise AssertionError("a request ended without a finish reason")
+
+    async def _complete_responses(self, request: web.Request, seq: Sequence, answer: Answer,
+                                  shaped: ResponsesEnvelope, stall: int | None) -> web.Response:
+        """A whole Responses answer: the chat path's ending, in a ResponsesResponse."""
+        async for before, out in self._outputs(seq):
+            if stall is not None and before + out.new_tokens >= stall and out.finish_reason is None:
+                return await self._stall(request, seq)
+            if out.finish_reason is None:
+                continue
+            if out.finish_reason == "error":
+                return _error(out.error or "KV transfer failed", 500, "InternalServerError")
+            if out.finish_reason == "abort":
+                return _error("The request was aborted", 503, "ServiceUnavailableError")
+            if seq.corrupt:
+                answer = corrupted(answer)
+            status = "incomplete" if out.finish_reason == "length" else "completed"
+            return web.json_response(shaped.response(status, answer.text(0, seq.generated), seq.prompt_len,
+                                                     seq.generated, out.kv_transfer_params, seq.local_hit))
+        raise AssertionError("a request ended without a finish reason")
+
+    async def _stream_responses(self, request: web.Request, seq: Sequence, answer: Answer,
+                                shaped: ResponsesEnvelope, stall: int | None) -> web.StreamResponse:
+        """A Responses stream: the lifecycle events around one message's text deltas."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for event in shaped.opening():
+            await response.write(event)
+        if stall == 0:
+            await self._stall(request, seq)
+            return response
+        text = ""
+        async for before, out in self._outputs(seq):
+            if out.finish_reason in ("error", "abort"):
+                await response.write(shaped.error(out.error or "The request was aborted", "server_error"))
+                break
+            if before == 0 and seq.corrupt:
+                answer = corrupted(answer)
+            after = before + out.new_tokens
+            delta = answer.text(before, after)
+            if delta:
+                if not text:
+                    for event in shaped.text_open():
+                        await response.write(event)
+                text += delta
+                await response.write(shaped.delta(delta))
+            if stall is not None and after >= stall and out.finish_reason is None:
+                await self._stall(request, seq)
+                return response
+            if out.finish_reason is not None:
+                status = "incomplete" if out.finish_reason == "length" else "completed"
+                for event in shaped.closing(text, status, seq.prompt_len, seq.generated, out.kv_transfer_params,
+                                            seq.local_hit):
+                    await response.write(event)
+        await response.write_eof()
+        return response
 
     async def _stall(self, request: web.Request, seq: Sequence) -> web.Response:
         """The stall fault: the engine stops working on the request, the client hears nothing more."""

@@ -73,11 +73,16 @@ MEMORY_LIMIT = "512Mi"
 ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("POST", "/v1/messages"),
     ("GET", "/v1/models"),
 )
-"""The OpenAI routes clients may call: one row per route. Other client routes of the router (the
-Responses API, /generate, embeddings, rerank) are left out: this model serves none of them
-through the P/D path."""
+"""The client routes: one row per route. kimik3-router serves the first three through the P/D hand-off
+(router/src/routes.rs; the Responses API without a response store: `store` forced off,
+`previous_response_id` and `background` refused with 400, docs/router.md "Routes") and answers
+/v1/messages with a 501 that names the route to use, so a client of the Anthropic API reads why
+instead of a bare 404. The stored-response routes (`GET /v1/responses/{id}`, `.../cancel`), /generate,
+embeddings and rerank are left out: nothing is stored, and this model serves none of the others."""
 MODEL_PATH = r"^/v1/models/[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,127}$"
 """GET /v1/models/{id}: one model by name, a single path segment that cannot start with a dot (so
 no `..`, no `%`-escape, no second segment). kimik3-router answers it from its served name; a name with
