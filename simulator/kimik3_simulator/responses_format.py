@@ -102,7 +102,8 @@ class ResponsesEnvelope:
         }
 
     def message(self, text: str, status: str) -> dict[str, Any]:
-        content: list[dict[str, Any]] = [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}] if text else []
+        content: list[dict[str, Any]] = ([{"annotations": [], "text": text, "type": "output_text", "logprobs": None}]
+                                         if text else [])
         return {"id": self.item_id, "content": content, "role": "assistant", "status": status, "type": "message",
                 "phase": None}
 

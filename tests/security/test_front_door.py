@@ -31,7 +31,8 @@ ADMIN = [("GET", "/workers"), ("POST", "/workers"), ("DELETE", "/workers/http%3A
          ("GET", "/list_workers"), ("POST", "/flush_cache"), ("GET", "/get_loads"),
          ("GET", "/scheduling/diagnostics"), ("POST", "/finish_session"), ("GET", "/get_server_info"),
          ("GET", "/get_model_info"), ("GET", "/health_generate"), ("POST", "/generate"),
-         ("GET", "/v1/responses/resp_1"), ("POST", "/v1/responses/resp_1/cancel"), ("GET", "/metrics"), ("POST", "/v1/models"), ("GET", "/v1/completions"),
+         ("GET", "/v1/responses/resp_1"), ("POST", "/v1/responses/resp_1/cancel"), ("GET", "/metrics"),
+         ("POST", "/v1/models"), ("GET", "/v1/completions"),
          ("DELETE", "/v1/chat/completions")]
 """vllm-router 0.1.17's routes no client may call (src/server.rs build_app), and allowed paths with
 the wrong method."""
