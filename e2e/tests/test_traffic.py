@@ -497,6 +497,9 @@ def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisio
 REPLACE_SECONDS = 5
 """What LWS's recreation of a group takes beside the preStop pause here: the old pods' SIGTERM and
 removal, the new pods' creation, scheduling and start (measured 3-4 s on an idle machine)."""
+SLACK_SECONDS = 10
+"""Beyond the predicted recovery: the suite's other lane and `make test` share the 2 cores (scripts/test.sh),
+which took one recovery from 19 s alone to 23.5 s of a 25.4 s bound with 5 s of slack."""
 RECOVERY_BOUND_SECONDS = 15.0
 """How long after an engine dies the router may still send it a first try (until its pod turns
 unready or the router's probes give it up); every request after that window must be served at the
@@ -537,8 +540,8 @@ def test_an_engine_killed_under_load_fails_no_request_and_its_group_comes_back(
     cold = _cold_start_seconds(namespace, name, role) * float(COLD_START_TIME_SCALE)
     # Back-off 0 (a first crash restarts at once), then LWS recreates the group (RecreateGroupOnPodRestart):
     # the restarted container's preStop pause (the kubelet runs it before the stop) and REPLACE_SECONDS
-    # for deleting, creating, scheduling and starting the group's pods; the predicted cold start; 5 s.
-    bound = 0 + PRE_STOP_SECONDS + REPLACE_SECONDS + cold + 5
+    # for deleting, creating, scheduling and starting the group's pods; the predicted cold start; slack.
+    bound = 0 + PRE_STOP_SECONDS + REPLACE_SECONDS + cold + SLACK_SECONDS
     back = wait_for(f"the killed {role} group Ready and routed again", lambda: _routed_again(
         pod_runner, namespace, role, 2), timeout=bound + 30)
     recovered = time.monotonic() - started - killed_at
@@ -552,7 +555,8 @@ def test_an_engine_killed_under_load_fails_no_request_and_its_group_comes_back(
         f"chaos: {role} SIGKILLed under 4 req/s: {load.summary()}; failures within {last - killed_at:.1f} s of the "
         f"kill; Degraded {degraded['reason']} after {unready_at - killed_at:.1f} s ({len(warned)} Warning); the "
         f"group Ready and routed again after {recovered:.1f} s (bound {bound:.1f} s: preStop {PRE_STOP_SECONDS} s "
-        f"+ replacement {REPLACE_SECONDS} s + cold start {cold:.1f} s + 5 s), Degraded {cleared['reason']} then; "
+        f"+ replacement {REPLACE_SECONDS} s + cold start {cold:.1f} s + {SLACK_SECONDS} s), "
+        f"Degraded {cleared['reason']} then; "
         f"router pods unchanged: {router_uids(namespace) == uids}")
     assert _second_reads(pod_runner, namespace) == {}
     assert degraded["reason"] in (CONTAINER_EXITED, CRASH_LOOP), degraded
