@@ -78,7 +78,8 @@ fn refuse_stored(body: &Map<String, Value>) -> Option<&'static str> {
     if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Some(NOT_STORED);
     }
-    if body.get("background").and_then(Value::as_bool) == Some(true) {
+    // Anything but false or null: vLLM's pydantic model would coerce "true" or 1 to true.
+    if body.get("background").is_some_and(|v| !v.is_null() && *v != Value::Bool(false)) {
         return Some(
             "background responses are not supported: they need a response store, which this deployment does not keep",
         );
@@ -212,7 +213,9 @@ mod tests {
     fn responses_refuse_what_needs_a_store_and_force_it_off() {
         let r = Route::find("/v1/responses").unwrap_or(&ROUTES[0]);
         assert_eq!((r.refuse)(&map(json!({"previous_response_id": "resp_1"}))), Some(NOT_STORED));
-        assert!((r.refuse)(&map(json!({"background": true}))).is_some());
+        for background in [json!(true), json!("true"), json!(1)] {
+            assert!((r.refuse)(&map(json!({"background": background}))).is_some(), "{background}");
+        }
         assert!((r.refuse)(&map(json!({"previous_response_id": null, "background": false, "store": true}))).is_none());
         let mut body = map(json!({"store": true, "background": false, "input": "hi"}));
         r.force(&mut body);

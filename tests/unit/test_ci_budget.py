@@ -10,21 +10,28 @@ ROOT = Path(__file__).resolve().parents[2]
 GUARD = ROOT / ".ci" / "budget.py"
 
 
+def _budget(step: str) -> int:
+    return next(int(line.split("\t")[1]) for line in (ROOT / ".ci" / "budget.tsv").read_text().splitlines()
+                if line.startswith(f"{step}\t"))
+
+
 def _run(tmp_path: Path, steps: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "steps.tsv").write_text(steps)
     return subprocess.run([sys.executable, str(GUARD), str(tmp_path / "steps.tsv")], capture_output=True, text=True)
 
 
 def test_steps_within_a_fifth_of_their_budget_pass(tmp_path: Path) -> None:
-    out = _run(tmp_path, "demo\t2100\ne2e\t2520\ntotal\t3000\n")
+    demo, e2e = _budget("demo"), _budget("e2e")
+    out = _run(tmp_path, f"demo\t{demo * 6 // 5}\ne2e\t{e2e * 6 // 5}\ntotal\t{_budget('total')}\n")
     assert out.returncode == 0, out.stderr
     assert "demo" in out.stdout and "1.20" in out.stdout
 
 
 def test_a_step_over_its_budget_fails_naming_it(tmp_path: Path) -> None:
-    out = _run(tmp_path, "demo\t100\ne2e\t2521\n")
+    e2e = _budget("e2e")
+    out = _run(tmp_path, f"demo\t100\ne2e\t{e2e * 6 // 5 + 1}\n")
     assert out.returncode == 1
-    assert "FAILED: CI time: e2e took 2521 s, over its budget of 2100 s" in out.stderr
+    assert f"FAILED: CI time: e2e took {e2e * 6 // 5 + 1} s, over its budget of {e2e} s" in out.stderr
     assert "demo" not in out.stderr
 
 
