@@ -354,6 +354,11 @@ impl App {
         }
         let path = uri.path().to_string();
         let method = req.method().clone();
+        if method == Method::POST {
+            if let Some(route) = Route::find(&path) {
+                return self.inference(req, route).await; // counts its own outcomes
+            }
+        }
         let resp = match (&method, path.as_str()) {
             (&Method::GET, "/health") | (&Method::GET, "/liveness") => {
                 reply::json_response(200, &json!({"status": "ok"}))
@@ -375,10 +380,6 @@ impl App {
                     reply::error(404, "NotFoundError", &format!("The model `{shown}` does not exist."))
                 }
             }
-            (&Method::POST, p) if Route::find(p).is_some() => match Route::find(p) {
-                Some(route) => self.clone().inference(req, route).await,
-                None => reply::error(404, "not_found", "no such route"),
-            },
             // vLLM's stored-response routes: nothing is stored here (routes.rs, NOT_STORED).
             (&Method::GET | &Method::DELETE, p) if p.starts_with("/v1/responses/") => {
                 reply::error(404, "NotFoundError", crate::routes::NOT_STORED)
@@ -394,7 +395,7 @@ impl App {
             _ => reply::error(404, "not_found", "no such route"),
         };
         let status = resp.status().as_u16();
-        if status >= 400 && Route::find(&path).is_none() {
+        if status >= 400 {
             METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", outcome_of(status))]);
         }
         resp
