@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .text import ToolCall
+from .text import Answer, ToolCall
+
+if TYPE_CHECKING:
+    from .engine import Output, Sequence
 
 
 class BadRequest(Exception):
@@ -75,6 +78,16 @@ class Envelope:
                              "stop_reason": None, "prompt_logprobs": None}],
                 "service_tier": None, "system_fingerprint": None,
                 "usage": usage(prompt, completion), "kv_transfer_params": kv}
+
+    def whole(self, answer: Answer, seq: Sequence, out: Output) -> dict[str, Any]:
+        """The whole answer of a finished request (chat or completion)."""
+        generated, prompt, finish = seq.generated, seq.prompt_len, out.finish_reason
+        assert finish is not None, "a whole answer is made once the request finished"
+        if self.chat:
+            return self.chat_completion(answer.text(0, generated) or None, answer.call_done(generated),
+                                        answer.finish_reason(generated, finish), prompt, generated,
+                                        out.kv_transfer_params)
+        return self.completion(answer.raw(0, generated), finish, prompt, generated, out.kv_transfer_params)
 
     def chat_completion(self, content: str | None, call: ToolCall | None, finish: str, prompt: int,
                         completion: int, kv: dict[str, Any] | None) -> dict[str, Any]:

@@ -22,9 +22,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .openai_format import BadRequest
+
+if TYPE_CHECKING:
+    from .engine import Output, Sequence
+    from .text import Answer
 
 STORE_NEEDED = ("This vLLM engine does not support `store=True` and therefore does not support the background mode. "
                 "To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
@@ -100,6 +104,12 @@ class ResponsesEnvelope:
             "frequency_penalty": b.get("frequency_penalty") or 0.0,
             "kv_transfer_params": kv, "ec_transfer_params": None, "input_messages": None, "output_messages": None,
         }
+
+    def whole(self, answer: Answer, seq: Sequence, out: Output) -> dict[str, Any]:
+        """The whole answer of a finished request: incomplete when its length stopped it."""
+        status = "incomplete" if out.finish_reason == "length" else "completed"
+        return self.response(status, answer.text(0, seq.generated), seq.prompt_len, seq.generated,
+                             out.kv_transfer_params, seq.local_hit)
 
     def message(self, text: str, status: str) -> dict[str, Any]:
         content: list[dict[str, Any]] = ([{"annotations": [], "text": text, "type": "output_text", "logprobs": None}]

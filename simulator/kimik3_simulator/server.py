@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -199,10 +199,10 @@ class Simulator:
             if shaped is not None:
                 if body.get("stream"):
                     return await self._stream_responses(request, seq, answer, shaped, stall)
-                return await self._complete_responses(request, seq, answer, shaped, stall)
+                return await self._complete(request, seq, answer, stall, shaped.whole)
             if body.get("stream"):
                 return await self._stream(request, body, seq, answer, envelope, stall)
-            return await self._complete(request, seq, answer, envelope, stall)
+            return await self._complete(request, seq, answer, stall, envelope.whole)
         except ConnectionResetError:  # the client went away mid-stream
             return web.Response(status=499)
         finally:
@@ -296,8 +296,10 @@ class Simulator:
             if out.finish_reason is not None:
                 return
 
-    async def _complete(self, request: web.Request, seq: Sequence, answer: Answer, envelope: Envelope,
-                        stall: int | None = None) -> web.Response:
+    async def _complete(self, request: web.Request, seq: Sequence, answer: Answer, stall: int | None,
+                        shape: Callable[[Answer, Sequence, Output], dict[str, Any]]) -> web.Response:
+        """A whole answer once the request finishes, in the route's `shape` (Envelope.whole,
+        ResponsesEnvelope.whole); a stall, an engine error or an abort answer as vLLM's would."""
         async for before, out in self._outputs(seq):
             if stall is not None and before + out.new_tokens >= stall and out.finish_reason is None:
                 return await self._stall(request, seq)
@@ -307,36 +309,7 @@ class Simulator:
                 return _error(out.error or "KV transfer failed", 500, "InternalServerError")
             if out.finish_reason == "abort":
                 return _error("The request was aborted", 503, "ServiceUnavailableError")
-            if seq.corrupt:
-                answer = corrupted(answer)
-            generated, prompt = seq.generated, seq.prompt_len
-            if envelope.chat:
-                body = envelope.chat_completion(answer.text(0, generated) or None, answer.call_done(generated),
-                                                answer.finish_reason(generated, out.finish_reason), prompt,
-                                                generated, out.kv_transfer_params)
-            else:
-                body = envelope.completion(answer.raw(0, generated), out.finish_reason, prompt, generated,
-                                           out.kv_transfer_params)
-            return web.json_response(body)
-        raise AssertionError("a request ended without a finish reason")
-
-    async def _complete_responses(self, request: web.Request, seq: Sequence, answer: Answer,
-                                  shaped: ResponsesEnvelope, stall: int | None) -> web.Response:
-        """A whole Responses answer: the chat path's ending, in a ResponsesResponse."""
-        async for before, out in self._outputs(seq):
-            if stall is not None and before + out.new_tokens >= stall and out.finish_reason is None:
-                return await self._stall(request, seq)
-            if out.finish_reason is None:
-                continue
-            if out.finish_reason == "error":
-                return _error(out.error or "KV transfer failed", 500, "InternalServerError")
-            if out.finish_reason == "abort":
-                return _error("The request was aborted", 503, "ServiceUnavailableError")
-            if seq.corrupt:
-                answer = corrupted(answer)
-            status = "incomplete" if out.finish_reason == "length" else "completed"
-            return web.json_response(shaped.response(status, answer.text(0, seq.generated), seq.prompt_len,
-                                                     seq.generated, out.kv_transfer_params, seq.local_hit))
+            return web.json_response(shape(corrupted(answer) if seq.corrupt else answer, seq, out))
         raise AssertionError("a request ended without a finish reason")
 
     async def _stream_responses(self, request: web.Request, seq: Sequence, answer: Answer,
