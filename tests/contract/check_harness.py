@@ -1,7 +1,8 @@
 """The stdin/stdout protocol of the contract checks that run in a venv of their own (vllm_check.py,
-router_check.py): a JSON list of cases in, a JSON list of verdicts `{"name", "ok", ...}` out, and
-nothing else on stdout, which the checked code (vLLM's logging, the router's Rust core) also
-prints to. Imported by those scripts from their own folder, never by the project's tests."""
+router_check.py, handoff_check.py, vllm_responses.py): a JSON list of cases in, a JSON list of
+verdicts `{"name", "ok", ...}` out, and nothing else on stdout, which the checked code (vLLM's
+logging, the router's Rust core) also prints to. Imported by those scripts from their own folder,
+never by the project's tests."""
 
 from __future__ import annotations
 

@@ -6,18 +6,19 @@ ResponseStreamEvent union that vLLM emits). Beyond parsing, a field vLLM's model
 differently (a default where the body left something else, a missing field) is an error, so the
 simulator writes what vLLM writes.
 
-Run with the python of the venv made by scripts/vllm-venv.sh:
+Run with the python of the venv made by scripts/vllm-venv.sh, through check_harness.py's protocol:
 
-    echo '{"name": {"response": {...}}}' | "$(scripts/vllm-venv.sh)/bin/python" tests/contract/vllm_responses.py
-    -> {"name": []}    (each case's errors; a case is {"response": body} or {"events": [event, ...]})
+    echo '[{"name": "whole", "response": {...}}]' \\
+      | "$(scripts/vllm-venv.sh)/bin/python" tests/contract/vllm_responses.py
+    -> [{"name": "whole", "ok": true, "errors": []}]    (a case has a `response` or a list of `events`)
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from typing import Any
+
+from check_harness import serve  # this script's own folder
 
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 
@@ -33,9 +34,7 @@ def _differences(body: dict[str, Any], dumped: dict[str, Any], where: str) -> li
     return errors
 
 
-def main() -> int:
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM logs to stdout
+def check(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter, ValidationError
     from vllm.entrypoints.openai.responses import protocol
@@ -45,8 +44,8 @@ def main() -> int:
                  "response.completed": protocol.ResponseCompletedEvent,
                  "response.incomplete": protocol.ResponseIncompleteEvent}
     others = TypeAdapter(ResponseStreamEvent)
-    verdicts: dict[str, list[str]] = {}
-    for name, case in json.load(sys.stdin).items():
+    verdicts = []
+    for case in cases:
         errors: list[str] = []
         bodies = [("", case["response"])] if "response" in case else [
             (f"event {i} ({e.get('type')}): ", e) for i, e in enumerate(case["events"])]
@@ -62,12 +61,9 @@ def main() -> int:
                 errors.append(f"{where}{exc}")
                 continue
             errors += _differences(body, parsed.model_dump(mode="json", by_alias=True), where)
-        verdicts[name] = errors
-    json.dump(verdicts, out)
-    out.write("\n")
-    out.flush()
-    return 0
+        verdicts.append({"name": case["name"], "ok": not errors, "errors": errors})
+    return verdicts
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(serve(check))
