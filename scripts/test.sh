@@ -113,28 +113,27 @@ if ((lanes == 2)) && ! wait "$lane2_up"; then
 fi
 
 e2e_t0=$SECONDS
-e2e() { python -m pytest e2e/tests -q -p no:cacheprovider --durations=30 "$@"; }  # the slowest, for the CI budget
+e2e() { python -m pytest -q -p no:cacheprovider --durations=30 "$@"; }  # the slowest, for the CI budget
 rc=0
 if ((lanes == 1)); then
   echo "== e2e tests on the local real cluster"
-  e2e "$@" || rc=$?
+  e2e e2e/tests "$@" || rc=$?
 else
   KIMIK3_E2E_STARTED="$(date -u +%Y-%m-%dT%H:%M:%S)"
   export KIMIK3_E2E_STARTED
   LANE2_LOG="$CACHE/e2e-lane2.log"
   echo "== e2e tests in two lanes; lane 2 (${E2E_LANE2[*]}) logs to $LANE2_LOG, printed when it ends"
-  lane2 python -m pytest "${E2E_LANE2[@]/#/e2e/tests/}" -q -p no:cacheprovider --durations=30 \
-    -m "not after_suite" >"$LANE2_LOG" 2>&1 &
+  lane2 e2e "${E2E_LANE2[@]/#/e2e/tests/}" -m "not after_suite" >"$LANE2_LOG" 2>&1 &
   lane2_pid=$!
   lane1_rc=0 lane2_rc=0
-  e2e "${E2E_LANE2[@]/#/--ignore=e2e/tests/}" -m "not after_suite" || lane1_rc=$?
+  e2e e2e/tests "${E2E_LANE2[@]/#/--ignore=e2e/tests/}" -m "not after_suite" || lane1_rc=$?
   wait "$lane2_pid" || lane2_rc=$?
   lane2_pid=
   echo "== e2e lane 2 (rc $lane2_rc)"
   cat "$LANE2_LOG"
   echo "== e2e after both lanes: the after_suite tests on lane 1's cluster"
   after_rc=0
-  KIMIK3_E2E_MORE_AUDIT_LOGS="$LANE2_STATE/audit.log" e2e -m after_suite || after_rc=$?
+  KIMIK3_E2E_MORE_AUDIT_LOGS="$LANE2_STATE/audit.log" e2e e2e/tests -m after_suite || after_rc=$?
   for lane_rc in "$lane1_rc" "$lane2_rc" "$after_rc"; do ((rc != 0)) || rc=$lane_rc; done
 fi
 if [[ $rc == 5 ]]; then
