@@ -86,6 +86,7 @@ SELECTOR = "app.kubernetes.io/managed-by=kimik3-operator"
 SERVING_ROLES = ("prefill", "decode", "aggregated")
 ROUTER = "router"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 COMPAT_LABEL = "serving.kimik3.dev/compat-hash"
 GPU_LABEL = "nvidia.com/gpu.product"
 PLAYED = "kwok.kimik3.dev/played"
@@ -323,6 +324,8 @@ class PodRunner:
     _targets_written: str | None = None
     _removing: set[str] = field(default_factory=set)
     """Uids of deleted pods without a process, whose object this runner has removed."""
+    doomed: set[tuple[str, str, str]] = field(default_factory=set)
+    """(namespace, pod name, LWS template revision) of engines that exit at every start (`doom`)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -383,6 +386,14 @@ class PodRunner:
     def by_ip(self, ip: str) -> Proc | None:
         with self._lock:
             return next((p for p in self.procs.values() if p.ip == ip and p.kind != ROUTER and p.alive()), None)
+
+    def doom(self, proc: Proc) -> None:
+        """A group that crash-loops on its template: from now on every start of `proc`'s pod name on
+        its LWS template revision exits at once (the simulator's exit_at_start fault), restarts and
+        LWS's recreations of the group included, as an engine does that a node or a template breaks;
+        the group on another revision (a rollout's) starts as usual. Then `proc` is killed."""
+        self.doomed.add((proc.namespace, proc.pod, proc.labels.get(REVISION_LABEL, "")))
+        self.kill(proc)
 
     def kill(self, proc: Proc, sig: signal.Signals = signal.SIGKILL) -> None:
         """A crashed container: its peers see it go, and the runner then reports the exit and restarts it
@@ -487,11 +498,11 @@ class PodRunner:
             cgroup.add(proc.pid)
         return proc, log
 
-    def _restartable(self, name: str, argv: list[str], env: dict[str, str],
+    def _restartable(self, name: str, argv: list[str], env: Callable[[], dict[str, str]],
                      cgroup: MemoryCgroup) -> tuple[subprocess.Popen[bytes], Path, Respawn]:
-        """A started process, and how to start it again the same way."""
-        proc, log = self._spawn(name, argv, env, cgroup)
-        return proc, log, lambda: self._spawn(name, argv, env, cgroup)[0]
+        """A started process, and how to start it again the same way (`env` as it is at each start)."""
+        proc, log = self._spawn(name, argv, env(), cgroup)
+        return proc, log, lambda: self._spawn(name, argv, env(), cgroup)[0]
 
     def _bindable(self, pod: dict[str, Any]) -> str | None:
         """The pod's IP when this machine can listen on it for the pod (a loopback address, see the
@@ -525,11 +536,15 @@ class PodRunner:
             # docs/simulator-faults.md §3). The operator never renders it.
             "K3SIM_FAULT_ADMIN": "1",
         }
-        # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
+        doom = (meta["namespace"], meta["name"], meta["labels"].get(REVISION_LABEL, ""))
+
+        def start_env() -> dict[str, str]:
+            return {**sim_env, "K3SIM_FAULTS": "exit_at_start"} if doom in self.doomed else sim_env
         cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))
+        # The rendered listen address is the pod's wildcard; appended flags win (argparse keeps the last).
         proc, log, respawn = self._restartable(f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}",
                                                [sys.executable, "-m", "kimik3_simulator", *argv, "--host", ip],
-                                               sim_env, cgroup)
+                                               start_env, cgroup)
         return Proc(meta["namespace"], meta["name"], meta["uid"], meta["labels"]["app.kubernetes.io/component"],
                     ip, ENGINE_PORT, proc, log, compat=meta["labels"].get(COMPAT_LABEL, ""),
                     labels=dict(meta["labels"]), respawn=respawn, cgroup=cgroup, **_kubelet_view(pod, container))
@@ -589,7 +604,7 @@ class PodRunner:
         name = f"{meta['namespace']}.{meta['name']}.{meta['uid'][:8]}"
         played = self._start_front(pod, front, ip, name) if front is not None else None
         cgroup = MemoryCgroup.make(meta["uid"], _memory_limit(container))
-        proc, log, respawn = self._restartable(name, argv, env, cgroup)
+        proc, log, respawn = self._restartable(name, argv, lambda: env, cgroup)
         view = _kubelet_view(pod, container)
         if front is not None:
             view["probe"] = Probe.of(pod, front)  # the pod's readiness is its front's probe

@@ -494,6 +494,59 @@ def test_a_pd_rollout_under_load_loses_no_request_and_never_pairs_across_revisio
     assert min(capacity) >= 100, capacity
 
 
+def test_a_rollout_replaces_a_crash_looping_group_instead_of_waiting_on_it(
+        operator: Path, stager: Any, pod_runner: PodRunner, namespace: str) -> None:
+    """One of two decode groups crash-loops on its template (every start exits; LWS recreates the
+    group again and again) when a P/D rollout starts, under an open-loop load. Before, the hold kept
+    that group as the old revision's "whole pair" and LeaderWorkerSet (maxUnavailable 0) counted it
+    as unavailable below the healthy old group it would replace next: the rollout stood still for
+    ever. Now the broken group is replaced, not waited on (reconcile/rollout.py): the rollout ends
+    within replicas x cold start + 5 min, no request fails, and status names the group while it
+    fails."""
+    name = "k3-broken"
+    body = _example(PD_EXAMPLE, namespace, name)
+    pool = next(p for p in body["spec"]["pools"] if "decode" in p)
+    pool["decode"]["replicas"] = 2
+    cr = _serve(pod_runner, namespace, body)
+    old = cr["status"]["engine"]["compatibilityHash"]
+    ready_router(pod_runner, namespace, f"{name}-router")
+    replicas = sum(role["replicas"] for p in body["spec"]["pools"] for key, role in p.items()
+                   if key in ("prefill", "decode"))
+    cold = max(_cold_start_seconds(namespace, name, role) for role in ("prefill", "decode"))
+    bound = replicas * cold * float(COLD_START_TIME_SCALE) + 300
+    victim = next(e for e in _engines(pod_runner, namespace, "decode", 2)
+                  if e.labels.get("leaderworkerset.sigs.k8s.io/group-index") == "0")
+    pod_runner.doom(victim)
+    degraded = wait_for("Degraded naming the crash-looping group", lambda: _degraded_naming(
+        namespace, name, victim.pod), timeout=30)
+    new_body = copy.deepcopy(body)
+    new_body["spec"]["engine"]["speculative"]["numSpeculativeTokens"] = 5  # enters the compatibility hash
+    said: list[str] = []
+    started = time.monotonic()
+
+    def done() -> bool:
+        cr = get_json("k3", name, "-n", namespace)
+        said.extend(m for c in (cr.get("status") or {}).get("conditions") or []
+                    if "the rollout replaces it" in (m := c.get("message", "")) and m not in said)
+        new = ((cr.get("status") or {}).get("engine") or {}).get("compatibilityHash")
+        engines = [p for p in pod_runner.running(namespace) if p.kind in ("prefill", "decode")]
+        routers = {p.labels.get("serving.kimik3.dev/router-revision") for p in pod_runner.running(namespace, "router")}
+        return bool(new != old and (cr.get("status") or {}).get("phase") == "Ready" and len(engines) == replicas
+                    and all(p.compat == new for p in engines) and routers == {new})
+
+    load = _under_load(pod_runner, namespace, lambda: apply(new_body), done, seconds=bound)
+    took = time.monotonic() - started
+    REPORT.append(f"rollout past a crash-looping decode group: {load.summary()}; done after {took:.0f} s "
+                  f"(bound {bound:.0f} s = {replicas} replicas x cold start {cold:.1f} s x "
+                  f"{COLD_START_TIME_SCALE} + 300 s); Degraded {degraded['reason']} before; "
+                  f"status said: {said[:1]}")
+    assert took <= bound
+    assert said, "status never said that the rollout replaces the broken group"
+    assert _second_reads(pod_runner, namespace) == {}
+    assert not load.failed(), load.story()
+    assert (condition(get_json("k3", name, "-n", namespace), "Degraded") or {}).get("status") == "False"
+
+
 REPLACE_SECONDS = 5
 """What LWS's recreation of a group takes beside the preStop pause here: the old pods' SIGTERM and
 removal, the new pods' creation, scheduling and start (measured 3-4 s on an idle machine)."""

@@ -10,10 +10,16 @@ from typing import Any
 
 import pytest
 
+from kimik3_operator.api.reasons import CRASH_LOOP
+from kimik3_operator.reconcile.failing import Failure
 from kimik3_operator.reconcile.pairing import revision_pairs
-from kimik3_operator.reconcile.rollout import partitions, router_weights
+from kimik3_operator.reconcile.rollout import OldGroups, old_groups, partitions, router_weights
+from kimik3_operator.render import render_serving
+from kimik3_operator.render.names import Owner
 from tests.unit.test_pairing import _leader
 from tests.unit.test_status import _plan, load_examples  # _plan: a PD plan on GB300 decode + B200 prefill
+
+OWNER = Owner(name="k3", namespace="ns", uid="u")
 
 
 def _keys() -> tuple[tuple[str, str], tuple[str, str]]:
@@ -186,3 +192,100 @@ def test_an_engine_image_change_changes_the_compatibility_hash() -> None:
     base = _plan(body)
     body["spec"]["engine"]["image"] = "ghcr.io/kimik3-operator/vllm-serving:0.34.0-cuda"
     assert _plan(body).compat_hash != base.compat_hash
+
+
+# ---- broken groups: replaced, never waited on --------------------------------------------------
+
+def _group(key: tuple[str, str], compat: str, index: int, *, ready: bool = True) -> dict[str, Any]:
+    """A group's leader as LeaderWorkerSet labels it: the template revision follows the compatibility
+    hash here (a paired role's template changes with it)."""
+    pod = _leader(*key, compat, ready)
+    pod["metadata"]["labels"].update({"leaderworkerset.sigs.k8s.io/name": f"k3-{key[0]}-{key[1]}",
+                                      "leaderworkerset.sigs.k8s.io/group-index": str(index),
+                                      "leaderworkerset.sigs.k8s.io/template-revision-hash": f"rev-{compat}"})
+    return pod
+
+
+def _broken(key: tuple[str, str], index: int, compat: str = "old") -> Failure:
+    return Failure(CRASH_LOOP, f"pool {key[0]} role {key[1]} group {index}", f"k3-{key[0]}-{key[1]}-{index}",
+                   "container vllm CrashLoopBackOff", (f"k3-{key[0]}-{key[1]}", index), f"rev-{compat}")
+
+
+def test_old_groups_are_those_below_the_replicas_on_another_template_than_the_highest_group() -> None:
+    prefill, decode = _keys()
+    pods = [_group(decode, "old", 0, ready=False), _group(decode, "old", 1), _group(decode, "new", 2),
+            _group(prefill, "old", 0), _group(prefill, "new", 1)]
+    old = old_groups(pods, [_broken(decode, 0)], {prefill: 1, decode: 2})
+    assert old == {decode: OldGroups(healthy=frozenset({1}), broken=frozenset({0})),
+                   prefill: OldGroups(healthy=frozenset({0}), broken=frozenset())}
+    assert old[decode].allowance() == 1  # LeaderWorkerSet would count group 0 before replacing group 1
+    # a failing group of the new template is no old group: a crash-looping revision gets nothing to eat
+    new_fails = [_group(decode, "old", 0), _group(decode, "new", 1, ready=False), _group(decode, "new", 2)]
+    assert old_groups(new_fails, [_broken(decode, 1, "new")], {decode: 2}) == {
+        decode: OldGroups(healthy=frozenset({0}), broken=frozenset())}
+    # no rollout (one template): nothing is old, whatever fails; nothing changes on the LeaderWorkerSet
+    steady = [_group(decode, "old", 0, ready=False), _group(decode, "old", 1)]
+    assert old_groups(steady, [_broken(decode, 0)], {decode: 2}) == {}
+    # a broken group being recreated (no leader now) still counts, by the revision it failed on
+    recreated = [_group(decode, "old", 1), _group(decode, "new", 2)]
+    assert old_groups(recreated, [_broken(decode, 0)], {decode: 2})[decode].broken == {0}
+
+
+@pytest.mark.parametrize(("broken", "step1", "step2", "allowance"), [
+    ((), 3, 1, 0),            # nothing broken: as before
+    ((0,), 3, 2, 1),          # group 0 broken: hold the lowest healthy one (1); LWS may count 0 as spent
+    ((2,), 2, 1, 0),          # the highest old group broken: released at once, LWS replaces it first
+    ((0, 1), 3, 3, 2),
+    ((0, 1, 2), 0, 0, 0),     # nothing healthy to hold
+])
+def test_the_hold_keeps_a_healthy_old_group_never_a_broken_one(broken: tuple[int, ...], step1: int, step2: int,
+                                                               allowance: int) -> None:
+    old = OldGroups(healthy=frozenset({0, 1, 2} - set(broken)), broken=frozenset(broken))
+    assert (old.hold_all(3), old.hold_one(), old.allowance()) == (step1, step2, allowance)
+
+
+def test_a_rollout_with_a_broken_old_decode_holds_the_healthy_one_and_ends() -> None:
+    """One decode of two crash-loops (group 0) when the rollout starts. Held at partition 1 as before,
+    it is the old revision's "whole pair" though it serves nothing, and the new revision is never
+    "full" while it is held: the rollout waited on it for ever."""
+    plan = dataclasses.replace(_plan(), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 2}
+    old = [_group(prefill, "old", 0), _group(decode, "old", 0, ready=False), _group(decode, "old", 1)]
+    failures = [_broken(decode, 0)]
+    surge = [_group(prefill, "new", 1), _group(decode, "new", 2)]
+    pods = old + surge + [_router("old")]
+    groups = old_groups(pods, failures, replicas)
+    assert partitions(plan, pods, replicas, groups) == {prefill: 1, decode: 2}  # decode group 1 keeps the old pair
+    # full: the new revision has its 2 decodes less the broken one; its router is Ready: the old goes
+    pods += [_router("new")]
+    assert router_weights(plan, pods, replicas, {"old": 1, "new": 1}, groups) == {"new": 1}
+    # once its pods are gone the old groups are released, the broken one with them
+    gone = old + surge + [_router("new")]
+    assert partitions(plan, gone, replicas, old_groups(gone, failures, replicas)) == {}
+    # and the old router does not come back when the broken group, replaced, starts on the new
+    # template (no longer discounted) while the healthy old groups still serve a pair
+    replaced = [_group(prefill, "old", 0), _group(decode, "new", 0, ready=False), _group(decode, "old", 1),
+                *surge, _router("new")]
+    assert router_weights(plan, replaced, replicas, {"old": 1, "new": 1}, old_groups(replaced, [], replicas)) == {
+        "new": 1}
+
+
+def test_a_role_whose_old_groups_all_fail_is_not_held() -> None:
+    plan = dataclasses.replace(_plan(), compat_hash="new")
+    prefill, decode = _keys()
+    replicas = {prefill: 1, decode: 1}
+    pods = [_group(prefill, "old", 0), _group(decode, "old", 0, ready=False), _group(decode, "new", 1, ready=False)]
+    groups = old_groups(pods, [_broken(decode, 0)], replicas)
+    assert partitions(plan, pods, replicas, groups) == {prefill: 1}  # the decode's only old group is replaced
+
+
+def test_the_allowance_raises_max_unavailable_on_the_rolling_role_only() -> None:
+    plan = _plan()
+    prefill, decode = _keys()
+    children = render_serving(OWNER, plan, allowances={decode: 1})
+    role_label = "serving.kimik3.dev/role"
+    lws = {o["metadata"]["labels"][role_label]: o["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+           for o in children if o["kind"] == "LeaderWorkerSet"}
+    assert lws["decode"]["maxUnavailable"] == plan.max_unavailable + 1
+    assert lws["prefill"]["maxUnavailable"] == plan.max_unavailable

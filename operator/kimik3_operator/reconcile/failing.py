@@ -55,6 +55,12 @@ class Failure:
     """pool/role group N, or the router's Deployment."""
     pod: str
     detail: str
+    group: tuple[str, int] | None = None
+    """(LeaderWorkerSet, group index) of a failing replica; None for a router pod."""
+    revision: str | None = None
+    """The LeaderWorkerSet template revision the failing group runs (its leader's, or the one it
+    ran when it was last seen failing): a rollout replaces an old one instead of waiting on it
+    (reconcile/rollout.py)."""
 
     def line(self) -> str:
         return f"{self.what}: pod {self.pod} {self.detail}"
@@ -153,20 +159,23 @@ def _slot(slot: tuple[str, int], pods: list[Mapping[str, Any]], planned: Mapping
     where = f"{what} group {slot[1]}"
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         if (why := pod_failure(pod)) is not None:
-            seen[slot] = Failure(why[0], where, str(pod["metadata"]["name"]), why[1])
+            seen[slot] = Failure(why[0], where, str(pod["metadata"]["name"]), why[1], slot,
+                                 revision or (seen[slot].revision if slot in seen else ready.get(slot)))
             return seen[slot]
     if slot in seen:
         last = seen[slot]
-        return Failure(last.reason, where, last.pod, f"{last.detail}; the group is being recreated")
+        return Failure(last.reason, where, last.pod, f"{last.detail}; the group is being recreated", slot,
+                       revision or last.revision)
     was = ready.get(slot)
     if was is None or leader is None or revision != was:
         return None  # never Ready on this revision: starting, rolling, or between pods
     unplaced = next((p for p in live if _unschedulable(p)), None)
     if unplaced is not None:
-        return Failure(UNSCHEDULABLE, where, str(unplaced["metadata"]["name"]), "cannot be scheduled again")
+        return Failure(UNSCHEDULABLE, where, str(unplaced["metadata"]["name"]), "cannot be scheduled again",
+                       slot, revision)
     if (leader.get("status") or {}).get("phase") != "Running":
         return None  # a replacement on its way (its node went): starting, as far as its pods tell
     stuck = next(p for p in [leader, *live] if not _ready(p))
     return Failure(ENGINE_NOT_READY, where, str(stuck["metadata"]["name"]),
-                   "was Ready and is not, its container running (it fails its readiness probe)")
+                   "was Ready and is not, its container running (it fails its readiness probe)", slot, revision)
 

@@ -9,6 +9,7 @@ only the status says why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +33,11 @@ from ..render import Owner, RoleEndpoints, render_routers, render_serving, rende
 from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label, workload_name
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
 from .disaggregation import DisaggregationProbe
-from .failing import FailureMemory, failing
+from .failing import Failure, FailureMemory, failing
 from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
 from .queueing import QueueProbe, queued_roles, recheck_seconds
-from .rollout import ROLLOUT_POLL_SECONDS, old_routers, partitions, router_weights
+from .rollout import ROLLOUT_POLL_SECONDS, OldGroups, old_groups, old_routers, partitions, router_weights
 from .status import compute_status, transitions
 from .status_pace import StatusPace
 from .weights_status import WeightsState, weights_state
@@ -118,6 +119,8 @@ class Pass:
     current: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     wanted: set[tuple[str, str]] = field(default_factory=set)
     held: dict[tuple[str, str], int] = field(default_factory=dict)
+    old: dict[tuple[str, str], OldGroups] = field(default_factory=dict)
+    """Each rolling role's old groups, and which of them are broken (reconcile/rollout.py)."""
     weights: WeightsState | None = None
     endpoints: Sequence[RoleEndpoints] = ()
     pairs: dict[str, int] = field(default_factory=dict)
@@ -222,8 +225,10 @@ def _apply_children(p: Pass) -> None:
     # each role's count as this pass applies it (an autoscaled role's: its scaler's)
     counted = with_live_counts(owner, plan, lws)
     replicas: dict[tuple[str, str], int] = {(pool.name, r.role): r.replicas for pool, r in counted.role_plans()}
-    p.held = partitions(plan, own_pods, replicas)
-    serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, p.pairs), p.held)
+    p.old = old_groups(own_pods, _failures(p, counted), replicas)
+    p.held = partitions(plan, own_pods, replicas, p.old)
+    serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, p.pairs, p.old), p.held,
+                             {key: n for key, old in p.old.items() if (n := old.allowance())})
     if p.held and old_routers(plan, own_pods):
         p.outcome.due = ROLLOUT_POLL_SECONDS
     if (problem := _chat_template_problem(p.cluster, plan, serving, live)) is not None:
@@ -263,9 +268,7 @@ def status(p: Pass) -> None:
         plan = with_live_counts(owner, plan, workloads)
         pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
     scaling = autoscaling_statuses(owner, plan, scaling)
-    slots = {workload_name(owner, pool.name, role.role): (f"pool {pool.name} role {role.role}", role.replicas)
-             for pool, role in plan.role_plans()}
-    failures = failing(p.failure_memory, (namespace, name), p.seen.pods, slots)
+    failures = _replaced_said(p, _failures(p, plan))
     _write_status(p, pace, compute_status(
         owner=owner, generation=p.generation, previous=p.previous, plan=plan, error=None,
         workloads=workloads, now=p.now(), capacity=shortfalls(plan, p.facts, used, {k: plan.max_surge for k in p.held}),
@@ -273,6 +276,20 @@ def status(p: Pass) -> None:
         routers={n: o for (k, n), o in kept.items() if k == DEPLOYMENT.kind}, autoscaling=scaling,
         disaggregating=p.probe.verdict(owner, plan) if p.probe is not None and workloads else None,
         admission=admission, failures=failures))
+
+
+def _failures(p: Pass, plan: Plan) -> list[Failure]:
+    """The deployment's failing replicas and router pods now, with `plan`'s replica counts."""
+    slots = {workload_name(p.owner, pool.name, role.role): (f"pool {pool.name} role {role.role}", role.replicas)
+             for pool, role in plan.role_plans()}
+    return failing(p.failure_memory, (p.namespace, p.name), p.seen.pods, slots)
+
+
+def _replaced_said(p: Pass, failures: list[Failure]) -> list[Failure]:
+    """`failures`, those of broken old groups that this pass's rollout replaces saying so."""
+    broken = {(workload_name(p.owner, *key), index) for key, old in p.old.items() for index in old.broken}
+    return [dataclasses.replace(f, detail=f"{f.detail}; the rollout replaces it, not waiting on it")
+            if f.group in broken else f for f in failures]
 
 
 def fail(p: Pass, error: PlanningError) -> None:

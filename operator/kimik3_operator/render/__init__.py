@@ -31,12 +31,14 @@ def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) 
 
 def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
                    routers: Mapping[str, int] | None = None,
-                   partitions: Mapping[tuple[str, str], int] | None = None) -> list[dict[str, Any]]:
+                   partitions: Mapping[tuple[str, str], int] | None = None,
+                   allowances: Mapping[tuple[str, str], int] | None = None) -> list[dict[str, Any]]:
     """What serves, once the plan carries the staged commits; prefill and decode Services select
     `paired_hash` (default: the plan's own); the P/D router runs per revision of `routers`
     (compatibility hash -> routable pairs, router.router_replicas); a (pool, role) in `partitions`
-    keeps that many of its groups on the template they run. Nothing here depends on the operator's
-    version."""
+    keeps that many of its groups on the template they run, one in `allowances` may have that many
+    more groups unavailable while it rolls (its broken ones, reconcile/rollout.py). Nothing here
+    depends on the operator's version."""
     children: list[dict[str, Any]] = []
     domains: set[str] = set()
     for pool, role in plan.role_plans():
@@ -44,7 +46,9 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
         if role.compute_domain and (domain := role_domain_name(owner, pool, role)) not in domains:
             domains.add(domain)  # prefill and decode may share one
             children.append(compute_domain(owner, pool, role))
-        children += [leader_worker_set(owner, plan, pool, role, (partitions or {}).get((pool.name, role.role), 0)),
+        key = (pool.name, role.role)
+        children += [leader_worker_set(owner, plan, pool, role, (partitions or {}).get(key, 0),
+                                       (allowances or {}).get(key, 0)),
                      role_budget(owner, pool, role)]
     return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers)
                            + network_policies(owner, plan))

@@ -58,9 +58,12 @@ def pod_security() -> dict[str, Any]:
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, partition: int = 0) -> dict[str, Any]:
+def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, partition: int = 0,
+                      broken: int = 0) -> dict[str, Any]:
     """`partition`: groups below it keep the template they run (LWS rollingUpdateConfiguration;
-    reconcile/rollout.py holds a paired role's old groups with it while a new revision fills)."""
+    reconcile/rollout.py holds a paired role's old groups with it while a new revision fills);
+    `broken`: old groups that fail below healthy ones, added to maxUnavailable so that the rollout
+    replaces the healthy ones as if they were not there (rollout.py)."""
     name = workload_name(owner, pool.name, role.role)
     group: dict[str, Any] = {
         "size": role.nodes_per_replica,
@@ -82,7 +85,8 @@ def leader_worker_set(owner: Owner, plan: Plan, pool: PoolPlan, role: RolePlan, 
             "startupPolicy": "LeaderCreated",
             "rolloutStrategy": {
                 "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": plan.max_unavailable, "maxSurge": plan.max_surge,
+                "rollingUpdateConfiguration": {"maxUnavailable": plan.max_unavailable + broken,
+                                               "maxSurge": plan.max_surge,
                                                **({"partition": partition} if partition else {})},
             },
             "leaderWorkerTemplate": group,
