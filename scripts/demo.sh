@@ -51,12 +51,18 @@ OPERATOR_TAG="$("$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" | sed -n 's/
 [[ -n $OPERATOR_TAG ]] || { echo "FAILED: e2e/images/build.sh push printed no operator image" >&2; exit 1; }
 echo "== images and chart in oci://$KIMIK3_REGISTRY in $((SECONDS - t1))s"
 stop_players
+# The operator's pods read the cluster's Prometheus (a host process, which scrapes the played engines)
+# where the real node's pods reach it: on an address of the played pods' loopback range
+# (cluster.sh prometheus_host), so the SLO scaler and the Disaggregating condition have data, as with
+# `autoscaling.prometheusUrl: http://prometheus-operated.monitoring:9090` on a cluster.
+PROMETHEUS_URL="$KIMIK3_PROMETHEUS_URL"
 CHART_VERSION="$(sed -n 's/^version: *//p' "$ROOT/charts/kimik3-operator/Chart.yaml")"
 helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-operator" --version "$CHART_VERSION" \
   --plain-http -n kimik3-system --create-namespace \
   --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" --set "image.tag=$OPERATOR_TAG" \
   --set-json "tolerations=[{\"key\":\"${KIMIK3_REAL_NODE_TAINT%%=*}\",\"operator\":\"Exists\"}]" \
-  --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --wait --timeout 300s >/dev/null
+  --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --set "autoscaling.prometheusUrl=$PROMETHEUS_URL" \
+  --wait --timeout 300s >/dev/null
 kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator
 echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n kimik3-system logs deploy/kimik3-operator)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
@@ -106,6 +112,20 @@ echo
 if [[ $ready == 1 ]]; then
   echo "== one chat request through the router (the endpoint above, played on loopback)"
   (cd "$ROOT" && "$VENV/bin/python" -m e2e.harness.traffic "$STATE/pods/pods.json" "$ns" "$name") || ready=0
+  echo
+fi
+# Measured conditions (Disaggregating: the decode engines' prompt tokens by source, read from
+# Prometheus at most every 30 s): they must have data, not NoMetrics or MetricsUnavailable.
+measured='{range .status.conditions[?(@.type=="Disaggregating")]}{.status} {.reason}: {.message}{end}'
+if [[ $ready == 1 ]] && kubectl -n "$ns" get k3 "$name" -o jsonpath='{.status.conditions[*].type}' \
+    | grep -qw Disaggregating; then
+  for _ in $(seq 45); do
+    said="$(kubectl -n "$ns" get k3 "$name" -o jsonpath="$measured")"
+    [[ $said =~ ^(True|False)\  ]] && break
+    sleep 2
+  done
+  echo "== Disaggregating (from Prometheus at $PROMETHEUS_URL): $said"
+  [[ $said =~ ^(True|False)\  ]] || { echo "FAILED: Disaggregating has no measurement: $said" >&2; ready=0; }
   echo
 fi
 echo "Stop everything with: scripts/demo.sh down"

@@ -174,6 +174,50 @@ build_kueue() {
   mkdir -p "$out" && mv "$w/kueue-manager" "$out/" && rm -rf "$w"
 }
 
+# The Prometheus Operator and its CRDs (the monitoring proof only, versions.env). Built in its module
+# directory: its go.mod replaces pkg/apis/monitoring and pkg/client with ./ folders that the module's
+# zip leaves out (the proxy serves them as modules of their own), so those are copied in where the
+# replaces point; the CRDs come from the module's example/prometheus-operator-crd.
+build_prometheus_operator() {
+  local out="$BIN/prometheus-operator-v$PROMETHEUS_OPERATOR_VERSION"
+  [[ -x "$out/operator" ]] && return 0
+  local mod="github.com/prometheus-operator/prometheus-operator" w sub
+  w="$(mktemp -d)"
+  cp -r "$(module_dir "$mod@v$PROMETHEUS_OPERATOR_VERSION")" "$w/src"
+  chmod -R u+w "$w/src"
+  for sub in pkg/apis/monitoring pkg/client; do
+    [[ ! -e "$w/src/$sub" ]] || { log "$mod v$PROMETHEUS_OPERATOR_VERSION now ships $sub: drop its copy"; exit 1; }
+    mkdir -p "$(dirname "$w/src/$sub")" && cp -r "$(module_dir "$mod/$sub@v$PROMETHEUS_OPERATOR_VERSION")" "$w/src/$sub"
+  done
+  chmod -R u+w "$w/src"
+  (cd "$w/src" && go build -p 2 -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_OPERATOR_VERSION" \
+    -o "$w/operator" ./cmd/operator)
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp/crds"
+  mv "$w/operator" "$out.tmp/" && cp "$w/src/example/prometheus-operator-crd/"*.yaml "$out.tmp/crds/"
+  rm -rf "$w" "$out" && mv "$out.tmp" "$out"
+  first_line "$out/operator" --version >&2
+}
+
+# Prometheus v3 from the module proxy, with the Kubernetes service discovery (versions.env: Debian's
+# has none): the monitoring proof runs the Prometheus Operator's configuration on it. In the module's
+# directory (its go.mod's replaces and versions), without its go.work, which names folders the zip
+# leaves out; the web UI's assets are not built (the HTTP API is all the proof uses).
+build_prometheus_source() {
+  local out="$BIN/prometheus-source-v$PROMETHEUS_SOURCE_VERSION"
+  [[ -x "$out/prometheus" && -x "$out/promtool" ]] && return 0
+  local major minor patch w
+  IFS=. read -r major minor patch <<<"$PROMETHEUS_SOURCE_VERSION"
+  w="$(mktemp -d)"
+  cp -r "$(module_dir "github.com/prometheus/prometheus@v0.$((major * 100 + minor)).$patch")" "$w/src"
+  chmod -R u+w "$w/src"
+  rm -f "$w/src/go.work" "$w/src/go.work.sum"
+  (cd "$w/src" && go build -p 2 -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_SOURCE_VERSION" \
+    -o "$w/" ./cmd/prometheus ./cmd/promtool)
+  rm -rf "$out" && mkdir -p "$out" && mv "$w/prometheus" "$w/promtool" "$out/" && rm -rf "$w"
+  first_line "$out/prometheus" --version >&2
+}
+
 build_helm() {
   local out="$BIN/helm-v$HELM_VERSION"
   [[ -x "$out/helm" ]] && return 0
@@ -276,7 +320,7 @@ PY
 # cold build also spends minutes on module downloads and on single-threaded steps (`go mod tidy`,
 # linking, Debian and proxy fetches); the other lane fills those. Measured cold on 2 cores: 1,597 s
 # one after another, 1,490 s in two lanes (bench/README.md, "CI time").
-LANES=("k8s helm etcd kwok gateway_api prometheus prometheus_adapter" "keda kueue lws")
+LANES=("k8s helm etcd kwok gateway_api prometheus prometheus_adapter prometheus_operator" "keda kueue lws prometheus_source")
 
 lane() { # lane COMPONENT...: build them in order; the first failure ends the lane (set -e)
   local c

@@ -164,6 +164,12 @@ resolve_ports() {
   done
 }
 
+# Where Prometheus listens: the last address of the pods' /16 (kwok hands them out from the start), so
+# that the real node's pods reach it as they reach the played pods (cni/kimik3-host-loopback maps the
+# pod range inside a pod; 127.0.0.1 inside a pod is the pod's own). The operator the demo installs as
+# real pods reads it there (scripts/demo.sh).
+prometheus_host() { local c; c="$(pod_cidr)"; echo "${c%.0.0/16}.255.254"; }
+
 pod_cidr() { # the pods' /16 inside 127.0.0.0/8 (KIMIK3_POD_CIDR above)
   if [[ -n ${KIMIK3_POD_CIDR:-} ]]; then
     [[ $KIMIK3_POD_CIDR =~ ^127\.[0-9]+\.0\.0/16$ ]] || die "KIMIK3_POD_CIDR=$KIMIK3_POD_CIDR is not a 127.N.0.0/16"
@@ -450,7 +456,7 @@ scrape_configs:
   - files: ["$PROM_TARGETS/*.json"]
     refresh_interval: 1s
 EOF
-  write_file "$PROM_URL_FILE" 644 <<<"http://127.0.0.1:${PORT[PROMETHEUS_PORT]}"
+  write_file "$PROM_URL_FILE" 644 <<<"http://$(prometheus_host):${PORT[PROMETHEUS_PORT]}"
   # The rules file lives in the repository; a copy in $CONF restarts the adapter when it changes.
   write_file "$CONF/prometheus-adapter-rules.yaml" 644 prometheus-adapter <"$ADAPTER_RULES"
 
@@ -518,8 +524,8 @@ export_layout() {
   for key in "${PORT_KEYS[@]}"; do export "K3E_PORT_$key=${PORT[$key]}"; done
   K3E_SERVICE_CIDR="$(service_cidr)" K3E_POD_CIDR="$(pod_cidr)" K3E_KUBERNETES_IP="$(kubernetes_service_ip)"
   K3E_NODE_IP="$(node_ip)" K3E_NODE_CHAIN="$(node_nat_chain)" K3E_NODE_SUBNET="$(node_subnet)"
-  K3E_REGISTRY="$(registry_host)"
-  export K3E_SERVICE_CIDR K3E_POD_CIDR K3E_KUBERNETES_IP K3E_NODE_IP K3E_NODE_CHAIN K3E_NODE_SUBNET K3E_REGISTRY
+  K3E_REGISTRY="$(registry_host)" K3E_PROMETHEUS_HOST="$(prometheus_host)"
+  export K3E_PROMETHEUS_HOST K3E_SERVICE_CIDR K3E_POD_CIDR K3E_KUBERNETES_IP K3E_NODE_IP K3E_NODE_CHAIN K3E_NODE_SUBNET K3E_REGISTRY
   export K3E_NODE_NAME="$NODE_NAME" K3E_NODE_DIR="$NODE_DIR"
   export K3E_CONTAINERD_SOCK="$CONTAINERD_SOCK" K3E_KEDA_NAMESPACE="$KEDA_NAMESPACE"
   export K3E_FAKE_NODE_ANNOTATION="$FAKE_NODE_ANNOTATION" K3E_FRONT_PROXY_CLIENT="$FRONT_PROXY_CLIENT"
@@ -981,7 +987,7 @@ cmd_status() {
     printf 'fake nodes: %s/%s Ready\n' "$ready" "$total"
   fi
   printf 'kubeconfig: %s\n' "$KUBECONFIG_FILE"
-  printf 'prometheus: http://127.0.0.1:%s (targets: %s/*.json)\n' "${PORT[PROMETHEUS_PORT]}" "$PROM_TARGETS"
+  printf 'prometheus: http://%s:%s (targets: %s/*.json)\n' "$(prometheus_host)" "${PORT[PROMETHEUS_PORT]}" "$PROM_TARGETS"
   return "$all"
 }
 
@@ -993,7 +999,7 @@ cmd_env() {
   printf 'export PATH="%s:%s:%s:%s:%s:%s:$PATH"\n' "$BIN_K8S" "$BIN_ETCD" "$BIN_KWOK" "$BIN_LWS" "$BIN_HELM" \
     "$BIN_PROMETHEUS"
   # Where to query Prometheus, and where to drop file_sd target files (*.json) for it to scrape.
-  printf 'export KIMIK3_PROMETHEUS_URL="http://127.0.0.1:%s"\n' "${PORT[PROMETHEUS_PORT]}"
+  printf 'export KIMIK3_PROMETHEUS_URL="http://%s:%s"\n' "$(prometheus_host)" "${PORT[PROMETHEUS_PORT]}"
   printf 'export KIMIK3_PROMETHEUS_TARGETS="%s"\n' "$PROM_TARGETS"
   printf 'export KIMIK3_POD_CIDR="%s"\n' "$(pod_cidr)"
   # The real node: the loopback registry its containerd pulls from, its name and its taint.

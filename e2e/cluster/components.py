@@ -304,7 +304,7 @@ def _prometheus_adapter(c: Layout) -> list[str]:
     return [f"--lister-kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1", f"--secure-port={c.port('PROMETHEUS_ADAPTER_PORT')}",
             f"--tls-cert-file={c.pki}/prometheus-adapter.crt", f"--tls-private-key-file={c.pki}/prometheus-adapter.key",
-            f"--prometheus-url=http://127.0.0.1:{c.port('PROMETHEUS_PORT')}/",
+            f"--prometheus-url=http://{c.prometheus_host}:{c.port('PROMETHEUS_PORT')}/",
             f"--config={c.conf}/prometheus-adapter-rules.yaml", "--metrics-relist-interval=5s", "--metrics-max-age=10s"]
 
 
@@ -374,8 +374,9 @@ COMPONENTS: tuple[Component | Step, ...] = (
     Component("prometheus", _bin("PROMETHEUS", "prometheus"),
               lambda c: [f"--config.file={c.conf}/prometheus.yml", f"--storage.tsdb.path={c.prom_dir}/data",
                          "--storage.tsdb.retention.time=1d",
-                         f"--web.listen-address=127.0.0.1:{c.port('PROMETHEUS_PORT')}", "--log.level=warn"],
-              ports=(Port("PROMETHEUS_PORT", 9090, 7),), probe=_http_ok("/-/ready", "PROMETHEUS_PORT")),
+                         f"--web.listen-address={c.prometheus_host}:{c.port('PROMETHEUS_PORT')}", "--log.level=warn"],
+              ports=(Port("PROMETHEUS_PORT", 9090, 7),),
+              probe=lambda c: ok(f"http://{c.prometheus_host}:{c.port('PROMETHEUS_PORT')}/-/ready")),
     # The real node: its state folders and cgroups, its registry (with the pause image) and containerd,
     # then the kubelet, which serves on the bridge's address; the Service rules beside them.
     Step("node-state", undo=True),

@@ -33,6 +33,7 @@ from ..metrics import (
     RECONCILE_PURE_SECONDS,
     RECONCILE_SECONDS,
     RESYNCS,
+    TRANSIENT_API_ERROR,
     PhaseBook,
 )
 from .autoscaler import SloScaler
@@ -107,7 +108,7 @@ class State:
                                          probe=self.probe, queues=self.queues, failure_memory=self.failures))
                 result = outcome.error.reason if outcome.error else "ok"
             except RETRYABLE:
-                RECONCILE_ERRORS.labels("TransientApiError").inc()
+                RECONCILE_ERRORS.labels(TRANSIENT_API_ERROR).inc()
                 raise
             finally:
                 took, used = time.monotonic() - started, time.thread_time() - cpu
