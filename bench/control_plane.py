@@ -108,6 +108,10 @@ def fleet_node(generate: Any, index: int) -> dict[str, Any]:
                 family="blackwell", arch="amd64", cpu="224", memory="2Ti", instance_type="hgx-b300", clique=None)
     node: dict[str, Any] = yaml.safe_load(generate.node(pool, index))
     node["metadata"]["labels"][FLEET_LABEL] = "yes"
+    # Untainted (generate.py taints GPU nodes nvidia.com/gpu since 04ea18d): routers and staging pods
+    # land on the fleet as before. Otherwise only the cluster's 4 CPU nodes (256 CPU) take them: 2
+    # routers x 1.1 CPU a deployment fill those at ~116 deployments and no staging pod (2 CPU) fits.
+    node.pop("spec", None)
     return node
 
 
@@ -495,7 +499,15 @@ def main() -> None:
     config.load_kube_config()
     core = client.CoreV1Api()
     kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl("wait", "--for=condition=Established", f"crd/kimik3deployments.{GROUP}", "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while True:  # kubectl wait fails at once (not waits) while the new CRD's status.conditions is still null
+        try:
+            kubectl("wait", "--for=condition=Established", f"crd/kimik3deployments.{GROUP}", "--timeout=60s")
+            break
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
     ensure_fleet(core, args.nodes, folder)
     stager = FakeStager(core)
     stager.start()
