@@ -222,8 +222,11 @@ class FakeStager(threading.Thread):
                 continue
             for pod in pods:
                 if pod.status.phase == "Running" and EXIT_CODE not in (pod.metadata.annotations or {}):
-                    self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {
-                        "metadata": {"annotations": {EXIT_CODE: "0", MESSAGE: self.RECORD}}})
+                    try:
+                        self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {
+                            "metadata": {"annotations": {EXIT_CODE: "0", MESSAGE: self.RECORD}}})
+                    except Exception as exc:  # noqa: BLE001 - deleted since the list, or a busy server: next round
+                        log(f"fake stager: {exc}")
 
 
 # ---- the operator -------------------------------------------------------------------------------
