@@ -93,7 +93,10 @@ def install_monitoring(crds: Path) -> None:
     the demo's release with its monitors on, as a kube-prometheus-stack user sets them."""
     run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(crds))
     for crd in ("servicemonitors", "podmonitors", "prometheusrules", "prometheuses"):
-        run("kubectl", "wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=60s")
+        # `kubectl wait` fails at once, not waits, while a new CRD has no status.conditions yet
+        wait_for(f"CRD {crd} Established", lambda crd=crd: kubectl(  # type: ignore[misc]
+            "wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=10s",
+            check=False).returncode == 0, timeout=90, interval=1)
     values = []
     for key in ("serviceMonitor", "podMonitor", "prometheusRule"):
         values += ["--set", f"metrics.{key}.enabled=true", "--set", f"metrics.{key}.labels.release={KPS}",
