@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from . import __version__
 from .api import KimiK3DeploymentStatus
-from .api.reasons import APPLY_REJECTED, CHAT_TEMPLATE_INVALID, MISSING_DEPENDENCY, PLANNING
+from .api.reasons import PASS_ERRORS
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RECONCILE_SECONDS = Histogram(
@@ -35,7 +35,7 @@ RECONCILE_ERRORS = Counter(
 )
 TRANSIENT_API_ERROR = "TransientApiError"
 """The reason of a pass the API server cut short (retried): not a condition's, only this counter's."""
-for _reason in sorted(PLANNING | {MISSING_DEPENDENCY, CHAT_TEMPLATE_INVALID, APPLY_REJECTED, TRANSIENT_API_ERROR}):
+for _reason in sorted(PASS_ERRORS | {TRANSIENT_API_ERROR}):
     # Every reason a pass can end with, at 0 from the start: an error rate then reads 0 rather than
     # no data (the dashboard's error panel, the alert), as Prometheus advises for known label values.
     RECONCILE_ERRORS.labels(_reason)

@@ -31,3 +31,11 @@ def test_no_operator_module_spells_a_reason() -> None:
                if path != Path(reasons.__file__).resolve() and path.relative_to(PACKAGE) not in FOREIGN
                for m in literal.finditer(path.read_text())]
     assert spelled == []
+
+
+def test_every_reason_a_pass_ends_with_is_in_pass_errors() -> None:
+    """The error counter's series start from PASS_ERRORS (metrics.py): a PlanningError raised with a
+    reason outside it would have no series until it first happens."""
+    raised = {m.group(1) for path in PACKAGE.rglob("*.py")
+              for m in re.finditer(r"PlanningError\(\s*([A-Z_]+)\b", path.read_text())}
+    assert raised and {getattr(reasons, name) for name in raised} <= reasons.PASS_ERRORS

@@ -28,6 +28,10 @@ CHAT_TEMPLATE_INVALID = "ChatTemplateInvalid"
 """engine.chatTemplate names a ConfigMap or key that is not there, or a template that does not compile."""
 APPLY_REJECTED = "ApplyRejected"
 
+PASS_ERRORS = PLANNING | {MISSING_DEPENDENCY, CHAT_TEMPLATE_INVALID, APPLY_REJECTED}
+"""What a reconcile pass may end with (PlanningError's reasons): the operator's error counter has a
+series for each from the start (metrics.py)."""
+
 # ---- how far a planned deployment got ----------------------------------------------------------
 WEIGHTS_STAGING = "WeightsStaging"
 WEIGHTS_FAILED = "WeightsFailed"
