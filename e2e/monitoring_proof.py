@@ -65,13 +65,17 @@ INTERVAL = "2s"
 DASHBOARD = CHART / "dashboards" / "kimik3.json"
 
 
-def versions() -> dict[str, str]:
+def _versions() -> dict[str, str]:
     out = {}
     for line in (ROOT / "e2e" / "cluster" / "versions.env").read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
             out[key.strip()] = value.strip()
     return out
+
+
+VERSIONS = _versions()
+"""The pinned versions of the cluster's builds (e2e/cluster/versions.env)."""
 
 
 def binary(folder_glob: str, name: str) -> Path:
@@ -103,8 +107,7 @@ def install_monitoring(crds: Path) -> None:
                    "--set", f"metrics.{key}.namespace={MONITORING}"]
     for key in ("serviceMonitor", "podMonitor"):
         values += ["--set", f"metrics.{key}.interval={INTERVAL}"]
-    version = next(line.split(":", 1)[1].strip() for line in (CHART / "Chart.yaml").read_text().splitlines()
-                   if line.startswith("version:"))
+    version = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])
     run("helm", "upgrade", RELEASE, f"oci://{os.environ['KIMIK3_REGISTRY']}/charts/kimik3-operator", "--version",
         version, "--plain-http", "-n", RELEASE_NAMESPACE, "--reuse-values", *values, "--wait", "--timeout", "180s")
 
@@ -118,7 +121,7 @@ PROMETHEUS_RESOURCE = {
         # true, empty namespace selectors): its release label, in every namespace.
         **{f"{kind}Selector": {"matchLabels": {"release": KPS}} for kind in SELECTED},
         **{f"{kind}NamespaceSelector": {} for kind in SELECTED},
-        "version": f"v{versions()['PROMETHEUS_SOURCE_VERSION']}",  # the Prometheus that runs the configuration
+        "version": f"v{VERSIONS['PROMETHEUS_SOURCE_VERSION']}",  # the Prometheus that runs the configuration
         "replicas": 1,
         "nodeSelector": {"kimik3.dev/monitoring-proof": "no-such-node"},
     },
@@ -262,9 +265,9 @@ def main() -> None:
     parser.add_argument("--deployment", default="inference/k3-pd", help="NAMESPACE/NAME of the demo's deployment")
     args = parser.parse_args()
     namespace, name = args.deployment.split("/")
-    version = versions()["PROMETHEUS_OPERATOR_VERSION"]
+    version = VERSIONS["PROMETHEUS_OPERATOR_VERSION"]
     operator_dir = CACHE / "bin" / f"prometheus-operator-v{version}"
-    built = f"prometheus-source-v{versions()['PROMETHEUS_SOURCE_VERSION']}"
+    built = f"prometheus-source-v{VERSIONS['PROMETHEUS_SOURCE_VERSION']}"
     prometheus_bin, promtool = binary(built, "prometheus"), binary(built, "promtool")
     folder = Path(tempfile.mkdtemp(prefix="monitoring-proof-"))
     lines = [f"# Monitoring proof: Prometheus Operator v{version}, kube-prometheus-stack selectors", ""]
