@@ -47,14 +47,20 @@ def on_this_machine(address: str, pod_subnet: ipaddress.IPv4Network) -> bool:
 def rules(chain: str, services: dict[str, Any], slices: dict[str, Any], kubernetes_ip: str,
           apiserver: str, pod_subnet: ipaddress.IPv4Network) -> list[str]:
     out = [f"-A {chain} -d {kubernetes_ip}/32 -p tcp --dport 443 -j DNAT --to-destination {apiserver}"]
+    # Slices indexed by their Service once per sync: matching every Service against every slice made
+    # each sync O(Services x slices), which at 600 Services burned a core through a bench run (kube-proxy
+    # keeps the same index, pkg/proxy/endpointslicecache.go).
+    by_service: dict[tuple[str, str], list[Any]] = {}
+    for s in slices.values():
+        owner = (s.metadata.labels or {}).get("kubernetes.io/service-name")
+        if owner and s.address_type == "IPv4":
+            by_service.setdefault((s.metadata.namespace, owner), []).append(s)
     for key in sorted(services):
         svc = services[key]
         ip = svc.spec.cluster_ip
         if not ip or ip == "None" or ip == kubernetes_ip:
             continue
-        mine = [s for s in slices.values() if s.metadata.namespace == svc.metadata.namespace
-                and s.address_type == "IPv4"
-                and (s.metadata.labels or {}).get("kubernetes.io/service-name") == svc.metadata.name]
+        mine = by_service.get((svc.metadata.namespace, svc.metadata.name), [])
         for port in svc.spec.ports or []:
             if (port.protocol or "TCP") != "TCP":
                 continue
