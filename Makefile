@@ -10,7 +10,7 @@
 #   make test       every suite under tests/ (also contract, security, fuzz, mutation, images,
 #                   simulator, e2e_infra): what scripts/test.sh runs before its cluster (~9 min)
 #   make generate   regenerate everything generated: CRD + chart copy, chart README values,
-#                   manifests/install.yaml, golden manifests
+#                   Grafana dashboards, manifests/install.yaml, golden manifests
 #   make verify     generate, then fail if that changed anything tracked
 #   make contract   vLLM and vllm-router contract tests only
 #   make e2e        scripts/test.sh: everything, then the e2e suite on a local real cluster
@@ -35,7 +35,7 @@ HELM_DIR := $(KIMIK3_CACHE)/bin/helm-v$(HELM_VERSION)
 # What `generate` writes (and `verify` holds to the committed copies).
 GENERATED := crds charts/kimik3-operator manifests/install.yaml tests/golden
 
-.PHONY: help venv check lint unit test generate crd chart-readme install-yaml goldens verify contract e2e
+.PHONY: help venv check lint unit test generate crd chart-readme dashboards install-yaml goldens verify contract e2e
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' "$(ROOT)/Makefile"
@@ -59,13 +59,16 @@ unit: venv
 test: venv
 	cd "$(ROOT)" && { $(RUN) python -m pytest tests -q $(ARGS) || { rc=$$?; [[ $$rc == 5 && "$(NONE_OK)" =~ ^[1-9] ]] || exit $$rc; }; }
 
-generate: crd chart-readme install-yaml goldens
+generate: crd chart-readme dashboards install-yaml goldens
 
 crd: venv
 	cd "$(ROOT)" && $(RUN) kimik3 crd --out crds --chart charts/kimik3-operator
 
 chart-readme: venv
 	cd "$(ROOT)" && $(RUN) python scripts/chart-readme.py
+
+dashboards: venv
+	cd "$(ROOT)" && $(RUN) python scripts/dashboards.py
 
 install-yaml: crd
 	@cd "$(ROOT)" && export PATH="$(HELM_DIR):$$PATH" && command -v helm >/dev/null || \

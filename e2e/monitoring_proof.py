@@ -62,7 +62,7 @@ RELEASE, RELEASE_NAMESPACE = "kimik3-operator", "kimik3-system"
 KPS, MONITORING = "kps", "monitoring"
 """kube-prometheus-stack's release name here, and the namespace its objects (and the chart's monitors) use."""
 INTERVAL = "2s"
-DASHBOARD = CHART / "dashboards" / "kimik3.json"
+DASHBOARDS = CHART / "dashboards"
 
 
 def _versions() -> dict[str, str]:
@@ -247,16 +247,21 @@ def send_requests(namespace: str, name: str, count: int = 12) -> int:
 
 
 def panels() -> list[tuple[str, str]]:
-    """(panel title, query) for every query of the chart's dashboard, its variables set to match all."""
-    board = json.loads(DASHBOARD.read_text())
+    """(dashboard: panel title, query) for every query of the chart's dashboards, each variable set to
+    match all (what Grafana sends for "All": the variables' allValue is .*)."""
     out = []
-    for panel in board["panels"]:
-        for target in panel.get("targets") or []:
-            query = target["expr"]
-            for variable in board.get("templating", {}).get("list", []):
-                query = query.replace(f"${variable['name']}", ".*").replace(f"${{{variable['name']}}}", ".*")
-            out.append((panel["title"], query))
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        for panel in board["panels"]:
+            for target in panel.get("targets") or []:
+                out.append((f"{board['title']}: {panel['title']}", with_all(target["expr"], board)))
     return out
+
+
+def with_all(query: str, board: dict[str, Any]) -> str:
+    for variable in board.get("templating", {}).get("list", []):
+        query = query.replace(f"${variable['name']}", ".*").replace(f"${{{variable['name']}}}", ".*")
+    return query
 
 
 def main() -> None:

@@ -395,6 +395,12 @@ class PodRunner:
         self.doomed.add((proc.namespace, proc.pod, proc.labels.get(REVISION_LABEL, "")))
         self.kill(proc)
 
+    def freeze(self, proc: Proc) -> None:
+        """An engine that hangs whole (SIGSTOP): its container still runs, so no restart, but its
+        readiness probe times out and the pod turns unready; SIGTERM waits until SIGKILL at the grace
+        period, as a kubelet's would for a process stuck in the kernel or the driver."""
+        proc.proc.send_signal(signal.SIGSTOP)
+
     def kill(self, proc: Proc, sig: signal.Signals = signal.SIGKILL) -> None:
         """A crashed container: its peers see it go, and the runner then reports the exit and restarts it
         as its kubelet would (`_mind_exits`); the pod object stays (LWS recreates a serving group)."""
@@ -454,8 +460,13 @@ class PodRunner:
         with self._lock:
             present = {pod["metadata"]["uid"]: pod for pod in pods}
             for uid in [u for u in self.procs if u not in wanted]:
-                self._leave(self.procs.pop(uid), deleted=uid not in present
-                            or bool(present[uid]["metadata"].get("deletionTimestamp")))
+                meta = present[uid]["metadata"] if uid in present else {}
+                proc = self.procs.pop(uid)
+                if meta.get("deletionGracePeriodSeconds") is not None:
+                    # A delete that set its own grace period (kubectl delete --grace-period, the
+                    # operator's restart of a failing group): the kubelet honours it over the spec's.
+                    proc.grace = min(proc.grace, float(meta["deletionGracePeriodSeconds"]))
+                self._leave(proc, deleted=uid not in present or bool(meta.get("deletionTimestamp")))
             leaving = {p.uid for p in self.leaving}
             for uid, pod in present.items():
                 meta = pod["metadata"]
@@ -640,12 +651,13 @@ class PodRunner:
         listener and lets what it is serving finish, and the new pod starts once the old process
         has exited."""
         def run() -> None:
-            deadline = time.monotonic() + proc.pre_stop
+            started = time.monotonic()
+            deadline = started + min(proc.pre_stop, proc.grace)  # the grace period bounds the preStop hook too
             while time.monotonic() < deadline and not proc.cut.is_set():
                 if self._stop.wait(0.1):
                     return  # the runner itself stops: stop() ends it, and it stays on `leaving` till then
             try:
-                self._terminate(proc, max(1.0, proc.grace - proc.pre_stop))
+                self._terminate(proc, max(1.0, proc.grace - (time.monotonic() - started)))
                 proc.cgroup.remove()
                 if proc.deleted:
                     # Should it fail, the loop removes the pod once this one is off `leaving`.

@@ -91,7 +91,8 @@ def test_optional_monitoring_and_priority_render(cluster: dict[str, str]) -> Non
                                                "--set", flags).stdout) if d]
     kinds = {d["kind"]: d for d in docs}
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "PriorityClass", "ConfigMap"} <= set(kinds)
-    json.loads(kinds["ConfigMap"]["data"]["kimik3.json"])  # the dashboard is valid JSON
+    boards = {key: json.loads(text) for key, text in kinds["ConfigMap"]["data"].items()}  # valid JSON
+    assert set(boards) == {"serving.json", "operator.json"}
     pod_monitor = kinds["PodMonitor"]["spec"]
     assert pod_monitor["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "kimik3-operator"
     exprs = [r["expr"] for g in kinds["PrometheusRule"]["spec"]["groups"] for r in g["rules"]]

@@ -11,6 +11,14 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from . import __version__
 from .api import KimiK3DeploymentStatus
 from .api.reasons import PASS_ERRORS
+from .api.status import WeightsStatus
+
+# One spelling of a deployment across every series, the operator's and the scraped ones: the chart's
+# PodMonitors relabel the engines' and routers' pods to `kimik3_deployment`/`kimik3_pool`/`kimik3_role`,
+# and Prometheus adds their `namespace`, so a query joins the operator's series to vLLM's on these
+# labels as they are (tests/unit/test_metric_labels.py keeps the chart and the operator to it).
+DEPLOYMENT_LABELS = ["namespace", "kimik3_deployment"]
+ROLE_LABELS = [*DEPLOYMENT_LABELS, "kimik3_pool", "kimik3_role"]
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RECONCILE_SECONDS = Histogram(
@@ -61,11 +69,11 @@ LEADER = Gauge(
 SCALER_DECISIONS = Counter(
     "kimik3_operator_slo_scaler_decisions_total",
     "Decisions of the operator's SLO scaler per role: up, down, hold, or error (metrics unreadable)",
-    ["namespace", "deployment", "pool", "role", "direction"],
+    [*ROLE_LABELS, "direction"],
 )
 SCALER_REPLICAS = Gauge(
     "kimik3_operator_slo_scaler_replicas", "The replica count the SLO scaler last decided per role",
-    ["namespace", "deployment", "pool", "role"],
+    ROLE_LABELS,
 )
 
 
@@ -112,14 +120,27 @@ BUILD_INFO = Gauge(
 )
 BUILD_INFO.labels(__version__, platform.python_version(), _version_of("kopf")).set(1)
 
-DEPLOYMENT_LABELS = ["namespace", "name"]
-ROLE_LABELS = [*DEPLOYMENT_LABELS, "pool", "role"]
 READY_REPLICAS = Gauge(
     "kimik3_deployment_ready_replicas",
     "Ready replicas of a role as its status shows them (status.pools[].roles[].readyReplicas)", ROLE_LABELS,
 )
 PLANNED_REPLICAS = Gauge(
     "kimik3_deployment_replicas", "Planned replicas of a role (status.pools[].roles[].replicas)", ROLE_LABELS,
+)
+UPDATED_REPLICAS = Gauge(
+    "kimik3_deployment_updated_replicas",
+    "Replicas of a role on its current revision (status.pools[].roles[].updatedReplicas): a rollout's progress",
+    ROLE_LABELS,
+)
+COLD_START_SECONDS = Gauge(
+    "kimik3_deployment_cold_start_predicted_seconds",
+    "Predicted seconds from a new replica's pods scheduled to Ready, compile cache warm "
+    "(status.pools[].roles[].coldStart.readySeconds; docs/cold-start.md)", ROLE_LABELS,
+)
+WEIGHTS_STAGED = Gauge(
+    "kimik3_deployment_weights_staged_ratio",
+    "Share of a checkpoint's bytes staged into the cache volume, 0 to 1 (status.weights[].percent; 1 once "
+    "Staged)", [*DEPLOYMENT_LABELS, "checkpoint"],
 )
 PHASE = Gauge(
     "kimik3_deployment_phase", "1 for the phase a deployment's status shows, 0 for the others",
@@ -130,6 +151,19 @@ CONDITION = Gauge(
     "1 per condition of a deployment's status, with its current status and reason (a changed reason "
     "replaces the series)", [*DEPLOYMENT_LABELS, "type", "status", "reason"],
 )
+
+
+SERIES_OF_A_DEPLOYMENT = (READY_REPLICAS, PLANNED_REPLICAS, UPDATED_REPLICAS, COLD_START_SECONDS, WEIGHTS_STAGED,
+                          PHASE, CONDITION)
+
+
+def _staged_ratio(weights: WeightsStatus) -> float | None:
+    """None while a Job stages without a byte count yet: no series rather than a made-up 0."""
+    if weights.phase == "Staged":
+        return 1.0
+    if weights.percent is not None:
+        return min(weights.percent, 100.0) / 100
+    return 0.0 if weights.phase == "Pending" else None
 
 
 class DeploymentSeries:
@@ -143,12 +177,19 @@ class DeploymentSeries:
 
     def record(self, namespace: str, name: str, status: KimiK3DeploymentStatus) -> None:
         key = (namespace, name)
-        values: dict[Gauge, dict[tuple[str, ...], float]] = {READY_REPLICAS: {}, PLANNED_REPLICAS: {}, PHASE: {},
-                                                             CONDITION: {}}
+        values: dict[Gauge, dict[tuple[str, ...], float]] = {gauge: {} for gauge in SERIES_OF_A_DEPLOYMENT}
         for pool in status.pools:
             for role in pool.roles:
-                values[READY_REPLICAS][(*key, pool.name, role.role)] = role.ready_replicas
-                values[PLANNED_REPLICAS][(*key, pool.name, role.role)] = role.replicas
+                of_role: tuple[str, ...] = (*key, pool.name, role.role)
+                values[READY_REPLICAS][of_role] = role.ready_replicas
+                values[PLANNED_REPLICAS][of_role] = role.replicas
+                values[UPDATED_REPLICAS][of_role] = role.updated_replicas
+                if role.cold_start is not None:
+                    values[COLD_START_SECONDS][of_role] = role.cold_start.ready_seconds
+        for weights in status.weights:
+            staged = _staged_ratio(weights)
+            if staged is not None:
+                values[WEIGHTS_STAGED][(*key, weights.name)] = staged
         if status.phase:
             values[PHASE] = {(*key, phase): float(phase == status.phase) for phase in PHASES}
         for c in status.conditions:

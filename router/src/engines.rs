@@ -323,6 +323,10 @@ pub async fn admit(
     }
     crate::info!("{} engine {} routable with {} worker(s)", pool.role.name(), endpoint.authority, ranks.len());
     pool.insert(&endpoint, &ranks);
+    METRICS.declare(
+        "kimik3_router_engine_ejections_total",
+        &[("role", pool.role.name()), ("engine", &endpoint.authority)],
+    );
     METRICS.inc("kimik3_router_discovery_events_total", &[("event", "engine_added")]);
     tokio::spawn(probe_loop(cfg, reg.clone(), endpoint));
 }

@@ -97,8 +97,47 @@ pub struct Metrics {
     pub duration: Vec<Histogram>,
 }
 
+/// Label values known ahead. Their counters are exported at 0 from the start (Prometheus's advice):
+/// a series that appears only at its first event makes `rate()` miss that event, and leaves an error
+/// panel or alert with nothing to read until something has already gone wrong.
+pub const OUTCOMES: &[&str] = &[
+    "ok",
+    "not_found",
+    "too_large",
+    "client_error",
+    "upstream_error",
+    "no_engine",
+    "timeout",
+    "error",
+    "cut",
+    "connection_refused",
+];
+/// Why a stream that had begun was ended with an SSE error event.
+pub const CUT_REASONS: &[&str] = &["upstream_error", "ended_early", "request_timeout", "idle_gap"];
+/// Which leg a retry sends again.
+pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill", "aggregated"];
+/// The `route` label of a request no row of routes::ROUTES takes.
+pub const OTHER_ROUTE: &str = "other";
+
+fn known_series() -> BTreeMap<(&'static str, String), f64> {
+    let mut out = BTreeMap::new();
+    for route in ROUTES.iter().map(|r| r.label).chain([OTHER_ROUTE]) {
+        for outcome in OUTCOMES {
+            out.insert(("kimik3_router_requests_total", labels(&[("route", route), ("outcome", outcome)])), 0.0);
+        }
+    }
+    for reason in CUT_REASONS {
+        out.insert(("kimik3_router_streams_cut_total", labels(&[("reason", reason)])), 0.0);
+    }
+    for kind in RETRY_KINDS {
+        out.insert(("kimik3_router_retries_total", labels(&[("kind", kind)])), 0.0);
+    }
+    out.insert(("kimik3_router_retry_budget_exhausted_total", String::new()), 0.0);
+    out
+}
+
 pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
-    series: Mutex::new(BTreeMap::new()),
+    series: Mutex::new(known_series()),
     added_request: Histogram::new(ADDED_BUCKETS),
     added_body: Histogram::new(ADDED_BUCKETS),
     added_chunk: Histogram::new(ADDED_BUCKETS),
@@ -114,6 +153,11 @@ fn labels(pairs: &[(&str, &str)]) -> String {
 }
 
 impl Metrics {
+    /// Export a counter's series at 0 if it is not yet (an engine's ejections once it is routable).
+    pub fn declare(&self, name: &'static str, pairs: &[(&str, &str)]) {
+        self.add(name, pairs, 0.0);
+    }
+
     pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)]) {
         self.add(name, pairs, 1.0);
     }

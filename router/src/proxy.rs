@@ -396,7 +396,10 @@ impl App {
         };
         let status = resp.status().as_u16();
         if status >= 400 {
-            METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", outcome_of(status))]);
+            METRICS.inc(
+                "kimik3_router_requests_total",
+                &[("route", crate::metrics::OTHER_ROUTE), ("outcome", outcome_of(status))],
+            );
         }
         resp
     }
@@ -566,6 +569,7 @@ impl App {
     /// A retry is taken only if there is somewhere to send it, --max-retries allows it and the
     /// retry budget has room.
     fn may_retry(&self, retries: &mut u32, kind: &'static str) -> bool {
+        debug_assert!(crate::metrics::RETRY_KINDS.contains(&kind), "a retry kind not in RETRY_KINDS: {kind}");
         if *retries >= self.cfg.max_retries {
             return false;
         }
@@ -970,6 +974,7 @@ struct RelayBody {
 
 impl RelayBody {
     fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) -> Bytes {
+        debug_assert!(crate::metrics::CUT_REASONS.contains(&reason), "a cut reason not in CUT_REASONS: {reason}");
         METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "cut")]);
         let w = &self.worker;
@@ -1141,6 +1146,23 @@ mod tests {
         assert!(text.starts_with("event: response.completed\ndata: {"), "{text}");
         assert!(text.contains("\"cached_tokens\":4") && text.contains("\"total_tokens\":15"), "{text}");
         assert!(r.saw_done);
+    }
+
+    #[test]
+    fn every_status_maps_to_an_outcome_exported_from_the_start() {
+        for status in 100..600 {
+            assert!(crate::metrics::OUTCOMES.contains(&outcome_of(status)), "{status} -> {}", outcome_of(status));
+        }
+        let text = METRICS.render();
+        for line in [
+            "kimik3_router_requests_total{route=\"chat_completions\",outcome=\"upstream_error\"}",
+            "kimik3_router_requests_total{route=\"other\",outcome=\"connection_refused\"}",
+            "kimik3_router_streams_cut_total{reason=\"idle_gap\"}",
+            "kimik3_router_retries_total{kind=\"reprefill\"}",
+            "kimik3_router_retry_budget_exhausted_total{}",
+        ] {
+            assert!(text.lines().any(|l| l.starts_with(line)), "{line} missing from\n{text}");
+        }
     }
 
     #[test]

@@ -78,7 +78,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Over --max-connections: refuse at once rather than hold memory for it.
-            METRICS.inc("kimik3_router_requests_total", &[("route", "other"), ("outcome", "connection_refused")]);
+            METRICS.inc(
+                "kimik3_router_requests_total",
+                &[("route", crate::metrics::OTHER_ROUTE), ("outcome", "connection_refused")],
+            );
             drop(stream);
             continue;
         };

@@ -156,7 +156,7 @@ class MemoryCluster:
         obj["metadata"]["managedFields"] = [e for e in obj["metadata"]["managedFields"]
                                             if e["manager"] != entry["manager"]] + [entry]
 
-    def delete(self, obj: dict[str, Any]) -> None:
+    def delete(self, obj: dict[str, Any], grace_seconds: int | None = None) -> None:
         del self.objects[(obj["kind"], obj["metadata"]["name"])]
         self.writes.append(f"delete {obj['kind']}/{obj['metadata']['name']}")
 

@@ -64,53 +64,61 @@ TESTS: list[dict[str, Any]] = [
     {   # a deployment Failed because its weights failed; another one Ready
         "interval": "1m",
         "input_series": [
-            {"series": 'kimik3_deployment_phase{namespace="ml",name="k3",phase="Failed"}', "values": "1x20"},
-            {"series": 'kimik3_deployment_phase{namespace="ml",name="ok",phase="Failed"}', "values": "0x20"},
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="k3",type="Degraded",status="True",'
+            {"series": 'kimik3_deployment_phase{namespace="ml",'
+                       'kimik3_deployment="k3",phase="Failed"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_phase{namespace="ml",'
+                       'kimik3_deployment="ok",phase="Failed"}', "values": "0x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",'
+                       'kimik3_deployment="k3",type="Degraded",status="True",'
                        'reason="WeightsFailed"}', "values": "1x20"},
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="ok",type="Degraded",status="False",'
+            {"series": 'kimik3_deployment_condition{namespace="ml",'
+                       'kimik3_deployment="ok",type="Degraded",status="False",'
                        'reason="AsExpected"}', "values": "1x20"},
             {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
         ],
         "alert_rule_test": [
-            _alert("KimiK3DeploymentFailed", "10m", {"namespace": "ml", "name": "k3"}, "critical"),
-            _alert("KimiK3WeightsFailed", "10m", {"namespace": "ml", "name": "k3"}, "warning"),
+            _alert("KimiK3DeploymentFailed", "10m", {"namespace": "ml", "kimik3_deployment": "k3"}, "critical"),
+            _alert("KimiK3WeightsFailed", "10m", {"namespace": "ml", "kimik3_deployment": "k3"}, "warning"),
             {"eval_time": "10m", "alertname": "KimiK3OperatorNoLeader", "exp_alerts": []},
         ],
     },
     {   # a replica that served crash-loops: the alert within minutes, not ReplicasNotReady's 30
         "interval": "1m",
         "input_series": [
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="k3",type="Degraded",status="True",'
+            {"series": 'kimik3_deployment_condition{namespace="ml",'
+                       'kimik3_deployment="k3",type="Degraded",status="True",'
                        'reason="CrashLoopBackOff"}', "values": "0 0 1x20"},
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="w",type="Degraded",status="True",'
-                       'reason="WeightsFailed"}', "values": "1x20"},
+            {"series": 'kimik3_deployment_condition{namespace="ml",kimik3_deployment="w",type="Degraded",'
+                       'status="True",reason="WeightsFailed"}', "values": "1x20"},
             {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
         ],
         "alert_rule_test": [
             {"eval_time": "3m", "alertname": "KimiK3ReplicaFailing", "exp_alerts": []},
-            _alert("KimiK3ReplicaFailing", "5m", {"namespace": "ml", "name": "k3", "reason": "CrashLoopBackOff"},
-                   "warning"),
+            _alert("KimiK3ReplicaFailing", "5m",
+                   {"namespace": "ml", "kimik3_deployment": "k3", "reason": "CrashLoopBackOff"}, "warning"),
         ],
     },
     {   # one deployment's decode recomputes its prompts, one is idle, one disaggregates
         "interval": "1m",
         "input_series": [
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="bad",type="Disaggregating",'
+            {"series": 'kimik3_deployment_condition{namespace="ml",kimik3_deployment="bad",type="Disaggregating",'
                        'status="False",reason="DecodeRecomputesPrompts"}', "values": "1x20"},
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="idle",type="Disaggregating",'
+            {"series": 'kimik3_deployment_condition{namespace="ml",kimik3_deployment="idle",type="Disaggregating",'
                        'status="False",reason="NoTraffic"}', "values": "1x20"},
-            {"series": 'kimik3_deployment_condition{namespace="ml",name="ok",type="Disaggregating",'
+            {"series": 'kimik3_deployment_condition{namespace="ml",kimik3_deployment="ok",type="Disaggregating",'
                        'status="True",reason="PromptsTransferred"}', "values": "1x20"},
             {"series": 'kimik3_operator_leader{pod="a"}', "values": "1x20"},
         ],
         "alert_rule_test": [
             _alert("KimiK3NotDisaggregating", "15m",
-                   {"namespace": "ml", "name": "bad", "reason": "DecodeRecomputesPrompts"}, "warning"),
+                   {"namespace": "ml", "kimik3_deployment": "bad", "reason": "DecodeRecomputesPrompts"}, "warning"),
             {"eval_time": "5m", "alertname": "KimiK3NotDisaggregating", "exp_alerts": []},  # not for 10m yet
         ],
     },
 ]
+
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "charts" / "kimik3-operator" / "dashboards"
 
 
 def test_alerts_fire_on_what_they_say(tmp_path: Path) -> None:
@@ -138,16 +146,50 @@ def test_the_failing_replica_alert_keys_on_every_failing_reason() -> None:
 
 
 def test_every_dashboard_query_is_promql_prometheus_accepts(tmp_path: Path) -> None:
-    """Each panel's query (the variable at its "all" value) as a recording rule under promtool's
+    """Each panel's query (the variables at their "all" value) as a recording rule under promtool's
     own parser: a typo in a panel shows here, not as an empty graph."""
     promtool = _promtool()
     if promtool is None:
         pytest.skip("promtool is not built (e2e/cluster/build.sh)")
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "charts" / "kimik3-operator" / "dashboards"
-                            / "kimik3.json").read_text())
-    exprs = [t["expr"].replace("$deployment", ".*") for p in dashboard["panels"] for t in p["targets"]]
+    exprs = [expr for _, expr in dashboard_queries()]
     rules = [{"record": f"dashboard:panel{i}", "expr": e} for i, e in enumerate(exprs)]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert any("prompt_tokens_by_source" in e for e in exprs) and len(exprs) >= 10
+    assert any("prompt_tokens_by_source" in e for e in exprs) and len(exprs) >= 40
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(dashboard, query) of every panel, each variable at Grafana's "All" (allValue .*)."""
+    out = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        names = [v["name"] for v in board["templating"]["list"]]
+        for panel in board["panels"]:
+            for target in panel.get("targets") or []:
+                expr = target["expr"]
+                for name in names:
+                    expr = expr.replace(f"${name}", ".*")
+                out.append((path.name, expr))
+    return out
+
+
+def test_the_serving_dashboard_reads_every_issue_41_signal_and_pads_nothing() -> None:
+    """What a serving dashboard must show (issue 41 item 3), each from a series something exports;
+    no query hides a missing series behind `or vector(0)`; every serving query follows the
+    namespace and deployment variables."""
+    board = json.loads((DASHBOARDS / "serving.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets") or []]
+    for needed in ("vllm:generation_tokens_total", "haproxy_frontend_http_responses_total",
+                   "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                   "vllm:request_queue_time_seconds", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
+                   "vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:nixl_xfer_time_seconds",
+                   "vllm:nixl_num_kv_expired_reqs_total", "vllm:nixl_num_notifications_after_expiry_total",
+                   "kimik3_router_retries_total", "kimik3_router_engine_ejections_total",
+                   "kimik3_deployment_weights_staged_ratio", "kimik3_deployment_cold_start_predicted_seconds"):
+        assert any(needed in e for e in exprs), needed
+    assert not [e for _, e in dashboard_queries() if "vector(" in e]
+    for expr in exprs:
+        for selector in re.findall(r"\{([^}]*)\}", expr):
+            assert 'namespace=~"$namespace"' in selector and 'kimik3_deployment=~"$deployment"' in selector, expr
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "namespace", "deployment"}

@@ -43,9 +43,11 @@ namespaced Role of its own)."""
 NAMESPACED_READS: set[Triple] = {
     # Kueue's Workloads of a queued role's groups (the Admitted condition: reconcile/queueing.py)
     ("kueue.x-k8s.io", "workloads", "list"),
+    # a failing group a scale-in keeps is restarted: its leader pod deleted (reconcile/scale_in.py)
+    ("", "pods", "delete"),
 }
-"""What the operator reads in a deployment's namespace beside its children: with the child rules,
-so a Role per watched namespace grants it too."""
+"""What the operator reads or does in a deployment's namespace beside its children: with the child
+rules, so a Role per watched namespace grants it too (never cluster-wide then)."""
 
 
 

@@ -55,10 +55,11 @@ def test_each_deployment_exports_its_roles_phase_and_conditions_until_it_is_gone
     from kimik3_operator.metrics import DeploymentSeries
 
     series = DeploymentSeries()
-    key = {"namespace": "metrics-test", "name": "k3"}  # a namespace of its own: the gauges are the process's
+    # a namespace of its own: the gauges are the process's
+    key = {"namespace": "metrics-test", "kimik3_deployment": "k3"}
     series.record("metrics-test", "k3", _status("Progressing", 1, [("Degraded", "False", "AsExpected")]))
-    assert _sample("kimik3_deployment_ready_replicas", **key, pool="p", role="decode") == 1
-    assert _sample("kimik3_deployment_replicas", **key, pool="p", role="decode") == 2
+    assert _sample("kimik3_deployment_ready_replicas", **key, kimik3_pool="p", kimik3_role="decode") == 1
+    assert _sample("kimik3_deployment_replicas", **key, kimik3_pool="p", kimik3_role="decode") == 2
     assert _sample("kimik3_deployment_phase", **key, phase="Progressing") == 1
     assert _sample("kimik3_deployment_phase", **key, phase="Failed") == 0
     # what the alerts read: phase Failed, and Degraded because the weights failed
@@ -68,10 +69,10 @@ def test_each_deployment_exports_its_roles_phase_and_conditions_until_it_is_gone
     assert _sample("kimik3_deployment_condition", **key, type="Degraded", status="True", reason="WeightsFailed") == 1
     # a role or a reason that went is no series any more, not a stale one
     assert _sample("kimik3_deployment_condition", **key, type="Degraded", status="False", reason="AsExpected") is None
-    assert _sample("kimik3_deployment_ready_replicas", **key, pool="p", role="prefill") is None
+    assert _sample("kimik3_deployment_ready_replicas", **key, kimik3_pool="p", kimik3_role="prefill") is None
     series.keep_only(set())
     assert _sample("kimik3_deployment_phase", **key, phase="Failed") is None
-    assert _sample("kimik3_deployment_ready_replicas", **key, pool="p", role="decode") is None
+    assert _sample("kimik3_deployment_ready_replicas", **key, kimik3_pool="p", kimik3_role="decode") is None
 
 
 def test_every_computed_status_is_exported_written_or_not() -> None:
@@ -81,6 +82,29 @@ def test_every_computed_status_is_exported_written_or_not() -> None:
 
     compute_status(owner=Owner(name="k3", namespace="metrics-hook", uid="u"), generation=1, previous=None, plan=None,
                    error=PlanningError("InvalidSpec", "no"), workloads={}, now="2026-01-01T00:00:00Z")
-    assert _sample("kimik3_deployment_phase", namespace="metrics-hook", name="k3", phase="Failed") == 1
-    assert _sample("kimik3_deployment_condition", namespace="metrics-hook", name="k3", type="Ready", status="False",
-                   reason="InvalidSpec") == 1
+    assert _sample("kimik3_deployment_phase", namespace="metrics-hook", kimik3_deployment="k3", phase="Failed") == 1
+    assert _sample("kimik3_deployment_condition", namespace="metrics-hook", kimik3_deployment="k3", type="Ready",
+                   status="False", reason="InvalidSpec") == 1
+
+
+def test_a_rollout_and_a_cold_start_show_as_updated_replicas_staged_bytes_and_predicted_seconds() -> None:
+    from kimik3_operator.api.status import WeightsStatus
+    from kimik3_operator.metrics import DeploymentSeries
+
+    series = DeploymentSeries()
+    key = {"namespace": "metrics-cold", "kimik3_deployment": "k3"}
+    base = _status("Progressing", 0, [])
+    rolled = base.pools[0].roles[1].model_copy(update={"updated_replicas": 1})
+    pool = base.pools[0].model_copy(update={"roles": [base.pools[0].roles[0], rolled]})
+    status = base.model_copy(update={"pools": [pool], "weights": [
+        WeightsStatus(name="model", phase="Staging", percent=42.5), WeightsStatus(name="draft", phase="Staging")]})
+    series.record("metrics-cold", "k3", status)
+    assert _sample("kimik3_deployment_updated_replicas", **key, kimik3_pool="p", kimik3_role="decode") == 1
+    assert _sample("kimik3_deployment_weights_staged_ratio", **key, checkpoint="model") == 0.425
+    # staging with no byte count yet: no series, not a made-up 0
+    assert _sample("kimik3_deployment_weights_staged_ratio", **key, checkpoint="draft") is None
+    series.record("metrics-cold", "k3", status.model_copy(update={"weights": [
+        WeightsStatus(name="model", phase="Staged"), WeightsStatus(name="draft", phase="Staged")]}))
+    assert _sample("kimik3_deployment_weights_staged_ratio", **key, checkpoint="draft") == 1
+    series.keep_only(set())
+    assert _sample("kimik3_deployment_weights_staged_ratio", **key, checkpoint="model") is None

@@ -56,6 +56,9 @@ ENGINE_NOT_READY = "EngineNotReady"
 FAILING = frozenset({CRASH_LOOP, OOM_KILLED, CONTAINER_EXITED, IMAGE_PULL, UNSCHEDULABLE, ENGINE_NOT_READY})
 """The Degraded reasons of a failing replica: the chart's KimiK3ReplicaFailing alert keys on them."""
 
+GROUP_RESTARTED = "GroupRestarted"
+"""The event of a failing group restarted for a scale-in (reconcile/scale_in.py)."""
+
 # ---- events of the operator's SLO scaler ---------------------------------------------------------
 SCALED_UP = "ScaledUp"
 SCALED_DOWN = "ScaledDown"

@@ -297,13 +297,17 @@ class Cluster:
         self._noted(out)
         return out
 
-    def delete(self, obj: dict[str, Any]) -> None:
+    def delete(self, obj: dict[str, Any], grace_seconds: int | None = None) -> None:
+        """Delete `obj` if it is still the object we saw; `grace_seconds` overrides a pod's
+        terminationGracePeriodSeconds."""
         meta = obj["metadata"]
         res = self._resource(obj["apiVersion"], obj["kind"])
+        body: dict[str, Any] = {"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             # Precondition on uid: never delete a same-named object created after we listed.
-            res.delete(name=meta["name"], namespace=meta["namespace"],
-                       body={"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"})
+            res.delete(name=meta["name"], namespace=meta["namespace"], body=body)
         except NotFoundError:
             pass  # gone already
         except (ApiException, DynamicApiError) as exc:

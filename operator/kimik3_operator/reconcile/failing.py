@@ -68,18 +68,47 @@ class Failure:
 
 @dataclass
 class FailureMemory:
-    """Per deployment: the revision each slot was last Ready on, and the failure last seen on it."""
+    """Per deployment: the revision each slot was last Ready on, and the failure last seen on it; each
+    serving workload's replica count at the last pass, and the slots a scale-in restarted
+    (reconcile/scale_in.py)."""
 
     _ready: dict[tuple[str, str], dict[tuple[str, int], str]] = field(default_factory=dict)
     _seen: dict[tuple[str, str], dict[tuple[str, int], Failure]] = field(default_factory=dict)
+    _counts: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    _restarted: dict[tuple[str, str], dict[tuple[str, int], str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def forget_all_but(self, keys: Iterable[tuple[str, str]]) -> None:
         keep = set(keys)
         with self._lock:
-            for store in (self._ready, self._seen):
+            for store in (self._ready, self._seen, self._counts, self._restarted):
                 for key in [k for k in store if k not in keep]:
                     del store[key]
+
+    def fallen(self, key: tuple[str, str], counts: Mapping[str, int]) -> dict[str, int]:
+        """The workloads whose replica count is lower than at the last pass, with their count now;
+        remembers `counts` for the next pass (the first pass of a process sees no fall)."""
+        with self._lock:
+            before = self._counts.get(key, {})
+            self._counts[key] = dict(counts)
+        return {w: n for w, n in counts.items() if n < before.get(w, n)}
+
+    def note_restart(self, key: tuple[str, str], failure: Failure, note: str) -> None:
+        """`failure`'s group was restarted: it reads as failing ("being recreated") until it is Ready
+        again, its old pod going and its new one starting included, and status adds `note`."""
+        assert failure.group is not None
+        with self._lock:
+            self._seen.setdefault(key, {})[failure.group] = failure
+            self._restarted.setdefault(key, {})[failure.group] = note
+
+    def restart_notes(self, key: tuple[str, str],
+                      failing_slots: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """What was said of each restarted slot that still fails; a slot that recovered is forgotten."""
+        still = set(failing_slots)
+        with self._lock:
+            notes = {slot: note for slot, note in self._restarted.get(key, {}).items() if slot in still}
+            self._restarted[key] = notes
+        return dict(notes)
 
 
 def pod_failure(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -130,7 +159,11 @@ def failing(memory: FailureMemory, key: tuple[str, str], pods: Sequence[Mapping[
     with memory._lock:
         ready = memory._ready.setdefault(key, {})
         seen = memory._seen.setdefault(key, {})
-        out = [f for slot, group in sorted(slots.items()) if (f := _slot(slot, group, planned, ready, seen))]
+        for slot in seen:
+            # a failing group between its old pods and its new ones (LWS recreating it) still fails
+            slots.setdefault(slot, [])
+        out = [f for slot, group in sorted(slots.items()) if slot[0] in planned
+               and (f := _slot(slot, group, planned, ready, seen))]
         for slot in [s for s in [*ready, *seen] if s[0] not in planned or s[1] >= planned[s[0]][1]]:
             ready.pop(slot, None)
             seen.pop(slot, None)  # scaled in or gone: nothing to watch there

@@ -19,7 +19,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api import KimiK3Deployment, KimiK3DeploymentStatus, ObjectMeta, first_error
-from ..api.reasons import APPLY_REJECTED, CHAT_TEMPLATE_INVALID, INVALID_SPEC, MISSING_DEPENDENCY, NO_MATCHING_NODES
+from ..api.reasons import (
+    APPLY_REJECTED,
+    CHAT_TEMPLATE_INVALID,
+    GROUP_RESTARTED,
+    INVALID_SPEC,
+    MISSING_DEPENDENCY,
+    NO_MATCHING_NODES,
+)
 from ..contract.kinds import BY_KIND, CONFIG_MAP, DEPLOYMENT, JOB, LEADER_WORKER_SET, SERVICE, WEIGHTS
 from ..contract.names import ANNOTATION_HASH
 from ..k8s import Cluster, MissingApiError, RejectedApiError
@@ -38,6 +45,7 @@ from .pairing import leader_endpoints, revision_pairs, serving_hash
 from .pass_memo import PassMemo
 from .queueing import QueueProbe, queued_roles, recheck_seconds
 from .rollout import ROLLOUT_POLL_SECONDS, OldGroups, old_groups, old_routers, partitions, router_weights
+from .scale_in import RESTART_GRACE_SECONDS, restarts
 from .status import compute_status, transitions
 from .status_pace import StatusPace
 from .weights_status import WeightsState, weights_state
@@ -225,7 +233,8 @@ def _apply_children(p: Pass) -> None:
     # each role's count as this pass applies it (an autoscaled role's: its scaler's)
     counted = with_live_counts(owner, plan, lws)
     replicas: dict[tuple[str, str], int] = {(pool.name, r.role): r.replicas for pool, r in counted.role_plans()}
-    p.old = old_groups(own_pods, _failures(p, counted), replicas)
+    failures = _failures(p, counted)
+    p.old = old_groups(own_pods, failures, replicas)
     p.held = partitions(plan, own_pods, replicas, p.old)
     serving = render_serving(owner, plan, paired, router_weights(plan, own_pods, replicas, p.pairs, p.old), p.held,
                              {key: n for key, old in p.old.items() if (n := old.allowance())})
@@ -236,6 +245,20 @@ def _apply_children(p: Pass) -> None:
     hand_over(p.cluster, owner, plan, lws, serving)
     _apply_all(p, serving)
     p.wanted |= {_key(o) for o in serving}
+    _restart_for_scale_in(p, counted, failures)
+
+
+def _restart_for_scale_in(p: Pass, counted: Plan, failures: list[Failure]) -> None:
+    """Restart each failing group a scale-in keeps (reconcile/scale_in.py), once, saying so."""
+    key = (p.namespace, p.name)
+    counts = {workload_name(p.owner, pool.name, role.role): role.replicas for pool, role in counted.role_plans()}
+    for restart in restarts(p.failure_memory.fallen(key, counts), failures, p.own_pods):
+        pod = str(restart.pod["metadata"]["name"])
+        p.cluster.delete({**restart.pod, "apiVersion": "v1", "kind": "Pod"}, RESTART_GRACE_SECONDS)
+        p.failure_memory.note_restart(key, restart.failure, restart.note())
+        p.cluster.post_event(p.owner.reference(), p.namespace, "Normal", GROUP_RESTARTED,
+                             f"group {restart.slot[1]} of {restart.slot[0]} (leader pod {pod}) failed and was "
+                             f"{restart.note()}")
 
 
 def prune(p: Pass) -> None:
@@ -268,7 +291,7 @@ def status(p: Pass) -> None:
         plan = with_live_counts(owner, plan, workloads)
         pace = None  # the scaler's memory (last scale, breach since) lives in the status: never held back
     scaling = autoscaling_statuses(owner, plan, scaling)
-    failures = _replaced_said(p, _failures(p, plan))
+    failures = _what_is_done_said(p, _failures(p, plan))
     _write_status(p, pace, compute_status(
         owner=owner, generation=p.generation, previous=p.previous, plan=plan, error=None,
         workloads=workloads, now=p.now(), capacity=shortfalls(plan, p.facts, used, {k: plan.max_surge for k in p.held}),
@@ -285,11 +308,14 @@ def _failures(p: Pass, plan: Plan) -> list[Failure]:
     return failing(p.failure_memory, (p.namespace, p.name), p.seen.pods, slots)
 
 
-def _replaced_said(p: Pass, failures: list[Failure]) -> list[Failure]:
-    """`failures`, those of broken old groups that this pass's rollout replaces saying so."""
+def _what_is_done_said(p: Pass, failures: list[Failure]) -> list[Failure]:
+    """`failures`, those of broken old groups that this pass's rollout replaces saying so, and those a
+    scale-in restarted."""
     broken = {(workload_name(p.owner, *key), index) for key, old in p.old.items() for index in old.broken}
-    return [dataclasses.replace(f, detail=f"{f.detail}; the rollout replaces it, not waiting on it")
-            if f.group in broken else f for f in failures]
+    said = {group: "the rollout replaces it, not waiting on it" for group in broken}
+    said |= p.failure_memory.restart_notes((p.namespace, p.name), [f.group for f in failures if f.group])
+    return [dataclasses.replace(f, detail=f"{f.detail}; {said[f.group]}") if f.group in said else f
+            for f in failures]
 
 
 def fail(p: Pass, error: PlanningError) -> None:
