@@ -164,6 +164,20 @@ def test_plan_reads_the_live_cluster(cluster: dict[str, str], tmp_path: Path) ->
     assert pools["b200"]["roles"][0]["all2allBackend"] == "deepep_v2"
 
 
+def test_preflight_reads_the_live_cluster(cluster: dict[str, str]) -> None:
+    """`kimik3 preflight` against the e2e cluster, which has every requirement a deployment needs:
+    LeaderWorkerSet, GPU nodes with product labels (B200, B300, GB300, H200), NVL72 trays in cliques
+    with ComputeDomains, RDMA on the HGX nodes, a default StorageClass. Exit 0, each found."""
+    kimik3 = str(Path(sys.executable).with_name("kimik3"))
+    run = subprocess.run([kimik3, "preflight", "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = {f["requirement"]: f for f in json.loads(run.stdout)}
+    for needed in ("LeaderWorkerSet", "GPU nodes", "NVLink cliques", "ComputeDomain", "RDMA", "Storage",
+                   "KEDA", "Kueue", "Gateway API"):
+        assert found[needed]["verdict"] == "ok", found[needed]
+    assert "GB300" in found["GPU nodes"]["found"] and "clique" in found["NVLink cliques"]["found"]
+
+
 def test_plan_names_a_deployment_in_the_cluster(operator: Path, namespace: str, tmp_path: Path) -> None:
     """`kimik3 plan NAMESPACE/NAME` plans the deployment the API server holds, against the live
     nodes, as `-f` plans the same body; a name the cluster does not hold is one line, exit 1."""

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,28 @@ def _check_install(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _preflight(args: argparse.Namespace) -> int:
+    from .k8s import NoClusterError, api_client
+    from .k8s.preflight import ClusterUnreadable, cluster_view
+    from .planner.preflight import preflight, table
+
+    try:
+        view = cluster_view(api_client(context=args.context))
+    except NoClusterError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "no configuration"
+        print(f"error: no cluster to check ({first}): set KUBECONFIG or --context", file=sys.stderr)
+        return 2
+    except ClusterUnreadable as exc:
+        print(f"error: the cluster could not be read: {exc}", file=sys.stderr)
+        return 2
+    findings = preflight(view)
+    if args.output == "json":
+        print(json.dumps([asdict(f) for f in findings], indent=2))
+    else:
+        print(table(findings))
+    return 1 if any(f.verdict == "missing" for f in findings) else 0
+
+
 def _flag_or_env(given: str | None, name: str, default: str, choices: tuple[str, ...]) -> str:
     """The flag's value, else the environment's, else the default; a bad environment value is an error."""
     value = given or os.environ.get(name) or default
@@ -362,6 +385,12 @@ def parser() -> argparse.ArgumentParser:
                      help="image of the staging Jobs and the serving pods' weights wait: the operator's own "
                           "(default: $KIMIK3_TOOLS_IMAGE, else the image of this version)")
     run.set_defaults(func=_run)
+    pre = sub.add_parser("preflight", help="say what the cluster lacks for a KimiK3Deployment (LeaderWorkerSet, GPU "
+                                           "labels, NVLink cliques, ComputeDomains, RDMA, storage, the optional "
+                                           "add-ons); exit 1 when something every deployment needs is missing")
+    pre.add_argument("--context", help="the kubeconfig context to use (default: the current one)")
+    pre.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    pre.set_defaults(func=_preflight)
     check = sub.add_parser("check-install", help="check an installed operator (the chart's `helm test`): the CRD "
                                                  "is served, the webhook answers, the operator is ready")
     check.add_argument("--namespace", required=True, help="the release namespace")

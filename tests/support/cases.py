@@ -120,6 +120,16 @@ INVALID["multimodal.allowedMediaDomains and fetchTimeoutSeconds need rustFronten
 INVALID[f"extraArgs sets an option the Rust frontend of vLLM {spec.VLLM_VERSION} does not implement (it exits at "
         "start on it); remove it or set rustFrontend: false"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--enforce-eager", "--max_log_len=100"]}))
+INVALID["pods.labels has a key that is not a label key (an optional DNS-subdomain prefix and /, then a name of "
+        "at most 63 letters, digits, '-', '_' or '.')"] = _edit(
+    lambda d: d["spec"].update(pods={"labels": {"team": "ml", "Bad Key/x": "1"}}))
+INVALID["pods.annotations has a key that is not a label key (an optional DNS-subdomain prefix and /, then a name "
+        "of at most 63 letters, digits, '-', '_' or '.')"] = _edit(
+    lambda d: d["spec"].update(pods={"annotations": {"example.com/" + "x" * 64: "1"}}))
+INVALID["pods.labels sets a label the operator, LeaderWorkerSet or Kueue owns"] = _edit(
+    lambda d: d["spec"].update(pods={"labels": {"team": "ml", "app.kubernetes.io/component": "x"}}))
+INVALID["pods.annotations sets an annotation the operator, LeaderWorkerSet or Kueue owns"] = _edit(
+    lambda d: d["spec"].update(pods={"annotations": {"kueue.x-k8s.io/podset": "main"}}))
 INVALID["extraArgs sets a flag the operator owns"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--max-num-seqs=64", "--tensor-parallel-size=4"]}))
 INVALID["an hf:// repository id has no '--' or '..' and does not end in .git (the Hub refuses them)"] = _edit(

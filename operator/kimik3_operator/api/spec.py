@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, create_model
 
 from ..contract import uri as model_uri
+from ..contract.names import OPERATOR_POD_LABELS, RESERVED_POD_KEY_PREFIXES, reserved_pod_key
 from ..gpus import PRODUCTS as GPU_PRODUCTS
 from ..gpus import products_with
 from ..kimi_k3 import KDA_HEADS, MAX_MODEL_LEN
@@ -1159,6 +1160,65 @@ def _slo_mode_rules() -> tuple[Rule, ...]:
     return tuple(rule(role, targets) for role, targets in SLO_TARGETS.items())
 
 
+_RESERVED_POD_KEY_CEL = ("(k in [" + ", ".join(f"'{k}'" for k in OPERATOR_POD_LABELS) + "] || "
+                         + " || ".join(f"k.startsWith('{p}')" for p in RESERVED_POD_KEY_PREFIXES) + ")")
+
+
+POD_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+"""A label or annotation key as the API server checks a pod's (an optional DNS-subdomain prefix of
+at most 253 characters, a name of at most 63). A rule, not a key schema: a CRD's structural schema
+cannot constrain map keys (no propertyNames)."""
+
+
+def _key_format_rule(field: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.{field}) || self.{field}.all(k, k.matches('{POD_KEY}'))",
+        message=f"pods.{field} has a key that is not a label key (an optional DNS-subdomain prefix and /, "
+                "then a name of at most 63 letters, digits, '-', '_' or '.')",
+        check=lambda pods: all(re.fullmatch(POD_KEY, k) for k in getattr(pods, field)),
+        field_path=f".{field}",
+    )
+
+
+def _reserved_key_rule(field: str, what: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.{field}) || !self.{field}.exists(k, {_RESERVED_POD_KEY_CEL})",
+        message=f"pods.{field} sets {what} the operator, LeaderWorkerSet or Kueue owns",
+        message_expression=(f"'pods.{field} sets {what} the operator, LeaderWorkerSet or Kueue owns: ' + "
+                            f"self.{field}.filter(k, {_RESERVED_POD_KEY_CEL})[0]"),
+        explain=lambda pods: (f"pods.{field} sets {what} the operator, LeaderWorkerSet or Kueue owns: "
+                              + next(k for k in getattr(pods, field) if reserved_pod_key(k))),
+        check=lambda pods: not any(reserved_pod_key(k) for k in getattr(pods, field)),
+        field_path=f".{field}",
+    )
+
+
+class PullSecret(SpecModel):
+    """A Secret of type kubernetes.io/dockerconfigjson in the deployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Secret name."""
+
+
+class Pods(SpecModel):
+    """What every pod of the deployment carries beside what the operator sets: the serving leaders
+    and workers, the routers, and the staging Jobs' pods. For cost allocation, a service mesh's or a
+    security scanner's opt-in, and a private registry. A change rolls every serving and router pod
+    (their templates change: each replica reloads the weights); a staging Job made before keeps
+    its pods as they were (a Job's template is immutable)."""
+
+    labels: Annotated[dict[str, LabelValue], Field(max_length=32)] = {}
+    """Labels; never the operator's own (app.kubernetes.io/name, instance, managed-by, part-of,
+    component) nor a serving.kimik3.dev/, leaderworkerset.sigs.k8s.io/ or kueue.x-k8s.io/ key."""
+    annotations: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=32)] = {}
+    """Annotations, under the same reserved keys as labels."""
+    image_pull_secrets: Annotated[list[PullSecret], Field(max_length=8), list_map("name")] = []
+    """Secrets the kubelet pulls every image of these pods with (serving, router, stager)."""
+
+    rules = (_key_format_rule("labels"), _key_format_rule("annotations"),
+             _reserved_key_rule("labels", "a label"), _reserved_key_rule("annotations", "an annotation"))
+
+
 class KimiK3DeploymentSpec(SpecModel):
     """A Kimi K3 serving deployment across one or more GPU node pools."""
 
@@ -1172,6 +1232,8 @@ class KimiK3DeploymentSpec(SpecModel):
     """Request router."""
     network: Network = Network()
     """Who may connect to the engines and the routers (NetworkPolicies)."""
+    pods: Pods = Pods()
+    """Labels, annotations and image pull secrets of every pod the deployment runs."""
     rollout: Rollout = Rollout()
     """How spec changes roll out to running replicas."""
     workload: Workload | None = None

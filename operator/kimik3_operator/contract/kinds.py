@@ -38,6 +38,9 @@ class ChildKind:
     child kind is followed by an informer; this says whether a change is worth a pass at once)."""
     missing_hint: str = ""
     """What to install when the cluster does not serve this kind (empty: every cluster does)."""
+    pod_templates: tuple[tuple[str, ...], ...] = ()
+    """Where its pod templates are (paths of keys; a path an object lacks is skipped): what
+    spec.pods dresses (render/pod_extras.py)."""
 
     @property
     def group(self) -> str:
@@ -72,7 +75,8 @@ CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps", WEIGHTS)
 """A staging Job's progress, the only object its pod may write (contract/stager.py). Its events
 start no pass: progress changes every few seconds while a Job runs; the Job's own events and the
 resync refresh the progress status shows."""
-JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=True)
+JOB = ChildKind("batch/v1", "Job", "jobs", WEIGHTS, create_only=True, watched=True,
+               pod_templates=(("spec", "template"),))
 """A Job's pod template is immutable and its name already says what it stages: once created it is
 left alone (an operator upgrade that changes its image neither fails the apply nor stages again)."""
 SERVICE = ChildKind("v1", "Service", "services", SERVING)
@@ -82,14 +86,17 @@ COMPUTE_DOMAIN = ChildKind(
     "resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains", SERVING,
     missing_hint="multi-node NVLink replicas on NVL72 racks need NVIDIA's DRA driver (ComputeDomain)")
 LEADER_WORKER_SET = ChildKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", SERVING,
-                              watched=True, missing_hint="install LeaderWorkerSet (sigs.k8s.io/lws)")
+                              watched=True, missing_hint="install LeaderWorkerSet (sigs.k8s.io/lws)",
+                              pod_templates=(("spec", "leaderWorkerTemplate", "leaderTemplate"),
+                                             ("spec", "leaderWorkerTemplate", "workerTemplate")))
 HORIZONTAL_POD_AUTOSCALER = ChildKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers",
                                       SERVING)
 """A role in autoscaling mode HPA: the cluster's HPA controller scales its LeaderWorkerSet's /scale."""
 SCALED_OBJECT = ChildKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", SERVING,
                           missing_hint="autoscaling mode KEDA needs KEDA installed (keda.sh/v1alpha1 ScaledObject)")
 """A role in autoscaling mode KEDA: KEDA makes and drives the HPA from a Prometheus trigger."""
-DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", SERVING, watched=True)
+DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", SERVING, watched=True,
+                       pod_templates=(("spec", "template"),))
 """The router. Watched: its readiness is part of the deployment's, and a router deleted or edited
 by hand must be repaired at once, since every request goes through it."""
 HTTP_ROUTE = ChildKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", SERVING,

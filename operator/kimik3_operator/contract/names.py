@@ -27,6 +27,20 @@ LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 """Names the deployment (render.names.deployment_label) on every child and pod of it."""
 
 
+OPERATOR_POD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", MANAGED_BY_LABEL,
+                       "app.kubernetes.io/part-of", "app.kubernetes.io/component")
+"""The well-known labels the operator sets on every pod it makes (render/names.py labels)."""
+RESERVED_POD_KEY_PREFIXES = (f"{GROUP}/", "leaderworkerset.sigs.k8s.io/", "kueue.x-k8s.io/")
+"""Label and annotation prefixes of the operator, LeaderWorkerSet and Kueue on a pod: what they
+select, group and gate pods by."""
+
+
+def reserved_pod_key(key: str) -> bool:
+    """A pod label or annotation key spec.pods may not set: one the operator, LeaderWorkerSet or
+    Kueue sets and selects by (a user's value would be overwritten, or would break a selector)."""
+    return key in OPERATOR_POD_LABELS or key.startswith(RESERVED_POD_KEY_PREFIXES)
+
+
 SERIES_LABELS = {f"{GROUP}/deployment": "kimik3_deployment", f"{GROUP}/pool": "kimik3_pool",
                  f"{GROUP}/role": "kimik3_role"}
 """The serving pods' labels as a scrape copies them onto their series (beside `namespace` and

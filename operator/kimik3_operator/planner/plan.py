@@ -20,6 +20,7 @@ from .network import NetworkPlan
 from .parallel_layout import Layout as Layout
 from .placement import Placement
 from .pod_resources import PodResources
+from .pods import PodsPlan
 from .router import RouterPlan
 from .scaling import RoleScaling, ScalingSettings
 from .timeouts import StartupTimeouts
@@ -246,6 +247,8 @@ class Plan:
     """Deployment-wide autoscaling settings; None when no role is autoscaled."""
     network: NetworkPlan | None = None
     """Who may connect to the pods (NetworkPolicies); None: no policy."""
+    pods: PodsPlan | None = None
+    """Labels, annotations and pull secrets every pod carries (spec.pods); None: none."""
 
     def role_plans(self) -> list[tuple[PoolPlan, RolePlan]]:
         return [(pool, role) for pool in self.pools for role in pool.roles]

@@ -34,6 +34,7 @@ from .loading import loading
 from .network import network_plan
 from .plan import EngineSettings, EngineShape, Layout, Plan, PlanningError, PoolPlan, RolePlan
 from .pod_resources import NodeShape, node_shape, serving_resources
+from .pods import pods_plan
 from .router import router_plans
 from .scheduling import role_placement
 from .shaping import graph_ceiling, overrides_of, shape
@@ -65,7 +66,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
                             routers=router_plans(spec, prefill_rates(spec, pools)),
                             scaling=scaling_settings(spec, pools, prometheus_url),
-                            network=network_plan(spec)),
+                            network=network_plan(spec), pods=pods_plan(spec)),
                        staged or {})
 
 

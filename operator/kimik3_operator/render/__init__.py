@@ -8,12 +8,14 @@ from typing import Any
 from ..contract.kinds import APPLY_ORDER
 from ..planner import Plan
 from ..planner.images import OPERATOR_IMAGE
+from ..planner.pods import PodsPlan
 from . import compile_cache
 from .autoscalers import scalers
 from .compute_domain import compute_domain, role_domain_name
 from .disruption import role_budget
 from .names import Owner, stamp_hash
 from .network_policy import network_policies
+from .pod_extras import dressed
 from .router import RoleEndpoints, router_children, router_identity
 from .services import leader_service
 from .weights import weights_children
@@ -26,7 +28,7 @@ def render_weights(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE) 
                            + compile_cache.own_claim(owner, plan.weights)
                            # The routers' identity: it never changes, and a router may run while
                            # a new revision stages.
-                           + router_identity(owner, plan))
+                           + router_identity(owner, plan), plan.pods)
 
 
 def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
@@ -51,12 +53,12 @@ def render_serving(owner: Owner, plan: Plan, paired_hash: str | None = None,
                                        (allowances or {}).get(key, 0)),
                      role_budget(owner, pool, role)]
     return _in_apply_order(children + scalers(owner, plan) + router_children(owner, plan, routers)
-                           + network_policies(owner, plan))
+                           + network_policies(owner, plan), plan.pods)
 
 
 def render_routers(owner: Owner, plan: Plan, routers: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """The routers alone: they depend on the leaders that serve, not on the staged commits."""
-    return _in_apply_order(router_children(owner, plan, routers))
+    return _in_apply_order(router_children(owner, plan, routers), plan.pods)
 
 
 def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
@@ -65,9 +67,10 @@ def render_children(owner: Owner, plan: Plan, tools_image: str = OPERATOR_IMAGE,
     return render_weights(owner, plan, tools_image) + render_serving(owner, plan, routers=routers)
 
 
-def _in_apply_order(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stamped with their desired-state hashes, sorted by kind (stable within a kind)."""
-    return [stamp_hash(c) for c in sorted(children, key=lambda o: APPLY_ORDER[o["kind"]])]
+def _in_apply_order(children: list[dict[str, Any]], pods: PodsPlan | None) -> list[dict[str, Any]]:
+    """Dressed with spec.pods, stamped with their desired-state hashes, sorted by kind (stable
+    within a kind)."""
+    return [stamp_hash(dressed(c, pods)) for c in sorted(children, key=lambda o: APPLY_ORDER[o["kind"]])]
 
 
 __all__ = ["Owner", "RoleEndpoints", "render_children", "render_routers", "render_serving", "render_weights"]
