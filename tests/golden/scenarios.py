@@ -34,8 +34,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
          "decode": {"replicas": 2, "parallelism": {"tensor": 8, "data": 2, "expert": True}}}],
         engine={"prefixCaching": {"retention": {"policy": "Interval", "intervalTokens": 32768}}},
         experimental={"acceptKnownIssues": []}),
+    # the Python frontend with traces (leader and headless worker), and spec.pods on every pod
     "h200-16": _deployment("k3-h200", [
-        {"name": "h200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "aggregated": {"replicas": 1}}]),
+        {"name": "h200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "aggregated": {"replicas": 1}}],
+        engine={"rustFrontend": False, "tracing": {"endpoint": "http://otel-collector.monitoring:4317",
+                                                   "samplingRatio": 0.05, "detailed": ["worker"]}},
+        pods={"labels": {"team": "ml-platform"}, "annotations": {"sidecar.istio.io/inject": "false"},
+              "imagePullSecrets": [{"name": "regcred"}]}),
     "mi355x-tp8": _deployment("k3-amd", [
         {"name": "mi355x", "nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI355X"},
          "aggregated": {"replicas": 1}}]),

@@ -120,6 +120,9 @@ INVALID["multimodal.allowedMediaDomains and fetchTimeoutSeconds need rustFronten
 INVALID[f"extraArgs sets an option the Rust frontend of vLLM {spec.VLLM_VERSION} does not implement (it exits at "
         "start on it); remove it or set rustFrontend: false"] = _edit(
     lambda d: d["spec"].update(engine={"extraArgs": ["--enforce-eager", "--max_log_len=100"]}))
+INVALID[f"tracing needs rustFrontend: false (vLLM {spec.VLLM_VERSION}'s Rust frontend exits at start on "
+        "--otlp-traces-endpoint)"] = _edit(
+    lambda d: d["spec"].update(engine={"tracing": {"endpoint": "http://otel-collector.monitoring:4317"}}))
 INVALID["pods.labels has a key that is not a label key (an optional DNS-subdomain prefix and /, then a name of "
         "at most 63 letters, digits, '-', '_' or '.')"] = _edit(
     lambda d: d["spec"].update(pods={"labels": {"team": "ml", "Bad Key/x": "1"}}))

@@ -69,6 +69,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-fail-on-environ-validation": "always: a misspelt VLLM_* variable in engine.env stops the engine",
     **owned_spellings(),  # the per-role engine settings' (role_settings.py)
     "--chat-template": "engine.chatTemplate",
+    "--otlp-traces-endpoint": "engine.tracing", "--collect-detailed-traces": "engine.tracing",
     "--load-format": "model.loading", "--enable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--no-enable-ep-weight-filter": "model.loading (with expert parallelism)",
     "--disable-ep-weight-filter": "model.loading (with expert parallelism)",

@@ -377,7 +377,9 @@ OWNED_ENV = ("POD_IP", "VLLM_HOST_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL
              "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_RUST_FRONTEND",
              "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT", "VLLM_ROCM_USE_AITER",
              "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "DG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
-             "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "VLLM_IMAGE_FETCH_TIMEOUT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+             "VLLM_MEDIA_URL_ALLOW_REDIRECTS", "VLLM_IMAGE_FETCH_TIMEOUT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+             "OTEL_SERVICE_NAME")
 """Variables the renderer sets (a repeat would silently win: Kubernetes takes the last one), and the
 Hub token, which belongs in model.authSecretRef."""
 OWNED_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in OWNED_ENV) + "]"
@@ -397,6 +399,26 @@ class EnvVar(SpecModel):
     """Variable name."""
     value: Annotated[str, Field(max_length=4096)] = ""
     """Literal value (secrets belong in model.authSecretRef, never here)."""
+
+
+class Tracing(SpecModel):
+    """OpenTelemetry traces from the engines (vLLM's --otlp-traces-endpoint; vllm/tracing/otel.py): a
+    span per request, joined to the client's trace by the traceparent header the router passes on.
+    Needs the Python frontend (rustFrontend: false): vLLM's Rust frontend exits at start on the flag.
+    docs/tracing.md has a collector recipe."""
+
+    endpoint: EndpointUrl
+    """Where the engines export spans, e.g. http://otel-collector.monitoring:4317 (OTLP/gRPC) or
+    http://otel-collector.monitoring:4318/v1/traces (OTLP/HTTP)."""
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    """OTLP's transport (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL): vLLM exports gRPC without TLS, or
+    protobuf over HTTP."""
+    sampling_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """Share of traces started here that are kept (OTEL_TRACES_SAMPLER=parentbased_traceidratio): a
+    request that arrives with a sampled traceparent is always traced."""
+    detailed: Annotated[list[Literal["model", "worker", "all"]], Field(max_length=3)] = []
+    """vLLM's --collect-detailed-traces: per-step timing of the model or worker (costly: it
+    synchronises the GPU on every step); none when empty."""
 
 
 _CEL_RUST_REFUSED = cel_option_in("n", RUST_FRONTEND_REFUSED)
@@ -426,6 +448,8 @@ class Engine(SpecModel):
     """Prefix caching and KDA state retention."""
     speculative: Speculative | None = None
     """Speculative decoding; off when omitted."""
+    tracing: Tracing | None = None
+    """OpenTelemetry traces from the engines; none when omitted."""
     tool_calling: bool = True
     """Kimi K3 tool calls: --tool-call-parser kimi_k3 --enable-auto-tool-choice."""
     reasoning: bool = True
@@ -484,6 +508,13 @@ class Engine(SpecModel):
             explain=lambda e: f"{_RUST_REFUSED_MESSAGE}: {rust_frontend_refuses(e.extra_args)}",
             check=lambda e: not e.rust_frontend or rust_frontend_refuses(e.extra_args) is None,
             field_path=".extraArgs",
+        ),
+        Rule(
+            cel="!self.rustFrontend || !has(self.tracing)",
+            message=f"tracing needs rustFrontend: false (vLLM {VLLM_VERSION}'s Rust frontend exits at start on "
+                    "--otlp-traces-endpoint)",
+            check=lambda e: not e.rust_frontend or e.tracing is None,
+            field_path=".tracing",
         ),
         Rule(
             cel="!self.rustFrontend || !has(self.multimodal) || ((!has(self.multimodal.allowedMediaDomains) "

@@ -14,7 +14,7 @@ from ..api.rust_frontend_flags import RUST_FRONTEND_VALUES, rust_frontend_refuse
 from ..api.spec import Engine, Speculative
 from ..api.vllm_env import RUST_FRONTEND_BODY_BYTES, VLLM_VERSION
 from .catalog import GpuSpec
-from .plan import EngineSettings, PlanningError
+from .plan import EngineSettings, PlanningError, TracingSettings
 from .weights import DRAFT_PATH, MODEL_PATH
 
 
@@ -61,6 +61,8 @@ def engine_settings(spec: KimiK3DeploymentSpec, kv_default: str = "auto") -> Eng
         extra_args=tuple(engine.extra_args),
         env=tuple((e.name, e.value) for e in engine.env),
         chat_template=(engine.chat_template.name, engine.chat_template.key) if engine.chat_template else None,
+        tracing=TracingSettings(engine.tracing.endpoint, engine.tracing.protocol, engine.tracing.sampling_ratio,
+                                tuple(engine.tracing.detailed)) if engine.tracing else None,
     )
 
 

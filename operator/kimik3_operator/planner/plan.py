@@ -29,6 +29,16 @@ from .weights import WeightsPlan
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """engine.tracing as the engines get it: flags and OTEL_* variables (render/engine.py)."""
+
+    endpoint: str
+    protocol: str
+    sampling_ratio: float
+    detailed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """vLLM settings shared by every role of a deployment; the values that must match between
     prefill and decode live here so one hash covers them."""
@@ -67,6 +77,8 @@ class EngineSettings:
     """(source, commit) of the staged checkpoints: both roles must serve the same weights."""
     chat_template: tuple[str, str] | None = None
     """(ConfigMap, key) of engine.chatTemplate."""
+    tracing: TracingSettings | None = None
+    """engine.tracing; None: no trace is exported."""
 
     @property
     def kv_dtype_family(self) -> str:

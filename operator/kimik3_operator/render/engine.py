@@ -132,8 +132,34 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
         args.append("--enable-scale-out")
     args += ["--shutdown-timeout", str(engine.shutdown_timeout)]
     args += chat_template.args(engine, worker=worker)
+    args += tracing_args(engine)
     args += literals(engine.extra_args)
     return args
+
+
+def tracing_args(engine: EngineSettings) -> list[str]:
+    """engine.tracing on every pod, leaders and headless workers (whose engine cores export the
+    detailed spans): vLLM validates the endpoint only when OpenTelemetry is installed, which its
+    0.33.0 wheel requires (opentelemetry-sdk, -exporter-otlp), config/observability.py."""
+    tracing = engine.tracing
+    if tracing is None:
+        return []
+    args = ["--otlp-traces-endpoint", tracing.endpoint]
+    if tracing.detailed:
+        args += ["--collect-detailed-traces", *tracing.detailed]
+    return args
+
+
+def tracing_env(role: RolePlan, engine: EngineSettings) -> list[dict[str, Any]]:
+    """What the OpenTelemetry SDK reads beside the flag (vllm/tracing/otel.py: the protocol picks
+    the exporter; the SDK's TracerProvider reads the sampler and the service name)."""
+    tracing = engine.tracing
+    if tracing is None:
+        return []
+    return [{"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": tracing.protocol},
+            {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+            {"name": "OTEL_TRACES_SAMPLER_ARG", "value": f"{tracing.sampling_ratio:g}"},
+            {"name": "OTEL_SERVICE_NAME", "value": f"kimi-k3-{role.role}"}]
 
 
 def python_frontend(engine: EngineSettings, *, worker: bool) -> bool:
@@ -191,6 +217,7 @@ def engine_env(role: RolePlan, engine: EngineSettings, *, worker: bool, vendor: 
     if vendor == "amd":
         # K3's MXFP4 SiTU experts run on AITER only when it is on; otherwise vLLM emulates them.
         env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
+    env += tracing_env(role, engine)
     env += [{"name": n, "value": literal(v)} for n, v in engine.env]
     return env
 
