@@ -157,3 +157,22 @@ def test_notes_say_what_to_do_next() -> None:
     for expected in ("helm test t -n kimik3-system", "kubectl get kimik3deployments -A", "status.endpoint",
                      ".status.conditions", "deployment/t-kimik3-operator"):
         assert expected in notes, expected
+
+
+def test_an_image_digest_pins_the_operator_and_its_tools_everywhere_and_a_bad_one_is_refused() -> None:
+    """image.digest: the operator, the staging Jobs' tools image (--tools-image) and the helm test
+    pod pull repository@digest; the tag is not used. A digest that is not sha256 is refused by the
+    values schema before anything renders."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    docs = rendered("--set", f"image.digest={digest}", "--set", "image.tag=9.9.9")
+    pinned = f"ghcr.io/kimik3-operator/kimik3-operator@{digest}"
+    images = [c["image"] for d in docs if d["kind"] in ("Deployment", "Pod")
+              for c in (d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"])["containers"]]
+    assert images and set(images) == {pinned}
+    (operator,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert f"--tools-image={pinned}" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    helm = helm_binary()
+    assert helm is not None
+    bad = subprocess.run([helm, "template", "t", str(CHART), "--set", "image.digest=sha256:abc"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "image/digest" in bad.stderr

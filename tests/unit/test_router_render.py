@@ -362,3 +362,21 @@ def test_the_engines_body_limit_is_the_users_where_engine_env_sets_it() -> None:
     plan = _plan(body, admission={"maxRequestBytes": "64Mi"})
     leaders = [env for env in _engine_env(plan) if "VLLM_USE_RUST_FRONTEND" in env]
     assert leaders and all(env["VLLM_HTTP_MAX_REQUEST_BODY_SIZE"]["value"] == "1000" for env in leaders)
+
+
+def test_spec_router_image_replaces_the_router_and_front_image_and_nothing_else() -> None:
+    from kimik3_operator.planner.images import ROUTER_IMAGE, VLLM_ROUTER_IMAGE
+
+    mirror = "registry.example.com/mirror/kimik3-router:0.1.0"
+    default = _routers(_plan(PD), {_plan(PD).compat_hash: 1})
+    mirrored = _routers(_plan(PD, image=mirror), {_plan(PD).compat_hash: 1})
+    for routers, image in ((default, ROUTER_IMAGE), (mirrored, mirror)):
+        for deployment in routers.values():
+            containers = deployment["spec"]["template"]["spec"]["containers"]
+            assert len(containers) == 2 and {c["image"] for c in containers} == {image}
+    fallback = _routers(_plan(PD, implementation="VllmRouter"), {_plan(PD).compat_hash: 1})
+    assert {c["image"] for d in fallback.values() for c in d["spec"]["template"]["spec"]["containers"]} == {
+        VLLM_ROUTER_IMAGE}
+    strip = [{**d, "spec": {**d["spec"], "template": "x"}, "metadata": {**d["metadata"], "annotations": {}}}
+             for d in (*default.values(), *mirrored.values())]
+    assert strip[: len(default)] == strip[len(default):]

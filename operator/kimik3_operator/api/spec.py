@@ -1000,6 +1000,9 @@ class Router(SpecModel):
     every request sent to it until its pod turns unready (docs/decisions/router-failover.md)."""
     watchdog: RouterWatchdog = RouterWatchdog()
     """kimik3-router's deadlines for an engine that took a request and does not answer."""
+    image: ImageRef | None = None
+    """The router pods' image (the router and its HAProxy front), e.g. a mirror of the project's;
+    the image of `implementation` at this operator's version when omitted."""
 
 
 class SelectorRequirement(SpecModel):

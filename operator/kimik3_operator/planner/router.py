@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
 from ..api.spec import RouterAdmission, RouterImplementation, RouterMode
+from .images import router_image
 from .placement import Placement, placement
 
 
@@ -59,6 +60,8 @@ class RouterPlan:
     gateway: GatewayPlan | None = None
     """The Gateway its Service is attached to: the first router's (the deployment's endpoint) only."""
     implementation: RouterImplementation = "KimiK3Router"
+    image: str = ""
+    """The router pods' image: spec.router.image, else the implementation's (planner/images.py)."""
     served_name: str = ""
     """The model name it answers /v1/models with (spec.model.servedName)."""
     first_token_seconds: int = 30
@@ -118,7 +121,8 @@ def router_plans(spec: KimiK3DeploymentSpec,
 
     return tuple(
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
-                   implementation=router.implementation, served_name=spec.model.served_name,
+                   implementation=router.implementation, image=router.image or router_image(router.implementation),
+                   served_name=spec.model.served_name,
                    first_token_seconds=router.watchdog.first_token_seconds,
                    idle_gap_seconds=router.watchdog.idle_gap_seconds, prefill_tokens_per_second=slowest(chosen),
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),

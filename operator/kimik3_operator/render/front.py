@@ -39,7 +39,6 @@ import json
 from typing import Any
 
 from ..planner import FrontPlan, RouterPlan
-from ..planner.images import router_image
 
 CONTAINER = "front"
 """The front's container name (the router's is render/router.py's COMPONENT)."""
@@ -204,7 +203,7 @@ def front_container(router: RouterPlan, pre_stop_seconds: int) -> dict[str, Any]
     probe = {"httpGet": {"path": HEALTH_PATH, "port": "front-metrics"}, "periodSeconds": 5, "timeoutSeconds": 2}
     return {
         "name": CONTAINER,
-        "image": router_image(router.implementation),
+        "image": router.image,
         "command": ["/bin/sh", "-c",
                     f'printf "%s\\n" "${CONFIG_ENV}" >/tmp/front.cfg && exec haproxy -db -f /tmp/front.cfg'],
         "env": env,

@@ -39,7 +39,6 @@ from typing import Any
 from ..api.router_policies import ROUTER_POLICIES
 from ..contract.kinds import DEPLOYMENT, ROLE, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..planner import Plan, RouterPlan
-from ..planner.images import router_image
 from .disruption import budget
 from .engine import HTTP_PORT
 from .front import ANSWER_SECONDS, FRONT_PORT, ROUTER_LOOPBACK_PORT, front_container
@@ -231,7 +230,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     "KimiK3Router": Implementation(kimik3_router_args, "info"),  # logs no session key at info (docs/router.md)
     "VllmRouter": Implementation(vllm_router_args, ROUTER_LOG_FILTER),
 }
-"""spec.router.implementation -> how it is rendered (its image: planner/images.py router_image)."""
+"""spec.router.implementation -> how it is rendered (its image: RouterPlan.image, planner/router.py)."""
 
 
 def router_args(owner: Owner, targets: RouterTargets) -> list[str]:
@@ -299,7 +298,7 @@ def router_container(owner: Owner, targets: RouterTargets) -> dict[str, Any]:
                                  "limits": {**dict(plan.limits), "ephemeral-storage": ROUTER_EPHEMERAL[1]}}
     return {
         "name": COMPONENT,
-        "image": router_image(plan.implementation),
+        "image": plan.image,
         "args": router_args(owner, targets),
         "env": [{"name": "RUST_LOG", "value": IMPLEMENTATIONS[plan.implementation].log_filter}],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
