@@ -46,9 +46,10 @@ echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 # then the chart from there, as a user installs it: the operator's pods run on the real node (its
 # taint and label), the webhook answers through its Service, the operator keeps its certificate.
 t1=$SECONDS
-# The operator by its "<version>-<image id>" tag: a rebuilt image rolls the operator's pods.
-OPERATOR_TAG="$("$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" | sed -n 's/^operator .*://p')"
-[[ -n $OPERATOR_TAG ]] || { echo "FAILED: e2e/images/build.sh push printed no operator image" >&2; exit 1; }
+# The operator by the digest the registry stores it under, as a release pins it (image.digest): a
+# rebuilt image is another digest and rolls the operator's pods.
+OPERATOR_DIGEST="$("$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" | awk '$1 == "operator" {print $3}')"
+[[ $OPERATOR_DIGEST == sha256:* ]] || { echo "FAILED: e2e/images/build.sh push printed no operator digest" >&2; exit 1; }
 echo "== images and chart in oci://$KIMIK3_REGISTRY in $((SECONDS - t1))s"
 stop_players
 # The operator's pods read the cluster's Prometheus (a host process, which scrapes the played engines)
@@ -59,11 +60,22 @@ PROMETHEUS_URL="$KIMIK3_PROMETHEUS_URL"
 CHART_VERSION="$(sed -n 's/^version: *//p' "$ROOT/charts/kimik3-operator/Chart.yaml")"
 helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-operator" --version "$CHART_VERSION" \
   --plain-http -n kimik3-system --create-namespace \
-  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" --set "image.tag=$OPERATOR_TAG" \
+  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" --set "image.digest=$OPERATOR_DIGEST" \
   --set-json "tolerations=[{\"key\":\"${KIMIK3_REAL_NODE_TAINT%%=*}\",\"operator\":\"Exists\"}]" \
   --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --set "autoscaling.prometheusUrl=$PROMETHEUS_URL" \
   --wait --timeout 300s >/dev/null
 kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator
+# Pulled by containerd from the registry by that digest, not imported or taken by tag (a re-run's
+# replaced pods may take a moment to go).
+want="$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator@$OPERATOR_DIGEST"
+for _ in $(seq 60); do
+  pulled="$(kubectl -n kimik3-system get pods -l app.kubernetes.io/name=kimik3-operator \
+    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].imageID}{"\n"}{end}' | sort -u)"
+  [[ $pulled == "$want" ]] && break
+  sleep 2
+done
+[[ $pulled == "$want" ]] || { echo "FAILED: the operator pods run $pulled, not the pushed $want" >&2; exit 1; }
+echo "== operator pulled by digest $OPERATOR_DIGEST"
 echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n kimik3-system logs deploy/kimik3-operator)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
 # against a fake Hub and S3 on loopback (e2e/harness/stager.py), so the deployment can become Ready.

@@ -106,16 +106,20 @@ ensure_base() {
 push() { # push NAME HOST REF: REF under HOST instead of its own registry, under its own tag and
   # under "<tag>-<image id>": a reference that changes with every rebuild, so an install that names
   # it rolls its pods when the image changed (the version tag alone would not: IfNotPresent).
-  local name=$1 host=$2 ref=$3 t0=$SECONDS id to
+  # Prints "NAME REF DIGEST": the digest the registry stores the manifest under (podman's
+  # --digestfile), what an install by digest names (the chart's image.digest; scripts/demo.sh).
+  local name=$1 host=$2 ref=$3 t0=$SECONDS id to digest_file="$IMAGES/push-$1.digest"
   id="$(podman image inspect -f '{{.Id}}' "$ref")"
+  rm -f "$digest_file"
   for to in "$host/${ref#*/}" "$host/${ref#*/}-${id:0:12}"; do
     podman tag "$ref" "$to"
-    podman push --quiet --tls-verify=false "$to" >"$IMAGES/push.log" 2>&1 \
+    podman push --quiet --tls-verify=false --digestfile "$digest_file" "$to" >"$IMAGES/push.log" 2>&1 \
       || { tail -n 20 "$IMAGES/push.log" >&2; die "podman push $to"; }
     podman untag "$ref" "$to" # the registry keeps it; storage keeps only the one tag per image
   done
-  log "pushed $to in $((SECONDS - t0))s"
-  printf '%s %s\n' "$name" "$to"
+  [[ "$(cat "$digest_file")" == sha256:* ]] || die "podman push $to wrote no digest"
+  log "pushed $to in $((SECONDS - t0))s ($(cat "$digest_file"))"
+  printf '%s %s %s\n' "$name" "$to" "$(cat "$digest_file")"
 }
 
 push_chart() { # push_chart HOST: package the chart as it is in the tree and push it

@@ -98,7 +98,7 @@ def registry(chart: str) -> str:
     host = os.environ["KIMIK3_REGISTRY"]
     pushed = subprocess.run([str(IMAGE_BUILD), "push", host], capture_output=True, text=True, timeout=1800)
     assert pushed.returncode == 0, f"e2e/images/build.sh push failed:\n{pushed.stderr[-4000:]}"
-    refs = dict(line.split() for line in pushed.stdout.splitlines())
+    refs = {name: ref for name, ref, _digest in (line.split() for line in pushed.stdout.splitlines())}
     # The "<version>-<image id>" tag: a node that pulled an earlier build of the version tag (a kept
     # cluster) still runs this one.
     OPERATOR_TAG[:] = [refs["operator"].rpartition(":")[2]]
