@@ -80,8 +80,9 @@ def test_decode_with_kv_transfer_params_does_not_prefill(pd: tuple[Sim, Sim]) ->
     assert record["path"] == "remote_prefill" and record["remote_engine_id"] == params["remote_engine_id"]
     assert (record["external_kv_tokens"], record["computed_prompt_tokens"]) == (8191, 1)
     assert record["prompt_fingerprint"] == prefill.stats()["by_request_id"]["handoff"]["prompt_fingerprint"]
-    # it paid a KV transfer and one step, not an 8192-token prefill
-    assert events[0][0] < role_report(SCENARIO, "prefill")["predicted"]["ttftSeconds"] / 2
+    # it paid a KV transfer and one step, not an 8192-token prefill: counted, not timed (the wall
+    # clock of a simulator beside two e2e lanes is the bench's business: 0.086 s against a 0.083 s
+    # bound failed a CI rehearsal at nice 19)
     assert decode.metric("vllm:nixl_bytes_transferred_count") == 1
     assert decode.metric("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 8191
     assert decode.metric("vllm:prompt_tokens_by_source_total", source="local_compute") == 1

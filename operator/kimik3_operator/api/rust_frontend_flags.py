@@ -31,7 +31,7 @@ from __future__ import annotations
 from .owned_flags import first_option_in, flag_name, option_in
 
 RUST_FRONTEND_REFUSED: tuple[str, ...] = (
-    "--aggregate-engine-logging", "--collect-detailed-traces", "--config", "--default-mm-loras",
+    "--aggregate-engine-logging", "--config", "--default-mm-loras",
     "--enable-elastic-ep", "--disable-elastic-ep", "--no-enable-elastic-ep",
     "--enable-fault-tolerance", "--disable-fault-tolerance", "--no-enable-fault-tolerance",
     "--enable-force-include-usage", "--disable-force-include-usage", "--no-enable-force-include-usage",
@@ -47,7 +47,7 @@ RUST_FRONTEND_REFUSED: tuple[str, ...] = (
     "--log-error-stack", "--no-log-error-stack", "--max-log-len", "--max-num-queued-reqs",
     "--max-num-queued-tokens", "--media-io-kwargs", "--middleware", "--mm-hasher-algorithm",
     "--mm-ipc-gpu-memory-gb", "--mm-processor-cache-gb", "--mm-processor-cache-type", "--mm-processor-device",
-    "--mm-processor-kwargs", "--mm-tensor-ipc", "--otlp-traces-endpoint", "--override-generation-config",
+    "--mm-processor-kwargs", "--mm-tensor-ipc", "--override-generation-config",
     "--reasoning-parser-plugin", "--response-role", "--root-path", "--skip-tokenizer-init",
     "--no-skip-tokenizer-init", "--tokens-only", "--no-tokens-only", "--tool-parser-plugin", "--tool-server",
     "--trust-request-mm-kwargs", "--no-trust-request-mm-kwargs", "--uvicorn-log-level",
