@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..contract.kinds import COMPUTE_DOMAIN, HTTP_ROUTE, LEADER_WORKER_SET, SCALED_OBJECT, ChildKind
+from ..contract.kinds import COMPUTE_DOMAIN, HTTP_ROUTE, LEADER_WORKER_SET, SCALED_OBJECT
 from ..contract.kueue import WORKLOAD_API_VERSION, WORKLOAD_KIND
 from ..gpus import BY_PRODUCT
 from .facts import NodeFacts, node_facts
@@ -51,18 +51,17 @@ class Requirement:
     hint: str
 
 
-def _serves(kind: ChildKind) -> Callable[[ClusterView], tuple[Verdict, str]]:
+def _served(api_version: str, kind: str, absent: Verdict = "missing",
+            consequence: str = "") -> Callable[[ClusterView], tuple[Verdict, str]]:
     def judge(view: ClusterView) -> tuple[Verdict, str]:
-        return ("ok", f"{kind.kind} {kind.api_version} served") if (kind.api_version, kind.kind) in view.served else (
-            "missing", f"no {kind.kind} {kind.api_version}")
+        if (api_version, kind) in view.served:
+            return "ok", f"{kind} {api_version} served"
+        return absent, f"no {kind} {api_version}" + (f": {consequence}" if consequence else "")
     return judge
 
 
 def _optional(api_version: str, kind: str, needed_for: str) -> Callable[[ClusterView], tuple[Verdict, str]]:
-    def judge(view: ClusterView) -> tuple[Verdict, str]:
-        return ("ok", f"{kind} {api_version} served") if (api_version, kind) in view.served else (
-            "warn", f"no {kind} {api_version}: {needed_for} cannot be used")
-    return judge
+    return _served(api_version, kind, "warn", f"{needed_for} cannot be used")
 
 
 def _gpu_nodes(view: ClusterView) -> tuple[Verdict, str]:
@@ -96,9 +95,8 @@ def _cliques(view: ClusterView) -> tuple[Verdict, str]:
 def _compute_domains(view: ClusterView) -> tuple[Verdict, str]:
     if not _nvl_nodes(view):
         return "ok", "no NVL72 node (not needed)"
-    if (COMPUTE_DOMAIN.api_version, COMPUTE_DOMAIN.kind) in view.served:
-        return "ok", f"ComputeDomain {COMPUTE_DOMAIN.api_version} served"
-    return "warn", "NVL72 nodes but no ComputeDomain: replicas spanning trays cannot share NVLink"
+    return _served(COMPUTE_DOMAIN.api_version, COMPUTE_DOMAIN.kind, "warn",
+                   "NVL72 nodes, but replicas spanning trays cannot share NVLink")(view)
 
 
 def _rdma(view: ClusterView) -> tuple[Verdict, str]:
@@ -127,7 +125,7 @@ def _storage(view: ClusterView) -> tuple[Verdict, str]:
 
 REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("LeaderWorkerSet", "every deployment (one per pool and role)",
-                _serves(LEADER_WORKER_SET),
+                _served(LEADER_WORKER_SET.api_version, LEADER_WORKER_SET.kind),
                 "install LeaderWorkerSet v0.9 or newer (sigs.k8s.io/lws)"),
     Requirement("GPU nodes", "every deployment",
                 _gpu_nodes,
