@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from ..contract.kinds import COMPUTE_DOMAIN, HTTP_ROUTE, LEADER_WORKER_SET, SCALED_OBJECT
@@ -30,8 +31,10 @@ class ClusterView:
     nodes: Sequence[Mapping[str, Any]]
     storage_classes: Sequence[Mapping[str, Any]]
 
-    def gpu_nodes(self) -> list[NodeFacts]:
-        return [f for f in map(node_facts, self.nodes) if f.gpu_resource and f.gpus > 0]
+    @cached_property
+    def gpu_nodes(self) -> tuple[NodeFacts, ...]:
+        """Read once: four requirements judge the GPU nodes, on clusters of thousands of nodes."""
+        return tuple(f for f in map(node_facts, self.nodes) if f.gpu_resource and f.gpus > 0)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def _optional(api_version: str, kind: str, needed_for: str) -> Callable[[Cluster
 
 
 def _gpu_nodes(view: ClusterView) -> tuple[Verdict, str]:
-    nodes = view.gpu_nodes()
+    nodes = view.gpu_nodes
     if not nodes:
         return "missing", "no node advertises nvidia.com/gpu or amd.com/gpu"
     known = [n for n in nodes if n.product]
@@ -79,7 +82,7 @@ def _gpu_nodes(view: ClusterView) -> tuple[Verdict, str]:
 
 
 def _nvl_nodes(view: ClusterView) -> list[NodeFacts]:
-    return [n for n in view.gpu_nodes() if n.product and BY_PRODUCT[n.product].multi_node_nvlink]
+    return [n for n in view.gpu_nodes if n.product and BY_PRODUCT[n.product].multi_node_nvlink]
 
 
 def _cliques(view: ClusterView) -> tuple[Verdict, str]:
@@ -100,7 +103,7 @@ def _compute_domains(view: ClusterView) -> tuple[Verdict, str]:
 
 
 def _rdma(view: ClusterView) -> tuple[Verdict, str]:
-    boards = [n for n in view.gpu_nodes() if not (n.product and BY_PRODUCT[n.product].multi_node_nvlink)]
+    boards = [n for n in view.gpu_nodes if not (n.product and BY_PRODUCT[n.product].multi_node_nvlink)]
     if not boards:
         return "ok", "no HGX/OAM GPU node (not needed)"
     with_rdma = [n for n in boards if n.rdma_resources]
