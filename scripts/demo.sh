@@ -42,29 +42,37 @@ t0=$SECONDS
 eval "$("$ROOT/e2e/cluster/cluster.sh" env)"
 echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 
-# The images from their Dockerfiles (podman; cached) and the chart, into the cluster's registry;
-# then the chart from there, as a user installs it: the operator's pods run on the real node (its
-# taint and label), the webhook answers through its Service, the operator keeps its certificate.
+# A release from the tree (e2e/images/build.sh release; docs/release.md): the images from their
+# Dockerfiles (podman; cached), pushed to the cluster's registry with the chart that pins each by
+# digest, and the release's assets (release.json, SBOMs, the CLI's wheel) in the folder the install
+# guide names. Then the operator is installed by the guide's own blocks (docs/install.md: the CLI from
+# the wheel, preflight, helm from oci:// with this site's values, helm test), the registry
+# substituted: the operator's pods run on the real node (its taint and label), the webhook answers
+# through its Service, the operator keeps its certificate.
 t1=$SECONDS
-# The operator by the digest the registry stores it under, as a release pins it (image.digest): a
-# rebuilt image is another digest and rolls the operator's pods.
-OPERATOR_DIGEST="$("$ROOT/e2e/images/build.sh" push "$KIMIK3_REGISTRY" | awk '$1 == "operator" {print $3}')"
-[[ $OPERATOR_DIGEST == sha256:* ]] || { echo "FAILED: e2e/images/build.sh push printed no operator digest" >&2; exit 1; }
-echo "== images and chart in oci://$KIMIK3_REGISTRY in $((SECONDS - t1))s"
+GUIDE="$STATE/guide"
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/operator/kimik3_operator/__init__.py")"
+mkdir -p "$GUIDE"
+"$ROOT/e2e/images/build.sh" release "$KIMIK3_REGISTRY" "$GUIDE/kimik3-operator-$VERSION" >/dev/null
+OPERATOR_DIGEST="$(jq -r '.images[] | select(.name == "operator") | .digest' "$GUIDE/kimik3-operator-$VERSION/release.json")"
+[[ $OPERATOR_DIGEST == sha256:* ]] || { echo "FAILED: the release names no operator digest" >&2; exit 1; }
+echo "== release $VERSION in oci://$KIMIK3_REGISTRY and $GUIDE/kimik3-operator-$VERSION in $((SECONDS - t1))s"
 stop_players
 # The operator's pods read the cluster's Prometheus (a host process, which scrapes the played engines)
 # where the real node's pods reach it: on an address of the played pods' loopback range
 # (cluster.sh prometheus_host), so the SLO scaler and the Disaggregating condition have data, as with
 # `autoscaling.prometheusUrl: http://prometheus-operated.monitoring:9090` on a cluster.
 PROMETHEUS_URL="$KIMIK3_PROMETHEUS_URL"
-CHART_VERSION="$(sed -n 's/^version: *//p' "$ROOT/charts/kimik3-operator/Chart.yaml")"
-helm upgrade --install kimik3-operator "oci://$KIMIK3_REGISTRY/charts/kimik3-operator" --version "$CHART_VERSION" \
-  --plain-http -n kimik3-system --create-namespace \
-  --set "image.repository=$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator" --set "image.digest=$OPERATOR_DIGEST" \
-  --set-json "tolerations=[{\"key\":\"${KIMIK3_REAL_NODE_TAINT%%=*}\",\"operator\":\"Exists\"}]" \
-  --set-json 'nodeSelector={"kimik3.dev/e2e-node":"real"}' --set "autoscaling.prometheusUrl=$PROMETHEUS_URL" \
-  --wait --timeout 300s >/dev/null
-kubectl -n kimik3-system get pods -o wide -l app.kubernetes.io/name=kimik3-operator
+jq -n --arg key "${KIMIK3_REAL_NODE_TAINT%%=*}" --arg prometheus "$PROMETHEUS_URL" \
+  '{tolerations: [{key: $key, operator: "Exists"}], nodeSelector: {"kimik3.dev/e2e-node": "real"},
+    autoscaling: {prometheusUrl: $prometheus}}' >"$GUIDE/site-values.yaml"
+# The CLI's venv and pip's downloads: the guide's HOME is its folder, pip's cache stays the machine's;
+# the dependencies at the project's pins (a user gets the newest within the package's bounds).
+t1=$SECONDS
+PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}" PIP_CONSTRAINT="$ROOT/constraints.txt" \
+  "$ROOT/scripts/guide.sh" --in "$GUIDE" --set "registry.example.com=$KIMIK3_REGISTRY" \
+  --set "/charts/kimik3-operator --version=/charts/kimik3-operator --plain-http --version" cli install
+echo "== installed by docs/install.md's blocks in $((SECONDS - t1))s"
 # Pulled by containerd from the registry by that digest, not imported or taken by tag (a re-run's
 # replaced pods may take a moment to go).
 want="$KIMIK3_REGISTRY/kimik3-operator/kimik3-operator@$OPERATOR_DIGEST"
@@ -76,6 +84,14 @@ for _ in $(seq 60); do
 done
 [[ $pulled == "$want" ]] || { echo "FAILED: the operator pods run $pulled, not the pushed $want" >&2; exit 1; }
 echo "== operator pulled by digest $OPERATOR_DIGEST"
+# The guide's way to the leader's logs, once a pod of this install holds the Lease (after a
+# re-install the Lease names a pod of the last one until it expires).
+for _ in $(seq 60); do
+  holder="$(kubectl -n kimik3-system get lease kimik3-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)" || true
+  [[ -n $holder ]] && kubectl -n kimik3-system get pod "${holder%%_*}" >/dev/null 2>&1 && break
+  sleep 2
+done
+"$ROOT/scripts/guide.sh" --in "$GUIDE" logs | tail -n 3
 echo "== operator running as real pods on $KIMIK3_REAL_NODE (logs: kubectl -n kimik3-system logs deploy/kimik3-operator)"
 # kwok runs no containers: the stager runs each weights-staging pod's real command on this host,
 # against a fake Hub and S3 on loopback (e2e/harness/stager.py), so the deployment can become Ready.

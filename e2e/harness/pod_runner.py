@@ -187,6 +187,15 @@ def _api_server_env() -> dict[str, str]:
     return {"KUBERNETES_SERVICE_HOST": str(address.hostname), "KUBERNETES_SERVICE_PORT": str(address.port or 443)}
 
 
+def _repository(image: str) -> str:
+    """An image reference's repository path without its registry, tag or digest: a release names the
+    router images by digest in its own registry (the chart's routerImages), the tree by tag."""
+    name = image.partition("@")[0]
+    if ":" in name.rpartition("/")[2]:
+        name = name.rpartition(":")[0]
+    return name.partition("/")[2] if "/" in name else name
+
+
 def router_venv() -> Path:
     out = subprocess.run([str(ROOT / "scripts" / "router-venv.sh")], capture_output=True, text=True, check=True,
                          timeout=900).stdout
@@ -602,7 +611,7 @@ class PodRunner:
         # The pod's RUST_LOG (render/router.py), unless the test run sets its own.
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), "NO_PROXY": "127.0.0.0/8,localhost",
                "RUST_LOG": os.environ.get("RUST_LOG") or pod_env.get("RUST_LOG", "info")}
-        if container.get("image") == VLLM_ROUTER_IMAGE:
+        if _repository(container.get("image", "")) == _repository(VLLM_ROUTER_IMAGE):
             argv = [str(self.vllm_router_bin), *args,
                     # A dead engine must leave the lists within seconds in a test, not the pod's 15 s.
                     "--health-check-interval-secs", str(self.router_health_seconds)]

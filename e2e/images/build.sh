@@ -13,6 +13,12 @@
 #                                  (HOST/kimik3-operator/kimik3-operator:<version>) and also tagged
 #                                  <version>-<image id> (printed: "<name> <ref>"), the chart as
 #                                  oci://HOST/charts/kimik3-operator (helm on PATH)
+#   e2e/images/build.sh release HOST OUT   a release (docs/release.md): push as above, then write to OUT
+#                                  release.json (each image's reference and digest, the chart's), the
+#                                  images' SBOMs (OUT/sbom, CycloneDX from the locks and each image's
+#                                  dpkg database: scripts/release-tools.sh), the CLI's wheel and the
+#                                  chart with every image pinned by digest (pushed in place of the
+#                                  tree's); prints "<name> <ref> <digest>" per image
 #   e2e/images/build.sh retag FROM TO   push an image already built or pushed (FROM) as TO
 #   e2e/images/build.sh tags       the image references it builds
 #   e2e/images/build.sh env        `export` lines for running podman against this storage
@@ -132,6 +138,86 @@ push_chart() { # push_chart HOST: package the chart as it is in the tree and pus
   log "pushed the chart to oci://$host/charts/kimik3-operator"
 }
 
+# The release's SBOMs, one CycloneDX document per image and source: the lock it was installed from
+# (Python: cyclonedx-py; the router crate: cargo-cyclonedx on a copy of its sources) and the Debian
+# packages its own dpkg database lists (distro2sbom, on the image mounted read-only: root only).
+write_sboms() { # write_sboms OUT TOOLS
+  local out=$1 tools=$2 name ref rootfs arch_; arch_="$(arch)"
+  mkdir -p "$out"
+  "$tools/cyclonedx-py" requirements --pyproject "$ROOT/pyproject.toml" --sv 1.6 --output-reproducible --of JSON \
+    -o "$out/operator.python.cdx.json" "$ROOT/images/operator/requirements-$arch_.txt" 2>/dev/null ||
+    die "cyclonedx-py on images/operator/requirements-$arch_.txt"
+  "$tools/cyclonedx-py" requirements --sv 1.6 --output-reproducible --of JSON \
+    -o "$out/vllm-router.python.cdx.json" "$ROOT/images/vllm-router/requirements-$arch_.txt" 2>/dev/null ||
+    die "cyclonedx-py on images/vllm-router/requirements-$arch_.txt"
+  local crate; crate="$(mktemp -d)"
+  cp -r "$ROOT/router/Cargo.toml" "$ROOT/router/Cargo.lock" "$ROOT/router/src" "$crate/"
+  (cd "$crate" && "$tools/cargo-cyclonedx" cyclonedx --quiet --format json --spec-version 1.5 \
+    --target "$(uname -m)-unknown-linux-gnu") >"$IMAGES/sbom.log" 2>&1 ||
+    { cat "$IMAGES/sbom.log" >&2; rm -rf "$crate"; die "cargo-cyclonedx on router/Cargo.lock"; }
+  mv "$crate/kimik3-router.cdx.json" "$out/router.cargo.cdx.json"
+  rm -rf "$crate"
+  while read -r name ref; do
+    rootfs="$(podman image mount "$ref")" || die "podman image mount $ref (a release's SBOM needs root)"
+    "$tools/distro2sbom" --system --root "$rootfs" --distro deb --name debian --release 12 \
+      --product-type container --product-name "$name" --sbom cyclonedx --format json \
+      -o "$out/$name.deb.cdx.json" >"$IMAGES/sbom.log" 2>&1 ||
+      { cat "$IMAGES/sbom.log" >&2; podman image unmount "$ref" >/dev/null; die "distro2sbom on $ref"; }
+    podman image unmount "$ref" >/dev/null
+  done
+}
+
+# The chart as a release ships it: every image it names pinned by the digest just pushed (the
+# operator's, and the routers' the operator renders: routerImages), packaged into OUT and pushed to
+# HOST in place of the tree's. Rewritten on a copy line by line (sed: a YAML round trip would drop
+# the values' comments, which are the chart's documentation); `helm template` then proves each digest
+# reaches the rendered Deployment (a values layout that moved fails here, not at a user's install).
+release_chart() { # release_chart HOST OUT OPERATOR_DIGEST ROUTER_DIGEST VLLM_ROUTER_DIGEST
+  local host=$1 out=$2 tmp rendered d; tmp="$(mktemp -d)"
+  cp -r "$ROOT/charts/kimik3-operator" "$tmp/"
+  local repo="$host/${TAGS[0]#*/}" router="$host/${TAGS[1]#*/}" vllm_router="$host/${TAGS[2]#*/}"
+  sed -i -e "s|^  repository: .*|  repository: ${repo%:*}|" -e "s|^  digest: \"\"\$|  digest: \"$3\"|" \
+    -e "s|^  kimik3Router: \"\"\$|  kimik3Router: \"${router%:*}@$4\"|" \
+    -e "s|^  vllmRouter: \"\"\$|  vllmRouter: \"${vllm_router%:*}@$5\"|" "$tmp/kimik3-operator/values.yaml"
+  rendered="$(helm template kimik3-operator "$tmp/kimik3-operator")" || die "helm template of the pinned chart"
+  for d in "${repo%:*}@$3" "${router%:*}@$4" "${vllm_router%:*}@$5"; do
+    grep -qF "$d" <<<"$rendered" || die "the pinned chart does not render $d"
+  done
+  helm package "$tmp/kimik3-operator" -d "$out" >/dev/null || die "helm package"
+  helm push "$out"/kimik3-operator-*.tgz "oci://$host/charts" --plain-http >"$IMAGES/push.log" 2>&1 \
+    || { cat "$IMAGES/push.log" >&2; rm -rf "$tmp"; die "helm push to oci://$host/charts"; }
+  rm -rf "$tmp"
+  sed -n 's/^Digest: //p' "$IMAGES/push.log"
+}
+
+release() { # release HOST OUT: after the images are built
+  local host=$1 out=$2 tools pushed
+  tools="$("$ROOT/scripts/release-tools.sh" | tail -n 1)" || die "scripts/release-tools.sh"
+  rm -rf "$out"; mkdir -p "$out/sbom"
+  pushed="$(push operator "$host" "${TAGS[0]}"; push router "$host" "${TAGS[1]}"; push vllm-router "$host" "${TAGS[2]}")"
+  printf '%s\n' "$pushed"
+  local -A digest
+  while read -r name _ref dig; do digest[$name]=$dig; done <<<"$pushed"
+  write_sboms "$out/sbom" "$tools" <<<"operator ${TAGS[0]}
+router ${TAGS[1]}
+vllm-router ${TAGS[2]}"
+  local chart_digest
+  chart_digest="$(release_chart "$host" "$out" "${digest[operator]}" "${digest[router]}" "${digest[vllm-router]}")"
+  # The CLI as users install it (docs/install.md): the operator's distribution, no dependencies.
+  "$("$ROOT/scripts/venv.sh")/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    -w "$out" "$ROOT" >"$IMAGES/wheel.log" 2>&1 || { cat "$IMAGES/wheel.log" >&2; die "pip wheel of the CLI"; }
+  local version; version="${TAGS[0]##*:}"
+  (cd "$out" && sha256sum -- *.tgz *.whl sbom/*.json) >"$out/SHA256SUMS"
+  jq -n --arg version "$version" --arg host "$host" --arg pushed "$pushed" --arg chart "$chart_digest" \
+    --argjson sboms "$(cd "$out" && printf '%s\n' sbom/*.json | jq -R . | jq -s .)" \
+    --arg arch "$(arch)" '{version: $version, platform: ("linux/" + $arch),
+      images: [$pushed | split("\n")[] | split(" ") as $i | {name: $i[0], reference: ($i[1] | sub(":[^:/]*$"; "")),
+               digest: $i[2], sbom: ($sboms | map(select(startswith("sbom/" + $i[0] + "."))))}],
+      chart: {reference: ("oci://" + $host + "/charts/kimik3-operator"), version: $version, digest: $chart}}' \
+    >"$out/release.json" || die "jq release.json"
+  log "release $version in $out (chart oci://$host/charts/kimik3-operator:$version $chart_digest)"
+}
+
 # The content an image is built from: every file under PATH... (relative to the repository), bytecode
 # caches left out. Labelled on the image (SOURCE_LABEL), so an unchanged source is not built again.
 SOURCE_LABEL=dev.kimik3.source
@@ -207,7 +293,8 @@ main() {
   [[ -z $leftovers ]] || podman rm -f $leftovers >/dev/null
   ensure_base
   local tags; mapfile -t tags < <(image_tags)
-  if [[ ${1:-} == push ]]; then exec 4>&2; else exec 4>&1; fi # push prints only what it pushed
+  TAGS=("${tags[@]}")
+  if [[ ${1:-} == push || ${1:-} == release ]]; then exec 4>&2; else exec 4>&1; fi # they print only what they pushed
   # The operator's source as its Dockerfile.dockerignore lets it into the build.
   build operator "${tags[0]}" "$ROOT/images/operator/Dockerfile" "$ROOT" \
     pyproject.toml README.md constraints.txt images/operator operator >&4
@@ -221,6 +308,9 @@ main() {
     push router "$2" "${tags[1]}"
     push vllm-router "$2" "${tags[2]}"
     push_chart "$2"
+  elif [[ ${1:-} == release ]]; then
+    [[ -n ${2:-} && -n ${3:-} ]] || die "usage: build.sh release HOST:PORT OUT"
+    release "$2" "$3"
   fi
 }
 

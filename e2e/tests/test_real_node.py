@@ -1,7 +1,8 @@
 """The operator as users run it: its image built from images/operator/Dockerfile (podman, on the
-stand-in base: e2e/images/build.sh), pushed with the chart to the cluster's loopback registry,
-`helm install`ed from `oci://` and run as real pods by a real kubelet with containerd and runc
-(the cluster's real node, e2e/cluster/node.sh), under the chart's securityContext.
+stand-in base: e2e/images/build.sh), released to the cluster's loopback registry (`build.sh
+release`: the images, the chart pinning each by digest, SBOMs), `helm install`ed from `oci://` by
+those digests and run as real pods by a real kubelet with containerd and runc (the cluster's real
+node, e2e/cluster/node.sh), under the chart's securityContext.
 
 This release watches only its own namespace and installs no CRD (the session's chart did), so it
 never meets the host replicas the other tests run: here it proves the image, the chart and the
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 import yaml
@@ -53,18 +57,18 @@ def helm(*args: str, timeout: float = 300) -> str:
     return result.stdout
 
 
-def values(registry: str, tag: str) -> list[str]:
-    """What a user on this cluster sets: the registry, where the operator may run (the real
-    node's taint and label), the one namespace it watches, no second copy of the CRD."""
+def values(tag: str | None = None) -> list[str]:
+    """What a user on this cluster sets: where the operator may run (the real node's taint and
+    label), the one namespace it watches, no second copy of the CRD; the release's chart names the
+    images by digest, and `tag` names another operator image instead (an upgrade)."""
     key, _, rest = os.environ["KIMIK3_REAL_NODE_TAINT"].partition("=")
     effect = rest.partition(":")[2]
-    out = ["--set", f"image.repository={registry}/kimik3-operator/kimik3-operator",
-           "--set-json", f'watchNamespaces=["{NAMESPACE}"]', "--set", "crds.enabled=false",
+    out = ["--set-json", f'watchNamespaces=["{NAMESPACE}"]', "--set", "crds.enabled=false",
            "--set-json", f"tolerations=[{json.dumps({'key': key, 'operator': 'Exists', 'effect': effect})}]",
-           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}', "--set", f"image.tag={tag}",
+           "--set-json", 'nodeSelector={"kimik3.dev/e2e-node":"real"}',
            # as often as the host replicas: a test waits for rounds, not for minutes
            "--set", "resyncSeconds=5"]
-    return out
+    return out + (["--set", "image.digest=", "--set", f"image.tag={tag}"] if tag else [])
 
 
 def operator_pods() -> list[dict[str, Any]]:
@@ -93,27 +97,29 @@ def leader(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def registry(chart: str) -> str:
-    """The images and the chart in the cluster's registry (built if the tree changed them)."""
+def registry(chart: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A release of the tree in the cluster's registry (images built if the tree changed them): the
+    images, the chart pinning each by digest, and its assets in RELEASE_DIR."""
     host = os.environ["KIMIK3_REGISTRY"]
-    pushed = subprocess.run([str(IMAGE_BUILD), "push", host], capture_output=True, text=True, timeout=1800)
-    assert pushed.returncode == 0, f"e2e/images/build.sh push failed:\n{pushed.stderr[-4000:]}"
-    refs = {name: ref for name, ref, _digest in (line.split() for line in pushed.stdout.splitlines())}
-    # The "<version>-<image id>" tag: a node that pulled an earlier build of the version tag (a kept
-    # cluster) still runs this one.
-    OPERATOR_TAG[:] = [refs["operator"].rpartition(":")[2]]
+    out = tmp_path_factory.mktemp("release")
+    pushed = subprocess.run([str(IMAGE_BUILD), "release", host, str(out)], capture_output=True, text=True,
+                            timeout=1800)
+    assert pushed.returncode == 0, f"e2e/images/build.sh release failed:\n{pushed.stderr[-4000:]}"
+    DIGESTS.update({name: digest for name, _ref, digest in (line.split() for line in pushed.stdout.splitlines())})
+    RELEASE_DIR[:] = [out]
     return host
 
 
-OPERATOR_TAG: list[str] = []
-"""The operator image's tag in the registry, set by the `registry` fixture."""
+DIGESTS: dict[str, str] = {}
+"""Each released image's digest by its name (operator, router, vllm-router), set by `registry`."""
+RELEASE_DIR: list[Path] = []
+"""The release's assets (release.json, SBOMs, the wheel, the chart), set by `registry`."""
 
 
 @pytest.fixture(scope="module")
 def release(registry: str) -> Iterator[str]:
     helm("install", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
-         "--plain-http", "-n", NAMESPACE, "--create-namespace", *values(registry, OPERATOR_TAG[0]), "--wait",
-         "--timeout", "240s")
+         "--plain-http", "-n", NAMESPACE, "--create-namespace", *values(), "--wait", "--timeout", "240s")
     yield RELEASE
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
@@ -124,10 +130,93 @@ def test_the_chart_from_the_registry_runs_two_real_operator_pods_and_one_leads(r
     for pod in pods:
         assert pod["spec"]["nodeName"] == os.environ["KIMIK3_REAL_NODE"]
         status = pod["status"]["containerStatuses"][0]
-        # Pulled by containerd from the loopback registry, not imported: the digest names it.
-        assert status["imageID"].startswith(f"{registry}/kimik3-operator/kimik3-operator@sha256:"), status["imageID"]
+        # Pulled by containerd from the loopback registry by the release's digest, not imported.
+        assert status["imageID"] == f"{registry}/kimik3-operator/kimik3-operator@{DIGESTS['operator']}", status
+        assert pod["spec"]["containers"][0]["image"] == status["imageID"]
         assert status["restartCount"] == 0, f"{pod['metadata']['name']} restarted: {status}"
     assert wait_for("a Lease holder that is one of the pods", lambda: leader(pods), timeout=60)
+
+
+def _components(path: Path) -> set[tuple[str, str]]:
+    """(name, version) of every component a CycloneDX document lists, the name as its purl spells it."""
+    bom = json.loads(path.read_text())
+    assert bom["bomFormat"] == "CycloneDX", path
+    return {(unquote(c["purl"].partition("?")[0].rpartition("@")[0].rpartition("/")[2]).lower(), c["version"])
+            for c in bom["components"] if c.get("purl")}
+
+
+def _pins(requirements: Path) -> set[tuple[str, str]]:
+    """name==version of a hash-locked requirements file (images/*/requirements-<arch>.txt)."""
+    return {(n.strip().lower().replace("_", "-").replace(".", "-"), v.split()[0].strip())
+            for n, _, v in (line.partition("==") for line in requirements.read_text().splitlines()
+                            if "==" in line and not line.lstrip().startswith("#"))}
+
+
+def _installed_debs(image: str) -> set[tuple[str, str]]:
+    """(package, version) of what the image's own dpkg database says is installed."""
+    env = dict(os.environ)  # podman on build.sh's own storage: its `env` prints one export line
+    exports = subprocess.run([str(IMAGE_BUILD), "env"], capture_output=True, text=True, check=True).stdout
+    for line in exports.splitlines():
+        env.update(word.split("=", 1) for word in shlex.split(line.removeprefix("export ")))
+    rootfs = subprocess.run(["podman", "image", "mount", image], capture_output=True, text=True, check=True,
+                            env=env).stdout.strip()
+    try:
+        stanzas = (Path(rootfs) / "var/lib/dpkg/status").read_text().split("\n\n")
+    finally:
+        subprocess.run(["podman", "image", "unmount", image], capture_output=True, env=env, check=False)
+    out = set()
+    for stanza in stanzas:
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Status") == "install ok installed":
+            out.add((fields["Package"].lower(), fields["Version"]))
+    return out
+
+
+def test_the_release_pins_every_image_by_digest_and_lists_what_each_holds(registry: str) -> None:
+    """`build.sh release`: release.json names each image by the digest the registry holds; the chart
+    in the registry names the operator and both router images by those digests; SHA256SUMS holds;
+    each image's SBOMs list exactly its Python lock's pins (or the router crate's locked
+    dependencies) and the Debian packages its own dpkg database has installed, at their versions."""
+    out = RELEASE_DIR[0]
+    manifest = json.loads((out / "release.json").read_text())
+    assert manifest["version"] == _chart_version() and manifest["chart"]["version"] == _chart_version()
+    by_name = {i["name"]: i for i in manifest["images"]}
+    assert sorted(by_name) == ["operator", "router", "vllm-router"]
+    for name, image in by_name.items():
+        assert image["digest"] == DIGESTS[name]
+        repository = image["reference"].partition("/")[2]
+        assert _registry_digest(registry, repository, image["digest"]) == image["digest"]
+    shown = yaml.safe_load(helm("show", "values", manifest["chart"]["reference"], "--version", manifest["version"],
+                                "--plain-http"))
+    assert shown["image"] == {**shown["image"], "repository": by_name["operator"]["reference"],
+                              "digest": DIGESTS["operator"]}
+    assert shown["routerImages"] == {"kimik3Router": f"{by_name['router']['reference']}@{DIGESTS['router']}",
+                                     "vllmRouter": f"{by_name['vllm-router']['reference']}@{DIGESTS['vllm-router']}"}
+    subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=out, check=True)
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
+    for name, lock in (("operator", "operator"), ("vllm-router", "vllm-router")):
+        pins = _pins(ROOT / "images" / lock / f"requirements-{arch}.txt")
+        listed = {(n.replace(".", "-").replace("_", "-"), v)
+                  for n, v in _components(out / "sbom" / f"{name}.python.cdx.json")}
+        assert pins and listed == pins, (name, sorted(pins ^ listed))
+    lock = {(p["name"], p["version"]) for p in tomllib.loads((ROOT / "router" / "Cargo.lock").read_text())["package"]}
+    crates = _components(out / "sbom" / "router.cargo.cdx.json")
+    direct = {n for n in tomllib.loads((ROOT / "router" / "Cargo.toml").read_text())["dependencies"]}
+    assert crates and crates <= lock, sorted(crates - lock)  # nothing the lock does not hold
+    assert direct <= {n for n, _ in crates}, sorted(direct - {n for n, _ in crates})  # every direct dependency
+    for name, tag in (("operator", images.OPERATOR_IMAGE), ("router", images.ROUTER_IMAGE),
+                      ("vllm-router", images.VLLM_ROUTER_IMAGE)):
+        installed = _installed_debs(tag)
+        listed = _components(out / "sbom" / f"{name}.deb.cdx.json")
+        assert installed and installed <= listed, (name, sorted(installed - listed)[:10])
+        assert {n for n, _ in listed - installed} <= {"debian"}, (name, sorted(listed - installed)[:10])
+    dockerfile = (ROOT / "images" / "router" / "Dockerfile").read_text().splitlines()
+    haproxy = next(line.split("=", 1)[1] for line in dockerfile if line.startswith("ARG HAPROXY_VERSION="))
+    assert ("haproxy", haproxy) in _components(out / "sbom" / "router.deb.cdx.json")
+    REPORT.append(f"release {manifest['version']}: {len(by_name)} images pinned by digest in the chart; SBOM parts "
+                  + ", ".join(f"{p.name.removesuffix('.cdx.json')} {len(json.loads(p.read_text())['components'])}"
+                              for p in sorted((out / "sbom").glob("*.json"))))
 
 
 def test_the_operator_runs_as_the_chart_says_without_a_user_database(release: str) -> None:
@@ -223,7 +312,7 @@ def test_helm_upgrade_to_another_image_rolls_the_operator_and_no_serving_pod(
                                 capture_output=True, text=True, timeout=300)
         assert pushed.returncode == 0, pushed.stderr[-2000:]
         helm("upgrade", RELEASE, f"oci://{registry}/charts/kimik3-operator", "--version", _chart_version(),
-             "--plain-http", "-n", NAMESPACE, *values(registry, tag), "--wait", "--timeout", "240s")
+             "--plain-http", "-n", NAMESPACE, *values(tag), "--wait", "--timeout", "240s")
 
         def rolled() -> list[dict[str, Any]] | None:
             pods = ready_pods()

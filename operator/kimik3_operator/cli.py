@@ -241,7 +241,8 @@ def _run(args: argparse.Namespace) -> int:
                                      lease=lease, prometheus_url=args.prometheus_url,
                                      resync_seconds=args.resync_seconds, retry_seconds=args.retry_seconds,
                                      workers=args.workers, tools_image=args.tools_image,
-                                     coalesce_seconds=args.coalesce_seconds)
+                                     coalesce_seconds=args.coalesce_seconds, router_image=args.router_image,
+                                     vllm_router_image=args.vllm_router_image)
     return run_operator(config, liveness=args.liveness, log_level=log_level, log_format=log_format,
                         healthy=healthy, services=services)
 
@@ -384,6 +385,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tools-image", default=None,
                      help="image of the staging Jobs and the serving pods' weights wait: the operator's own "
                           "(default: $KIMIK3_TOOLS_IMAGE, else the image of this version)")
+    run.add_argument("--router-image", default=None,
+                     help="the router pods' image where a deployment names none (spec.router.image) and "
+                          "implementation is KimiK3Router (default: $KIMIK3_ROUTER_IMAGE, else this version's)")
+    run.add_argument("--vllm-router-image", default=None,
+                     help="likewise for implementation VllmRouter (default: $KIMIK3_VLLM_ROUTER_IMAGE, else the "
+                          "pinned vllm-router image)")
     run.set_defaults(func=_run)
     pre = sub.add_parser("preflight", help="say what the cluster lacks for a KimiK3Deployment (LeaderWorkerSet, GPU "
                                            "labels, NVLink cliques, ComputeDomains, RDMA, storage, the optional "

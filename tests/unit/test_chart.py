@@ -176,3 +176,23 @@ def test_an_image_digest_pins_the_operator_and_its_tools_everywhere_and_a_bad_on
     bad = subprocess.run([helm, "template", "t", str(CHART), "--set", "image.digest=sha256:abc"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "image/digest" in bad.stderr
+
+
+def test_router_images_reach_the_operator_as_its_defaults_and_a_malformed_one_is_refused() -> None:
+    """routerImages (a release pins both by digest): `--router-image`/`--vllm-router-image` on the
+    operator, absent when empty; a reference with neither tag nor digest is refused by the schema."""
+    def args(*values: str) -> list[str]:
+        (operator,) = [d for d in rendered(*values) if d["kind"] == "Deployment"]
+        return [a for a in operator["spec"]["template"]["spec"]["containers"][0]["args"] if "router-image" in a]
+
+    pinned = "127.0.0.1:5000/kimik3-operator/kimik3-router@sha256:" + "0123456789abcdef" * 4
+    assert args() == []
+    assert args("--set", f"routerImages.kimik3Router={pinned}",
+                "--set", "routerImages.vllmRouter=mirror.example/vllm-router:0.1.17") == [
+        f"--router-image={pinned}", "--vllm-router-image=mirror.example/vllm-router:0.1.17"]
+    helm = helm_binary()
+    assert helm is not None
+    for bad_ref in ("mirror.example/kimik3-router", "Mirror/x:1", "x@sha256:abc"):
+        bad = subprocess.run([helm, "template", "t", str(CHART), "--set", f"routerImages.kimik3Router={bad_ref}"],
+                             capture_output=True, text=True)
+        assert bad.returncode != 0 and "routerImages/kimik3Router" in bad.stderr, bad_ref

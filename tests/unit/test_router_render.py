@@ -380,3 +380,26 @@ def test_spec_router_image_replaces_the_router_and_front_image_and_nothing_else(
     strip = [{**d, "spec": {**d["spec"], "template": "x"}, "metadata": {**d["metadata"], "annotations": {}}}
              for d in (*default.values(), *mirrored.values())]
     assert strip[: len(default)] == strip[len(default):]
+
+
+def test_the_operators_router_images_apply_where_a_deployment_names_none_and_leave_the_engines_alone() -> None:
+    """The chart's routerImages (`kimik3 run --router-image/--vllm-router-image`, a release's
+    digests) replace the project's tags for each implementation; spec.router.image still wins; the
+    compatibility hash, and so every engine, is untouched."""
+    from kimik3_operator.planner.images import RouterImages
+
+    body = copy.deepcopy(PD)
+    spec = KimiK3Deployment.model_validate(body).spec
+    facts = {p.name: pool_facts(p.node_selector, all_pools()) for p in spec.pools}
+    pinned = RouterImages(kimik3_router="r.example/k3/kimik3-router@sha256:" + "a" * 64,
+                          vllm_router="r.example/k3/vllm-router@sha256:" + "b" * 64)
+    plain, released = plan_deployment(spec, facts), plan_deployment(spec, facts, router_images=pinned)
+    assert [r.image for r in released.routers] == [pinned.kimik3_router] * len(plain.routers)
+    assert released.compat_hash == plain.compat_hash and released.pools == plain.pools
+    body["spec"]["router"] = {**body["spec"].get("router", {}), "implementation": "VllmRouter"}
+    fallback = KimiK3Deployment.model_validate(body).spec
+    assert {r.image for r in plan_deployment(fallback, facts, router_images=pinned).routers} == {pinned.vllm_router}
+    body["spec"]["router"]["image"] = "mirror.example/vllm-router:0.1.17"
+    named = KimiK3Deployment.model_validate(body).spec
+    assert {r.image for r in plan_deployment(named, facts, router_images=pinned).routers} == {
+        "mirror.example/vllm-router:0.1.17"}

@@ -8,6 +8,8 @@ need the ROCm build.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import __version__
 from .catalog import GpuSpec
 
@@ -29,6 +31,20 @@ def serving_image(gpu: GpuSpec | None) -> str:
     return ROCM_IMAGE if gpu is not None and gpu.vendor == "amd" else CUDA_IMAGE
 
 
-def router_image(implementation: str) -> str:
+@dataclass(frozen=True)
+class RouterImages:
+    """The router pods' images where a deployment names none (spec.router.image): the operator's
+    setting (the chart's routerImages: a mirror, or a release's digests, docs/release.md), else the
+    project's tags. Router images stay out of the compatibility hash: a new router rolls the router
+    pods only, never an engine."""
+
+    kimik3_router: str = ROUTER_IMAGE
+    vllm_router: str = VLLM_ROUTER_IMAGE
+
+
+PROJECT_ROUTER_IMAGES = RouterImages()
+
+
+def router_image(implementation: str, defaults: RouterImages = PROJECT_ROUTER_IMAGES) -> str:
     """The router pod's image (its front's too: both images carry HAProxy) for spec.router.implementation."""
-    return VLLM_ROUTER_IMAGE if implementation == "VllmRouter" else ROUTER_IMAGE
+    return defaults.vllm_router if implementation == "VllmRouter" else defaults.kimik3_router

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..api import KimiK3DeploymentSpec, RoleName
 from ..api.spec import RouterAdmission, RouterImplementation, RouterMode
-from .images import router_image
+from .images import PROJECT_ROUTER_IMAGES, RouterImages, router_image
 from .placement import Placement, placement
 
 
@@ -91,10 +91,11 @@ class RouterPlan:
 
 
 def router_plans(spec: KimiK3DeploymentSpec,
-                 prefill_rates: Mapping[tuple[str, RoleName], float] | None = None) -> tuple[RouterPlan, ...]:
+                 prefill_rates: Mapping[tuple[str, RoleName], float] | None = None,
+                 images: RouterImages = PROJECT_ROUTER_IMAGES) -> tuple[RouterPlan, ...]:
     """The P/D router first when there are prefill/decode roles, then the aggregated one; none
     when spec.router.replicas is 0. `prefill_rates`: prompt tokens per second per replica, by
-    (pool, role), as the perf model predicts them."""
+    (pool, role), as the perf model predicts them; `images`: the operator's router images."""
     router = spec.router
     if router.replicas == 0:
         return ()
@@ -121,7 +122,8 @@ def router_plans(spec: KimiK3DeploymentSpec,
 
     return tuple(
         RouterPlan(mode=mode, routes=chosen, replicas=router.replicas, policies=policies,
-                   implementation=router.implementation, image=router.image or router_image(router.implementation),
+                   implementation=router.implementation,
+                   image=router.image or router_image(router.implementation, images),
                    served_name=spec.model.served_name,
                    first_token_seconds=router.watchdog.first_token_seconds,
                    idle_gap_seconds=router.watchdog.idle_gap_seconds, prefill_tokens_per_second=slowest(chosen),

@@ -28,7 +28,7 @@ from .engine_settings import default_kv_cache_dtype, engine_settings
 from .fabric import check_interconnect, expert_dispatch, rdma_plan, with_kv_transport
 from .facts import CLIQUE_LABEL, PRODUCT_LABELS, PoolFacts
 from .handoff import HandoffBlocks, handoff_blocks, mla_backend, refusal, refused_pairs
-from .images import serving_image
+from .images import PROJECT_ROUTER_IMAGES, RouterImages, serving_image
 from .layout import Fabric, MemoryInputs, check_layout, choose_layout
 from .loading import loading
 from .network import network_plan
@@ -46,10 +46,12 @@ from .weights import weights_plan, with_commits
 
 
 def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
-                    staged: Mapping[str, str] | None = None, prometheus_url: str | None = None) -> Plan:
+                    staged: Mapping[str, str] | None = None, prometheus_url: str | None = None,
+                    router_images: RouterImages = PROJECT_ROUTER_IMAGES) -> Plan:
     """Plan every pool; raise PlanningError naming the first pool that cannot be planned.
-    `staged` maps "model"/"draft" to the commit its staging Job reported; `prometheus_url` is the
-    operator's default for the scalers (spec.autoscaling.prometheusUrl wins)."""
+    `staged` maps "model"/"draft" to the commit its staging Job reported; `prometheus_url` and
+    `router_images` are the operator's defaults for the scalers and the router pods (the spec's
+    spec.autoscaling.prometheusUrl and spec.router.image win)."""
     gpus = [pool_gpu(pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools]
     engine = engine_settings(spec, default_kv_cache_dtype(gpus))
     pools = tuple(plan_pool(spec, engine, pool, facts.get(pool.name, PoolFacts())) for pool in spec.pools)
@@ -64,7 +66,7 @@ def plan_deployment(spec: KimiK3DeploymentSpec, facts: Mapping[str, PoolFacts],
     pools = with_vision_encoders(engine, with_cold_starts(spec, with_shapes(spec, engine, pools)))
     return with_staged(Plan(pools=pools, engine=engine, compat_hash="", weights=weights_plan(spec),
                             max_surge=spec.rollout.max_surge, max_unavailable=spec.rollout.max_unavailable,
-                            routers=router_plans(spec, prefill_rates(spec, pools)),
+                            routers=router_plans(spec, prefill_rates(spec, pools), router_images),
                             scaling=scaling_settings(spec, pools, prometheus_url),
                             network=network_plan(spec), pods=pods_plan(spec)),
                        staged or {})

@@ -104,6 +104,7 @@ class State:
             api_time()  # from here on, this pass's
             try:
                 outcome = reconcile(Pass(self.cluster, namespace, name, tools_image=self.config.tools_image,
+                                         router_images=self.config.router_images,
                                          scaler=self.scaler, body=body, memo=self.memo, pace=self.pace,
                                          probe=self.probe, queues=self.queues, failure_memory=self.failures))
                 result = outcome.error.reason if outcome.error else "ok"

@@ -35,7 +35,7 @@ from ..planner import Plan, PlanningError, plan_deployment, with_staged
 from ..planner.capacity import shortfalls
 from ..planner.chat_template import problem as chat_template_problem
 from ..planner.facts import PoolFacts
-from ..planner.images import OPERATOR_IMAGE
+from ..planner.images import OPERATOR_IMAGE, PROJECT_ROUTER_IMAGES, RouterImages
 from ..render import Owner, RoleEndpoints, render_routers, render_serving, render_weights
 from ..render.names import LABEL_COMPAT, LABEL_POOL, deployment_label, workload_name
 from .autoscaler import SloScaler, autoscaling_statuses, hand_over, previous_autoscaling, with_live_counts
@@ -102,6 +102,7 @@ class Pass:
     name: str
     now: Callable[[], str] = utc_now
     tools_image: str = OPERATOR_IMAGE
+    router_images: RouterImages = PROJECT_ROUTER_IMAGES
     scaler: SloScaler | None = None
     body: dict[str, Any] | None = None
     memo: PassMemo = field(default_factory=PassMemo)
@@ -189,7 +190,7 @@ def plan(p: Pass) -> None:
                for pool in p.cr.spec.pools}
     _check_not_stranded(p.cr, p.facts, p.own_pods)
     if known is None:
-        p.plan = plan_deployment(p.cr.spec, p.facts, prometheus_url=prometheus_url)
+        p.plan = plan_deployment(p.cr.spec, p.facts, prometheus_url=prometheus_url, router_images=p.router_images)
         memo.plans.put(plan_key, p.cr, p.plan)
     else:
         p.plan = known[1]

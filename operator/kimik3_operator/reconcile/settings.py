@@ -9,7 +9,7 @@ import kopf
 
 from ..api import GROUP
 from ..k8s.lease import LeaseConfig
-from ..planner.images import OPERATOR_IMAGE
+from ..planner.images import OPERATOR_IMAGE, PROJECT_ROUTER_IMAGES, RouterImages
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,16 @@ class OperatorConfig:
     """Act only while holding this Lease (leader election among replicas); always when None."""
     prometheus_url: str | None = None
     """Prometheus's HTTP API for the SLO scaler and KEDA triggers (spec.autoscaling.prometheusUrl wins)."""
+    router_images: RouterImages = PROJECT_ROUTER_IMAGES
+    """The router pods' images where a deployment names none (the chart's routerImages)."""
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = (), metrics_port: int | None = None,
                  lease: LeaseConfig | None = None, prometheus_url: str | None = None,
                  resync_seconds: float | None = None, retry_seconds: float | None = None,
                  workers: int | None = None, tools_image: str | None = None,
-                 coalesce_seconds: float | None = None) -> OperatorConfig:
+                 coalesce_seconds: float | None = None, router_image: str | None = None,
+                 vllm_router_image: str | None = None) -> OperatorConfig:
         """The settings given (`kimik3 run`'s flags), else their environment variable, else the default."""
         return cls(
             resync_seconds=resync_seconds or float(os.environ.get("KIMIK3_RESYNC_SECONDS", cls.resync_seconds)),
@@ -53,6 +56,10 @@ class OperatorConfig:
             metrics_port=metrics_port,
             lease=lease,
             prometheus_url=prometheus_url or os.environ.get("KIMIK3_PROMETHEUS_URL") or None,
+            router_images=RouterImages(
+                kimik3_router=router_image or os.environ.get("KIMIK3_ROUTER_IMAGE") or RouterImages.kimik3_router,
+                vllm_router=vllm_router_image or os.environ.get("KIMIK3_VLLM_ROUTER_IMAGE")
+                or RouterImages.vllm_router),
         )
 
     def apply(self, settings: kopf.OperatorSettings) -> None:
