@@ -137,6 +137,57 @@ pub struct Config {
     pub cache_threshold: f64,
     pub balance_abs_threshold: usize,
     pub balance_rel_threshold: f64,
+    /// Where the router's own spans go (trace.rs), if anywhere.
+    pub traces: Option<TraceExport>,
+}
+
+/// OTLP/HTTP export of the router's spans (JSON encoding, plain HTTP: a collector in the cluster).
+#[derive(Clone, Debug)]
+pub struct TraceExport {
+    /// host:port of the collector, and the path spans are posted to (the URL's, as given).
+    pub authority: String,
+    pub path: String,
+    /// Share of traces that start at the router which are kept; a caller's sampled flag wins.
+    pub sample_ratio: f64,
+    pub service_name: String,
+}
+
+fn trace_export(single: &BTreeMap<&str, String>) -> Result<Option<TraceExport>, String> {
+    let Some(url) = single.get("otlp-traces-endpoint") else {
+        for flag in ["trace-sample-ratio", "trace-service-name"] {
+            if single.contains_key(flag) {
+                return Err(format!("--{flag} needs --otlp-traces-endpoint"));
+            }
+        }
+        return Ok(None);
+    };
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "--otlp-traces-endpoint {url:?}: only http:// is supported (an OTLP/HTTP receiver in the cluster)"
+        ));
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    // The URL is the traces endpoint itself (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT's meaning); a bare
+    // host gets OTLP/HTTP's default path.
+    let path = if path.is_empty() || path == "/" { "/v1/traces" } else { path };
+    if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
+        return Err(format!("--otlp-traces-endpoint {url:?}: needs http://host[:port]/path"));
+    }
+    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    let sample_ratio: f64 = num(single, "trace-sample-ratio", 1.0)?;
+    if !(0.0..=1.0).contains(&sample_ratio) {
+        return Err("--trace-sample-ratio must be between 0 and 1".into());
+    }
+    Ok(Some(TraceExport {
+        authority,
+        path: path.to_string(),
+        sample_ratio,
+        service_name: single.get("trace-service-name").cloned().unwrap_or_else(|| "kimik3-router".into()),
+    }))
 }
 
 pub const USAGE: &str = "usage: kimik3-router [--check-args] --served-model-name NAME --mode pd|aggregated \
@@ -198,6 +249,9 @@ const KNOWN: &[&str] = &[
     "cache-threshold",
     "balance-abs-threshold",
     "balance-rel-threshold",
+    "otlp-traces-endpoint",
+    "trace-sample-ratio",
+    "trace-service-name",
 ];
 
 pub fn parse(args: &[String]) -> Result<Config, String> {
@@ -436,6 +490,7 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         cache_threshold,
         balance_abs_threshold: num(single, "balance-abs-threshold", 32)?,
         balance_rel_threshold: positive_f64(single, "balance-rel-threshold", 1.1)?,
+        traces: trace_export(single)?,
     })
 }
 
@@ -477,11 +532,38 @@ mod tests {
             ("--served-model-name m --mode aggregated", "needs --selector"),
             ("--served-model-name m --prefill a:1 --decode http://b:2", "must start with http://"),
             ("--served-model-name m --port 1 --port 2 --prefill http://a:1 --decode http://b:2", "given twice"),
+            (
+                "--served-model-name m --prefill http://a:1 --decode http://b:2 --otlp-traces-endpoint https://c:4318",
+                "only http:// is supported",
+            ),
+            ("--served-model-name m --prefill http://a:1 --decode http://b:2 --trace-sample-ratio 0.5", "needs --otlp"),
+            (
+                "--served-model-name m --prefill http://a:1 --decode http://b:2 --otlp-traces-endpoint http://c:1/v1/traces --trace-sample-ratio 2",
+                "between 0 and 1",
+            ),
         ] {
             match parse(&args(line)) {
                 Ok(_) => panic!("{line} parsed"),
                 Err(e) => assert!(e.contains(needle), "{line}: {e}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_traces_endpoint_is_the_url_spans_are_posted_to() {
+        let base = "--served-model-name m --prefill http://a:1 --decode http://b:2 --otlp-traces-endpoint";
+        for (url, authority, path) in [
+            ("http://otel.monitoring:4318/v1/traces", "otel.monitoring:4318", "/v1/traces"),
+            ("http://otel.monitoring:4318", "otel.monitoring:4318", "/v1/traces"),
+            ("http://otel.monitoring/", "otel.monitoring:80", "/v1/traces"),
+            ("http://[fd00::1]:4318/otlp/v1/traces", "[fd00::1]:4318", "/otlp/v1/traces"),
+        ] {
+            let c = parse(&args(&format!("{base} {url}"))).map_err(|e| e.to_string());
+            let t = c.ok().and_then(|c| c.traces);
+            assert!(
+                matches!(&t, Some(t) if t.authority == authority && t.path == path && t.sample_ratio == 1.0),
+                "{url}: {t:?}"
+            );
         }
     }
 

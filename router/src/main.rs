@@ -12,6 +12,7 @@ mod proxy;
 mod reply;
 mod routes;
 mod server;
+mod trace;
 mod upstream;
 mod usage;
 
@@ -85,6 +86,7 @@ async fn run(cfg: Arc<config::Config>) -> Result<(), String> {
         cfg.decode_policy.name(),
         cfg.policy.name()
     );
+    trace::init(cfg.traces.as_ref(), proxy::seed());
     tokio::spawn(server::serve_metrics(metrics));
     let app = proxy::App::new(cfg, reg);
     server::serve(app, api).await;

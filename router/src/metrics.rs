@@ -40,6 +40,11 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), body_to_upstream (the same from the request body's last byte in), chunk_relay (an upstream chunk in to handed to the client connection).",
     ),
     ("kimik3_router_request_duration_seconds", "histogram", "Client request duration by route."),
+    (
+        "kimik3_router_spans_total",
+        "counter",
+        "The router's own trace spans by outcome: exported, failed (the collector refused or was unreachable), dropped (the export queue was full).",
+    ),
 ];
 
 const ADDED_BUCKETS: &[f64] =
@@ -116,6 +121,7 @@ pub const OUTCOMES: &[&str] = &[
 pub const CUT_REASONS: &[&str] = &["upstream_error", "ended_early", "request_timeout", "idle_gap"];
 /// Which leg a retry sends again.
 pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill", "aggregated"];
+pub const SPAN_OUTCOMES: &[&str] = &["exported", "failed", "dropped"];
 /// The `route` label of a request no row of routes::ROUTES takes.
 pub const OTHER_ROUTE: &str = "other";
 
@@ -133,6 +139,9 @@ fn known_series() -> BTreeMap<(&'static str, String), f64> {
         out.insert(("kimik3_router_retries_total", labels(&[("kind", kind)])), 0.0);
     }
     out.insert(("kimik3_router_retry_budget_exhausted_total", String::new()), 0.0);
+    for outcome in SPAN_OUTCOMES {
+        out.insert(("kimik3_router_spans_total", labels(&[("outcome", outcome)])), 0.0);
+    }
     out
 }
 

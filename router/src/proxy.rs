@@ -16,6 +16,7 @@ use crate::metrics::METRICS;
 use crate::policy::{Policy, RouteInput, session_key};
 use crate::reply::{self, Body};
 use crate::routes::Route;
+use crate::trace::{Kind, Span};
 use crate::upstream::{self, SendError};
 use crate::usage;
 use bytes::Bytes;
@@ -103,7 +104,7 @@ pub struct App {
     created: u64,
 }
 
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     let mut buf = [0u8; 8];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut buf);
@@ -200,7 +201,8 @@ struct Ctx {
     body: Map<String, Value>,
     stream: bool,
     client_request_id: Option<HeaderValue>,
-    trace: Vec<(&'static str, HeaderValue)>,
+    /// The request's server span (trace.rs): legs are its children; a stream's relay holds it.
+    span: Arc<Span>,
     base_id: String,
     started: Instant,
     /// When the request body's last byte was in (`started` is its headers').
@@ -459,10 +461,17 @@ impl App {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         METRICS.set("kimik3_router_in_flight_requests", &[], self.in_flight.load(Ordering::Relaxed) as f64);
         let in_flight = InFlight(self.clone(), started, route);
-        let resp = self.inference_inner(req, route, started, in_flight).await;
+        let span = Arc::new(Span::server(req.headers(), format!("POST {}", route.path)));
+        span.set("http.request.method", "POST");
+        span.set("url.path", route.path);
+        let resp = self.inference_inner(req, route, started, in_flight, span.clone()).await;
         let status = resp.status().as_u16();
+        span.set("http.response.status_code", i64::from(status));
         if status != 200 {
             METRICS.inc("kimik3_router_requests_total", &[("route", route.label), ("outcome", outcome_of(status))]);
+            if status >= 500 {
+                span.fail(outcome_of(status));
+            }
         }
         resp
     }
@@ -473,6 +482,7 @@ impl App {
         route: &'static Route,
         started: Instant,
         in_flight: InFlight,
+        span: Arc<Span>,
     ) -> Response<Body> {
         if self.draining.load(Ordering::Relaxed) {
             return reply::error(503, "service_unavailable", "the router is shutting down");
@@ -516,8 +526,6 @@ impl App {
         let whole_answer = route
             .max_tokens(&body)
             .map(|n| self.cfg.idle_gap_timeout.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
-        let trace =
-            ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
         let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
         let ctx = Ctx {
             route,
@@ -525,7 +533,7 @@ impl App {
             body,
             stream,
             client_request_id: headers.get("x-request-id").cloned(),
-            trace,
+            span,
             base_id: format!("{:016x}", crate::policy::fnv(&random.to_le_bytes())),
             started,
             body_in,
@@ -583,7 +591,14 @@ impl App {
         true
     }
 
-    fn leg_request(&self, ctx: &Ctx, w: &Worker, body: Bytes, leg_id: &str) -> Option<Request<Full<Bytes>>> {
+    fn leg_request(
+        &self,
+        ctx: &Ctx,
+        w: &Worker,
+        body: Bytes,
+        leg_id: &str,
+        span: &Span,
+    ) -> Option<Request<Full<Bytes>>> {
         let mut b = Request::post(ctx.route.path)
             .header(http::header::HOST, w.endpoint.authority.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -591,10 +606,23 @@ impl App {
         if let Some(rank) = w.rank {
             b = b.header("X-data-parallel-rank", rank.to_string());
         }
-        for (name, value) in &ctx.trace {
-            b = b.header(*name, value.clone());
+        for (name, value) in span.headers() {
+            b = b.header(name, value);
         }
         b.body(Full::new(body)).ok()
+    }
+
+    /// A leg's CLIENT span under the request's: what its traceparent names to the engine.
+    fn leg_span(ctx: &Ctx, w: &Worker, leg_id: &str) -> Arc<Span> {
+        let span = ctx.span.child(w.endpoint.role.name(), Kind::Client);
+        span.set("kimik3.role", w.endpoint.role.name());
+        span.set("server.address", w.endpoint.authority.as_str());
+        span.set("k8s.pod.name", w.endpoint.pod.as_deref().unwrap_or("-"));
+        span.set("kimik3.leg_id", leg_id);
+        if let Some(rank) = w.rank {
+            span.set("kimik3.dp_rank", i64::from(rank));
+        }
+        Arc::new(span)
     }
 
     fn leg_done(&self, w: &Worker, outcome: &str) {
@@ -627,12 +655,13 @@ impl App {
         ctx: &Ctx,
         w: &Arc<Worker>,
         body: Bytes,
-        leg_id: &str,
+        (leg_id, span): (&str, &Span),
         (until, late): (Instant, Late),
         down: &mut watch::Receiver<bool>,
     ) -> Result<Response<Incoming>, Failure> {
-        let req =
-            self.leg_request(ctx, w, body, leg_id).ok_or_else(|| Failure::Sent("failed", "bad request head".into()))?;
+        let req = self
+            .leg_request(ctx, w, body, leg_id, span)
+            .ok_or_else(|| Failure::Sent("failed", "bad request head".into()))?;
         let stream = match upstream::connect(&w.endpoint.authority, self.cfg.connect_timeout).await {
             Ok(s) => s,
             Err(e) => return Err(Failure::NotTaken(e.message().to_string())),
@@ -672,10 +701,33 @@ impl App {
         body: Bytes,
         leg_id: &str,
     ) -> Result<Result<Value, Response<Body>>, Failure> {
+        let span = Self::leg_span(ctx, w, leg_id);
+        let out = self.prefill_exchange(ctx, w, body, (leg_id, &span)).await;
+        match &out {
+            Ok(Ok(_)) => span.set("kimik3.outcome", "ok"),
+            Ok(Err(resp)) => {
+                span.set("kimik3.outcome", "client_error");
+                span.set("http.response.status_code", i64::from(resp.status().as_u16()));
+            }
+            Err(f) => {
+                span.set("kimik3.outcome", f.outcome());
+                span.fail(&f.client_error().2);
+            }
+        }
+        out
+    }
+
+    async fn prefill_exchange(
+        &self,
+        ctx: &Ctx,
+        w: &Arc<Worker>,
+        body: Bytes,
+        leg: (&str, &Span),
+    ) -> Result<Result<Value, Response<Body>>, Failure> {
         let _load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
         let until = (Instant::now() + ctx.first_token).min(ctx.deadline);
-        let resp = self.send_leg(ctx, w, body, leg_id, (until, FIRST_TOKEN_LATE), &mut down).await?;
+        let resp = self.send_leg(ctx, w, body, leg, (until, FIRST_TOKEN_LATE), &mut down).await?;
         let (parts, incoming) = resp.into_parts();
         let bytes = match guarded(upstream::read_body(incoming, ANSWER_CAP), until, &mut down).await {
             Ok(Ok(b)) => b,
@@ -706,13 +758,34 @@ impl App {
     }
 
     /// A decode leg (or an aggregated engine's): the client's answer, or a failure before any byte
-    /// of it was relayed.
+    /// of it was relayed. A stream's relay holds the leg's span: it ends with the stream.
     async fn answer_leg(
         &self,
         ctx: &Ctx,
         w: &Arc<Worker>,
         body: Bytes,
         leg_id: &str,
+        prefill: Option<Value>,
+        in_flight: &mut Option<InFlight>,
+    ) -> Leg {
+        let span = Self::leg_span(ctx, w, leg_id);
+        let out = self.answer_exchange(ctx, w, body, (leg_id, &span), prefill, in_flight).await;
+        match &out {
+            Leg::Answer(resp) => span.set("http.response.status_code", i64::from(resp.status().as_u16())),
+            Leg::Failed(f) => {
+                span.set("kimik3.outcome", f.outcome());
+                span.fail(&f.client_error().2);
+            }
+        }
+        out
+    }
+
+    async fn answer_exchange(
+        &self,
+        ctx: &Ctx,
+        w: &Arc<Worker>,
+        body: Bytes,
+        (leg_id, span): (&str, &Arc<Span>),
         prefill: Option<Value>,
         in_flight: &mut Option<InFlight>,
     ) -> Leg {
@@ -726,7 +799,7 @@ impl App {
             (false, None) => ctx.deadline,
         };
         let late = if ctx.stream { FIRST_TOKEN_LATE } else { WHOLE_ANSWER_LATE };
-        let resp = match self.send_leg(ctx, w, body, leg_id, (until, late), &mut down).await {
+        let resp = match self.send_leg(ctx, w, body, (leg_id, span), (until, late), &mut down).await {
             Ok(r) => r,
             Err(f) => return Leg::Failed(f),
         };
@@ -806,6 +879,7 @@ impl App {
             deadline: Box::pin(sleep_until(ctx.deadline.into())),
             idle_armed: false,
             done: false,
+            spans: (span.clone(), ctx.span.clone()),
             _hold: (load, in_flight.take()),
         };
         let mut resp = Response::new(BodyExt::boxed(relay));
@@ -969,6 +1043,8 @@ struct RelayBody {
     /// a slow client is not a stalled engine.
     idle_armed: bool,
     done: bool,
+    /// The leg's span and the request's: both end when the stream does (when the relay is dropped).
+    spans: (Arc<Span>, Arc<Span>),
     _hold: (LoadGuard, Option<InFlight>),
 }
 
@@ -988,6 +1064,11 @@ impl RelayBody {
             self.reg.pool(w.endpoint.role).publish_count();
         }
         self.done = true;
+        for span in [&self.spans.0, &self.spans.1] {
+            span.set("kimik3.outcome", "cut");
+            span.set("kimik3.cut_reason", reason);
+            span.fail(message);
+        }
         (self.route.stream_error)(status, kind, message)
     }
 
@@ -999,6 +1080,7 @@ impl RelayBody {
         );
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "ok")]);
         w.endpoint.record_success();
+        self.spans.0.set("kimik3.outcome", "ok");
         self.done = true;
     }
 

@@ -691,3 +691,155 @@ fn check_args_exit_codes() {
         assert!(err.contains(needle) && err.lines().count() == 1, "{args:?}: {err}");
     }
 }
+
+/// Every span the fake collector received, across its export requests.
+fn spans(collector: &Fake) -> Vec<Value> {
+    collector
+        .seen()
+        .into_iter()
+        .filter(|s| {
+            s.path == "/v1/traces" && s.headers.get("content-type").map(String::as_str) == Some("application/json")
+        })
+        .flat_map(|s| s.body["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    span["attributes"].as_array()?.iter().find(|a| a["key"] == key).map(|a| &a["value"])
+}
+
+async fn wait_spans(collector: &Fake, n: usize) -> Vec<Value> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = spans(collector);
+        if got.len() >= n || Instant::now() > until {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn spans_of_a_request_and_its_legs_reach_the_collector_and_the_engines_nest_under_them() {
+    let l = ledger();
+    let collector = Fake::start(Behavior::Status(200), 1, l.clone()).await;
+    let p = Fake::start(Behavior::Prefill, 1, l.clone()).await;
+    let dead = Fake::start(serve(), 1, l.clone()).await;
+    let live = Fake::start(serve(), 1, l.clone()).await;
+    let endpoint = format!("http://127.0.0.1:{}/v1/traces", collector.port);
+    let args = pd_args(
+        &[&p],
+        &[&dead, &live],
+        &[
+            "--decode-policy",
+            "round_robin",
+            "--eject-after",
+            "100",
+            "--health-interval-ms",
+            "600000",
+            "--otlp-traces-endpoint",
+            &endpoint,
+            "--trace-sample-ratio",
+            "0",
+        ],
+    );
+    let r = Router::start(&args).await;
+    dead.close();
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut streamed = 0;
+    for i in 0..2 {
+        let body = json!({"model": "kimi-k3", "prompt": format!("p{i}"), "max_tokens": 3, "stream": true});
+        let (status, _, text) = call(
+            r.port,
+            "POST",
+            "/v1/completions",
+            &[("traceparent", &format!("00-{client_trace}-00f067aa0ba902b7-01")), ("tracestate", "k3=x")],
+            &serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        streamed += events(&text).len();
+    }
+    assert!(streamed > 0);
+    // Two requests: a server span each, a prefill each, a decode each on the live engine, and one
+    // refused decode leg (round robin sends one of the two to the closed engine first).
+    let got = wait_spans(&collector, 7).await;
+    assert_eq!(got.len(), 7, "{got:#?}");
+    assert!(got.iter().all(|s| s["traceId"] == client_trace));
+    let servers: Vec<&Value> = got.iter().filter(|s| s["kind"] == 2).collect();
+    assert_eq!(servers.len(), 2);
+    for server in &servers {
+        assert_eq!(server["parentSpanId"], "00f067aa0ba902b7");
+        assert_eq!(server["name"], "POST /v1/completions");
+        assert_eq!(server["status"]["code"], 1);
+        assert_eq!(attr(server, "http.response.status_code"), Some(&json!({"intValue": "200"})));
+        let legs: Vec<&Value> = got.iter().filter(|s| s["parentSpanId"] == server["spanId"]).collect();
+        assert!(legs.iter().all(|s| s["kind"] == 3));
+        let end = |s: &Value| s["endTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap();
+        assert!(legs.iter().all(|leg| end(leg) <= end(server)), "a leg outlived its request's span");
+    }
+    let failed: Vec<&Value> = got.iter().filter(|s| s["status"]["code"] == 2).collect();
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    assert_eq!(attr(failed[0], "kimik3.outcome"), Some(&json!({"stringValue": "connect_failed"})));
+    assert_eq!(attr(failed[0], "kimik3.role"), Some(&json!({"stringValue": "decode"})));
+    // Each engine saw a traceparent naming its own leg's span, the caller's trace and flags, and the
+    // caller's tracestate.
+    for (engine, role) in [(&p, "prefill"), (&live, "decode")] {
+        for seen in engine.completions() {
+            let parent = seen.headers["traceparent"].clone();
+            let leg = got
+                .iter()
+                .find(|s| parent == format!("00-{client_trace}-{}-01", s["spanId"].as_str().unwrap()))
+                .unwrap_or_else(|| panic!("{parent} names no exported span"));
+            assert_eq!(attr(leg, "kimik3.role"), Some(&json!({"stringValue": role})));
+            assert_eq!(seen.headers["tracestate"], "k3=x");
+        }
+    }
+    assert_eq!(r.metric("kimik3_router_spans_total", &[("outcome", "exported")]).await, 7.0);
+
+    // A caller that did not sample: nothing recorded, its trace and flag passed on under new ids.
+    let before = spans(&collector).len();
+    let (status, _, _) = call(
+        r.port,
+        "POST",
+        "/v1/completions",
+        &[("traceparent", &format!("00-{client_trace}-00f067aa0ba902b7-00"))],
+        &serde_json::to_vec(&json!({"prompt": "quiet", "max_tokens": 3})).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // No caller trace at ratio 0: a trace of the router's own, not sampled.
+    let (status, _, _) = post(r.port, "/v1/completions", &json!({"prompt": "fresh", "max_tokens": 3})).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(spans(&collector).len(), before, "an unsampled request was exported");
+    let last = p.completions();
+    let quiet = &last[last.len() - 2].headers["traceparent"];
+    assert!(
+        quiet.starts_with(&format!("00-{client_trace}-"))
+            && quiet.ends_with("-00")
+            && !quiet.contains("00f067aa0ba902b7")
+    );
+    let fresh = &last[last.len() - 1].headers["traceparent"];
+    assert!(fresh.ends_with("-00") && !fresh.contains(client_trace), "{fresh}");
+}
+
+#[tokio::test]
+async fn without_an_endpoint_the_callers_trace_headers_pass_unchanged() {
+    let l = ledger();
+    let p = Fake::start(Behavior::Prefill, 1, l.clone()).await;
+    let d = Fake::start(serve(), 1, l.clone()).await;
+    let r = Router::start(&pd_args(&[&p], &[&d], &[])).await;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let (status, _, _) = call(
+        r.port,
+        "POST",
+        "/v1/completions",
+        &[("traceparent", parent)],
+        &serde_json::to_vec(&json!({"prompt": "x", "max_tokens": 3})).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(p.completions()[0].headers["traceparent"], parent);
+    assert_eq!(d.completions()[0].headers["traceparent"], parent);
+}

@@ -78,6 +78,7 @@ async def serve(config: EngineConfig) -> int:
         faults.released.set()
         await runner.cleanup()
         await nixl.stop()
+        sim.tracing.shutdown()  # the spans still batched go out before the process ends
 
 
 async def _crash(fault: Fault) -> int:

@@ -62,6 +62,7 @@ class ServeArgs:
     enable_scale_out: bool
     allowed_media_domains: tuple[str, ...] = ()
     limit_mm_per_prompt: dict[str, Any] | None = None
+    otlp_traces_endpoint: str | None = None
 
     @property
     def served_model_name(self) -> str:
@@ -155,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-scale-out", dest="enable_scale_out", action="store_false")
     p.add_argument("--allowed-media-domains", nargs="+")
     p.add_argument("--limit-mm-per-prompt", type=_json)
+    p.add_argument("--otlp-traces-endpoint")
     return p
 
 
@@ -220,4 +222,5 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         enable_scale_out=ns.enable_scale_out,
         allowed_media_domains=tuple(ns.allowed_media_domains or ()),
         limit_mm_per_prompt=ns.limit_mm_per_prompt,
+        otlp_traces_endpoint=ns.otlp_traces_endpoint,
     )

@@ -35,6 +35,7 @@ from .openai_format import BadRequest, Envelope, error_body, sse, tool_call_delt
 from .responses_format import ResponsesEnvelope, as_chat
 from .stats import SimStats
 from .text import Answer, PromptError, chat_answer, corrupted, prompt_seed
+from .tracing import RequestTracer
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Simulator:
         self.ready_at = 0.0
         self.draining = False
         self.created = int(time.time())
+        self.tracing = RequestTracer(config.serve.otlp_traces_endpoint)
 
     # ---- plumbing -----------------------------------------------------------------------------
 
@@ -207,6 +209,27 @@ class Simulator:
             return web.Response(status=499)
         finally:
             self.engine.abort(seq)  # no-op once finished; a client gone mid-request frees its slot
+            self._trace(request, seq)
+
+    def _trace(self, request: web.Request, seq: Sequence) -> None:
+        """vLLM's llm_request span of a request that ended (tracing.py), with do_tracing's attributes."""
+        if self.tracing.tracer is None:
+            return
+        now = asyncio.get_running_loop().time()
+        first = seq.first_token_at
+        attributes: dict[str, Any] = {
+            "gen_ai.request.id": seq.sub.key,
+            "gen_ai.usage.prompt_tokens": seq.prompt_len,
+            "gen_ai.usage.completion_tokens": seq.generated,
+            "gen_ai.latency.e2e": now - seq.arrival,
+        }
+        if first is not None:
+            attributes["gen_ai.latency.time_to_first_token"] = first - seq.arrival
+        if seq.scheduled_at is not None:
+            attributes["gen_ai.latency.time_in_queue"] = seq.scheduled_at - seq.arrival
+        if seq.sub.max_tokens_param is not None:
+            attributes["gen_ai.request.max_tokens"] = seq.sub.max_tokens_param
+        self.tracing.finished(request.headers, time.time() - (now - seq.arrival), attributes)
 
     # ---- faults -------------------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "h200-16": _deployment("k3-h200", [
         {"name": "h200", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "aggregated": {"replicas": 1}}],
         engine={"rustFrontend": False, "tracing": {"endpoint": "http://otel-collector.monitoring:4317",
-                                                   "samplingRatio": 0.05, "detailed": ["worker"]}},
+                                                   "samplingRatio": 0.05, "detailed": ["worker"],
+                                                   "routerEndpoint": "http://otel-collector.monitoring:4318/v1/traces"}},
         pods={"labels": {"team": "ml-platform"}, "annotations": {"sidecar.istio.io/inject": "false"},
               "imagePullSecrets": [{"name": "regcred"}]}),
     "mi355x-tp8": _deployment("k3-amd", [

@@ -9,6 +9,7 @@ from itertools import takewhile
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kimik3_operator.api import KimiK3Deployment
 from kimik3_operator.planner import Plan, plan_deployment, pool_facts
@@ -403,3 +404,35 @@ def test_the_operators_router_images_apply_where_a_deployment_names_none_and_lea
     named = KimiK3Deployment.model_validate(body).spec
     assert {r.image for r in plan_deployment(named, facts, router_images=pinned).routers} == {
         "mirror.example/vllm-router:0.1.17"}
+
+
+def test_the_router_exports_spans_where_an_otlp_http_receiver_is_known() -> None:
+    """spec.engine.tracing reaches kimik3-router as --otlp-traces-endpoint: routerEndpoint, else the
+    engines' endpoint when it is OTLP/HTTP over plain HTTP (the router posts JSON to the same
+    receiver); with gRPC and no routerEndpoint, or vllm-router, no flag (the traceparent still
+    passes); the engines' sampling ratio is the router's."""
+    def router_args(tracing: dict[str, Any] | None, **router: Any) -> list[str]:
+        body = copy.deepcopy(PD)
+        body["spec"].setdefault("engine", {})["rustFrontend"] = False
+        if tracing:
+            body["spec"]["engine"]["tracing"] = tracing
+        (deployment, *_) = _routers(_plan(body, **router), {_plan(body, **router).compat_hash: 1}).values()
+        (router,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "router"]
+        return [*router.get("command", []), *router.get("args", [])]
+
+    grpc = {"endpoint": "http://otel.monitoring:4317", "samplingRatio": 0.25}
+    http = {"endpoint": "http://otel.monitoring:4318/v1/traces", "protocol": "http/protobuf"}
+    assert "--otlp-traces-endpoint" not in router_args(None)
+    assert "--otlp-traces-endpoint" not in router_args(grpc)
+    assert "--otlp-traces-endpoint" not in router_args({**http, "endpoint": "https://otel.monitoring:4318/v1/traces"})
+    args = router_args({**grpc, "routerEndpoint": "http://otel.monitoring:4318/v1/traces"})
+    assert args[args.index("--otlp-traces-endpoint") + 1] == "http://otel.monitoring:4318/v1/traces"
+    assert args[args.index("--trace-sample-ratio") + 1] == "0.25"
+    args = router_args(http)
+    assert args[args.index("--otlp-traces-endpoint") + 1] == "http://otel.monitoring:4318/v1/traces"
+    assert "--otlp-traces-endpoint" not in " ".join(router_args(http, implementation="VllmRouter"))
+    with pytest.raises(ValidationError, match="router_endpoint|routerEndpoint"):
+        body = copy.deepcopy(PD)
+        body["spec"].setdefault("engine", {}).update(
+            rustFrontend=False, tracing={**grpc, "routerEndpoint": "https://otel.monitoring:4318/v1/traces"})
+        KimiK3Deployment.model_validate(body)

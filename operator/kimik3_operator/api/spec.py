@@ -69,6 +69,8 @@ ModelUri = Annotated[str, Field(max_length=model_uri.MAX_LENGTH, pattern=model_u
 EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\t\n\v\f\r /]+(/[^\t\n\v\f\r ]*)?$")]
 """No whitespace, spelled out: `\\s` is ASCII in the API server's Go regexp but Unicode in pydantic's."""
 EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+RouterTracesUrl = Annotated[str, Field(max_length=512, pattern=r"^http://[^\t\n\v\f\r /@?#]+(/[^\t\n\v\f\r ]*)?$")]
+"""kimik3-router's --otlp-traces-endpoint: plain HTTP only (router/src/config.rs)."""
 
 
 def model_uri_rules(field: str, attribute: str, *, optional: bool = False) -> tuple[Rule, ...]:
@@ -419,6 +421,18 @@ class Tracing(SpecModel):
     detailed: Annotated[list[Literal["model", "worker", "all"]], Field(max_length=3)] = []
     """vLLM's --collect-detailed-traces: per-step timing of the model or worker (costly: it
     synchronises the GPU on every step); none when empty."""
+    router_endpoint: RouterTracesUrl | None = None
+    """Where kimik3-router posts its own spans (OTLP/HTTP, JSON encoding, plain HTTP), e.g.
+    http://otel-collector.monitoring:4318/v1/traces. Default: `endpoint` when protocol is
+    http/protobuf over http://; with gRPC and none, the router exports nothing and still passes each
+    leg a traceparent. vllm-router exports no spans."""
+
+    @property
+    def router_traces_url(self) -> str | None:
+        if self.router_endpoint:
+            return self.router_endpoint
+        plain = self.protocol == "http/protobuf" and self.endpoint.startswith("http://")
+        return self.endpoint if plain else None
 
 
 _CEL_RUST_REFUSED = cel_option_in("n", RUST_FRONTEND_REFUSED)

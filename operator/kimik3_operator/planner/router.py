@@ -70,6 +70,8 @@ class RouterPlan:
     """The slowest prefill rate the planner predicts for the roles it sends prompts to (prefill, or
     aggregated), per replica at the workload's prompt length: the first-token deadline grows by the
     prompt's tokens over it. None: no prediction (the router's default)."""
+    traces: tuple[str, float] | None = None
+    """(OTLP/HTTP URL, sampling ratio) of the router's own spans (spec.engine.tracing); None: none."""
 
     @property
     def roles(self) -> tuple[RoleName, ...]:
@@ -115,6 +117,9 @@ def router_plans(spec: KimiK3DeploymentSpec,
                            section_name=router.gateway.section_name, hostnames=tuple(router.gateway.hostnames))
                if router.gateway else None)
     rates = prefill_rates or {}
+    tracing = spec.engine.tracing
+    url = tracing.router_traces_url if tracing and router.implementation == "KimiK3Router" else None
+    traces = (url, tracing.sampling_ratio) if url and tracing else None
 
     def slowest(routes: tuple[tuple[str, RoleName], ...]) -> int | None:
         found = [rates[r] for r in routes if r[1] in ("prefill", "aggregated") and r in rates]
@@ -127,6 +132,7 @@ def router_plans(spec: KimiK3DeploymentSpec,
                    served_name=spec.model.served_name,
                    first_token_seconds=router.watchdog.first_token_seconds,
                    idle_gap_seconds=router.watchdog.idle_gap_seconds, prefill_tokens_per_second=slowest(chosen),
+                   traces=traces,
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),
                    drain_seconds=spec.engine.shutdown_timeout_seconds,

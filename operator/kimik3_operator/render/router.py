@@ -190,6 +190,10 @@ def kimik3_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
             "--idle-gap-timeout-secs", str(plan.idle_gap_seconds)]
     if plan.prefill_tokens_per_second is not None:
         args += ["--prefill-tokens-per-sec", str(plan.prefill_tokens_per_second)]
+    if plan.traces is not None:
+        url, ratio = plan.traces
+        args += ["--otlp-traces-endpoint", literal(url), "--trace-sample-ratio", str(ratio),
+                 "--trace-service-name", "kimi-k3-router"]
     if plan.mode == "PrefillDecode":
         return [*args, "--mode", "pd", "--prefill-policy", policy["prefill"], "--decode-policy", policy["decode"],
                 "--prefill-selector", ",".join(engine_selector(owner, "prefill", targets.compat_hash)),
