@@ -175,6 +175,12 @@ impl Failure {
         }
     }
 
+    /// A leg's span, failed with this failure's outcome and message.
+    fn mark(&self, span: &Span) {
+        span.set("kimik3.outcome", self.outcome());
+        span.fail(&self.client_error().2);
+    }
+
     fn client_error(&self) -> (u16, &'static str, String) {
         match self {
             Self::NotTaken(m) => (502, "upstream_error", format!("no engine could be reached: {m}")),
@@ -709,10 +715,7 @@ impl App {
                 span.set("kimik3.outcome", "client_error");
                 span.set("http.response.status_code", i64::from(resp.status().as_u16()));
             }
-            Err(f) => {
-                span.set("kimik3.outcome", f.outcome());
-                span.fail(&f.client_error().2);
-            }
+            Err(f) => f.mark(&span),
         }
         out
     }
@@ -772,10 +775,7 @@ impl App {
         let out = self.answer_exchange(ctx, w, body, (leg_id, &span), prefill, in_flight).await;
         match &out {
             Leg::Answer(resp) => span.set("http.response.status_code", i64::from(resp.status().as_u16())),
-            Leg::Failed(f) => {
-                span.set("kimik3.outcome", f.outcome());
-                span.fail(&f.client_error().2);
-            }
+            Leg::Failed(f) => f.mark(&span),
         }
         out
     }
