@@ -627,6 +627,25 @@ step_release_node_leases() {
 
 kc() { "$KUBECTL" --kubeconfig="$KUBECONFIG_FILE" --cache-dir="$STATE/kubectl-cache" "$@"; }
 
+# wait_condition CONDITION OBJECT...: `kubectl wait --for=condition=...`, within 60 s. kubectl refuses,
+# rather than waits on, an object whose status has no conditions yet (".status.conditions accessor
+# error: <nil>"), which a CRD or APIService applied a moment before can be on a loaded machine (seen:
+# lane 2's cluster failed to come up on it): that refusal is retried until the minute is up.
+wait_condition() {
+  local condition=$1 deadline=$((SECONDS + 60)) err
+  shift
+  err="$(mktemp)"
+  until kc wait --for=condition="$condition" --timeout=60s "$@" >/dev/null 2>"$err"; do
+    if ! grep -q "accessor error" "$err" || ((SECONDS >= deadline)); then
+      cat "$err" >&2
+      rm -f "$err"
+      return 1
+    fi
+    sleep 1
+  done
+  rm -f "$err"
+}
+
 CHANGED=()
 
 # ensure_crds WHAT DIR: every CRD base in a module's DIR, server-side because the LWS and KEDA CRDs
@@ -643,7 +662,7 @@ ensure_crds() {
     kc apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$dir" >&2
     CHANGED+=("$what-crds")
   fi
-  kc wait --for=condition=Established --timeout=60s "${names[@]}" >/dev/null
+  wait_condition Established "${names[@]}"
 }
 
 # apply_hashed WHAT < YAML: server-side apply YAML, whose objects each carry the annotation
@@ -804,7 +823,7 @@ METRICS_APISERVICES=(apiservice/v1beta1.external.metrics.k8s.io apiservice/v1bet
 # namespace deletion and the garbage collector cluster-wide.
 ensure_metrics_apiservices() {
   apply_hashed metrics-apiservices < <(metrics_apiservices_yaml)
-  kc wait --for=condition=Available --timeout=60s "${METRICS_APISERVICES[@]}" >/dev/null
+  wait_condition Available "${METRICS_APISERVICES[@]}"
 }
 
 # What NVIDIA's DRA driver installs and its kubelet plugins publish, for ComputeDomains: the CRD, the
@@ -823,7 +842,7 @@ ensure_compute_domain_fixtures() {
     printf '%s\n' "$hash" >"$CD_STAMP"
     CHANGED+=(compute-domain)
   fi
-  kc wait --for=condition=Established --timeout=60s "$crd" >/dev/null
+  wait_condition Established "$crd"
 }
 
 # kwok's fake provisioner binds PVCs of this class (the volume stages); it is the default class.
