@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .prefix_cache import HASH_ALGOS
+
 SHELLS = {"sh", "bash", "dash", "ash"}
 
 
@@ -63,6 +65,7 @@ class ServeArgs:
     allowed_media_domains: tuple[str, ...] = ()
     limit_mm_per_prompt: dict[str, Any] | None = None
     otlp_traces_endpoint: str | None = None
+    prefix_caching_hash_algo: str = "sha256"
 
     @property
     def served_model_name(self) -> str:
@@ -109,6 +112,16 @@ def human_int(text: str) -> int | None:
     return int(number * scale)
 
 
+def _optional_int(text: str) -> int | None:
+    """vLLM's optional_type(int) (utils/argparse_utils.py): "None" is None."""
+    if text == "None":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandLineError(f"not an integer: {text!r}") from None
+
+
 def _json(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -135,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-config", "-sc", type=_json)
     p.add_argument("--max-model-len", type=human_int)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--prefix-cache-retention-interval", type=int, default=0)
+    # vLLM's optional int: "None" is dense retention; 0 (its default) semantic checkpoints only.
+    p.add_argument("--prefix-cache-retention-interval", type=_optional_int, default=0)
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=human_int)
     p.add_argument("--max-cudagraph-capture-size", type=human_int)
@@ -157,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-media-domains", nargs="+")
     p.add_argument("--limit-mm-per-prompt", type=_json)
     p.add_argument("--otlp-traces-endpoint")
+    p.add_argument("--prefix-caching-hash-algo", default="sha256", choices=sorted(HASH_ALGOS))
     return p
 
 
@@ -223,4 +238,5 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         allowed_media_domains=tuple(ns.allowed_media_domains or ()),
         limit_mm_per_prompt=ns.limit_mm_per_prompt,
         otlp_traces_endpoint=ns.otlp_traces_endpoint,
+        prefix_caching_hash_algo=ns.prefix_caching_hash_algo,
     )

@@ -31,7 +31,7 @@ from typing import Any
 from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
 from .metrics import EngineMetrics
 from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
-from .prefix_cache import PrefixCache, block_hashes
+from .prefix_cache import PrefixCache, Retention, block_hashes
 from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
 
@@ -138,7 +138,9 @@ class Engine:
         self.nixl = nixl
         self.scale = config.settings.time_scale
         cache_blocks = min(config.num_gpu_blocks, MAX_PREFIX_CACHE_BLOCKS)
-        self.ranks = [Rank(r, PrefixCache(cache_blocks, config.serve.prefix_caching)) for r in range(config.ranks)]
+        retention = Retention(self.perf.block_size, config.serve.retention_interval)
+        self.ranks = [Rank(r, PrefixCache(cache_blocks, retention, config.serve.prefix_caching))
+                      for r in range(config.ranks)]
         self.wake = asyncio.Event()
         self.clock: float | None = None
         self.stopping = False
@@ -159,7 +161,8 @@ class Engine:
             raise QueueFull("K3SIM_MAX_QUEUED")
         rank = sub.rank if sub.rank is not None else min(self.ranks, key=lambda r: (r.load, r.index)).index
         seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(),
-                       hashes=block_hashes(sub.tokens, self.perf.block_size))
+                       hashes=block_hashes(sub.tokens, self.perf.block_size,
+                                           self.config.serve.prefix_caching_hash_algo))
         if sub.handoff.kind == CONSUME and sub.handoff.params is not None:
             seq.pull = self.nixl.pull(sub.handoff.params, self.wake.set)
         self.ranks[rank].waiting.append(seq)
@@ -266,7 +269,7 @@ class Engine:
     def _schedule(self, rank: Rank, seq: Sequence, now: float) -> None:
         m, n = self.metrics, seq.prompt_len
         seq.scheduled_at = now
-        seq.local_hit = rank.cache.match(seq.hashes, n, self.perf.block_size)
+        seq.local_hit = rank.cache.match(seq.hashes, n)
         seq.computed = seq.local_hit
         seq.target = n
         m.of(m.prefix_queries, rank.index).inc(n)
@@ -352,7 +355,8 @@ class Engine:
 
     def _prefilled(self, seq: Sequence, now: float) -> None:
         rank, m = self.ranks[seq.rank], self.metrics
-        rank.cache.insert(seq.hashes[:seq.computed // self.perf.block_size])
+        rank.cache.insert(seq.hashes, seq.prompt_len, seq.computed,
+                          loaded_from_prefill=seq.sub.handoff.kind == CONSUME and seq.external > 0)
         local = seq.prompt_len - seq.local_hit - seq.external
         m.of(m.prompt_tokens, rank.index).inc(seq.prompt_len)
         for source, count in (("local_compute", local), ("local_cache_hit", seq.local_hit),

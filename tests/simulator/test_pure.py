@@ -30,7 +30,7 @@ from kimik3_simulator.nixl import (
     classify,
     produced_params,
 )
-from kimik3_simulator.prefix_cache import PrefixCache, block_hashes
+from kimik3_simulator.prefix_cache import MLA, PrefixCache, Retention, block_hashes
 from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
 from kimik3_simulator.text import chat_answer, chat_prompt, completion_prompt
 from kimik3_simulator.timing import PerfModel
@@ -156,17 +156,58 @@ def test_prefix_cache_hits_whole_blocks_and_evicts_lru() -> None:
     words = [f"w{i}" for i in range(1000)]
     hashes = block_hashes(words, 128)
     assert len(hashes) == 7
-    cache = PrefixCache(capacity_blocks=10)
-    assert cache.match(hashes, 1000, 128) == 0
-    cache.insert(hashes)
-    assert cache.match(hashes, 1000, 128) == 7 * 128
+    cache = PrefixCache(capacity_blocks=20, retention=Retention(128, None))  # Dense: a state at every block
+    assert cache.match(hashes, 1000) == 0
+    cache.insert(hashes, 1000, 1000)
+    assert cache.match(hashes, 1000) == 7 * 128
     other = block_hashes(["x", *words[1:]], 128)
-    assert cache.match(other, 1000, 128) == 0  # chained: a different first block changes every block
+    assert cache.match(other, 1000) == 0  # chained: a different first block changes every block
     exact = block_hashes(words[:896], 128)
-    assert cache.match(exact, 896, 128) == 6 * 128  # the last token is always computed
-    cache.insert(other)
-    assert len(cache) == 10 and cache.match(hashes, 1000, 128) < 7 * 128
-    assert PrefixCache(10, enabled=False).match(hashes, 1000, 128) == 0
+    assert cache.match(exact, 896) == 6 * 128  # the last token is always computed
+    cache.insert(other, 1000, 1000)
+    assert len(cache) == 20 and cache.match(hashes, 1000) < 7 * 128  # 28 blocks asked of 20: LRU went
+    assert PrefixCache(10, Retention(128, None), enabled=False).match(hashes, 1000) == 0
+
+
+def test_kda_states_are_kept_where_vllm_keeps_them() -> None:
+    """--prefix-cache-retention-interval: 0 the prompt's checkpoint at floor((N - 1) / B) * B only;
+    a positive interval its multiples too; None every block end; a decode that loaded N - 1 tokens
+    from a prefill a state at N - 1 only, when that is a block end."""
+    assert Retention(128, 0).kept(1000, 1000, False) == [6]  # 999 // 128 * 128 = 896: block 6 ends there
+    assert Retention(128, 0).kept(1000, 999, True) == []  # 999 is no block end
+    assert Retention(128, 0).kept(897, 896, True) == [6]
+    assert Retention(128, 512).kept(1000, 1000, False) == [3, 6]  # 512, and the prompt's 896
+    assert Retention(128, None).kept(1000, 1000, False) == list(range(7))
+    assert Retention(128, 0).kept(100, 100, False) == []  # no full block before the last token
+
+
+def test_a_k3_hit_needs_a_kda_state_at_its_end_not_only_mla_blocks() -> None:
+    """The hybrid hit rule: MLA's run of cached blocks, cut back to the last block end with a KDA
+    state. A shared system prompt with another question after it hits MLA blocks but, with
+    semantic retention, no state inside it: no hit at all. A conversation's next turn hits up to
+    the previous turn's checkpoint."""
+    system = [f"s{i}" for i in range(600)]
+    first = [*system, *(f"a{i}" for i in range(300))]
+    cache = PrefixCache(100, Retention(128, 0))
+    first_hashes = block_hashes(first, 128)
+    cache.insert(first_hashes, len(first), len(first))
+    other = [*system, *(f"b{i}" for i in range(300))]
+    other_hashes = block_hashes(other, 128)
+    assert sum(cache.holds(MLA, h) for h in other_hashes) == 4  # 4 full blocks of the system prompt...
+    assert cache.hit(other_hashes, len(other)) == 0  # ...and no KDA state at any of their ends
+    turn = [*first, *(f"r{i}" for i in range(200))]
+    assert cache.hit(block_hashes(turn, 128), len(turn)) == (len(first) - 1) // 128 * 128
+    dense = PrefixCache(100, Retention(128, None))
+    dense.insert(first_hashes, len(first), len(first))
+    assert dense.hit(other_hashes, len(other)) == 4 * 128
+
+
+def test_block_hashes_follow_pythonhashseed(monkeypatch: pytest.MonkeyPatch) -> None:
+    words = [f"w{i}" for i in range(300)]
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    unset = block_hashes(words, 128)
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert block_hashes(words, 128) != unset and len(unset) == 2
 
 
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -218,3 +218,20 @@ def test_labelled_memory_decides_the_fit() -> None:
     body = _with_pool(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H200"}, aggregated={"replicas": 1})
     (role,) = _plan(body, nodes).pools[0].roles
     assert role.gpus_per_replica == 32
+
+
+def test_every_retention_policy_is_spelt_out_on_the_command_line() -> None:
+    """vLLM 0.33.0 defaults --prefix-cache-retention-interval to 0 (semantic checkpoints only;
+    config/cache.py): Dense must render the value None, not leave the flag out."""
+    from kimik3_operator.render import Owner, render_serving
+
+    owner = Owner(name="k3", namespace="ns", uid="u")
+    for retention, rendered in (({"policy": "Interval", "intervalTokens": 1536}, "1536"),
+                                ({"policy": "Selective"}, "0"), ({"policy": "Dense"}, "None")):
+        body = base_deployment()
+        body["spec"]["engine"] = {"kvCacheDtype": "auto", "prefixCaching": {"retention": retention}}
+        plan = _plan(body, gb300_rack())
+        commands = [" ".join([*c.get("command", []), *c.get("args", [])])
+                    for o in render_serving(owner, plan) if o["kind"] == "LeaderWorkerSet"
+                    for c in o["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]]
+        assert commands and all(f"--prefix-cache-retention-interval {rendered}" in c for c in commands), commands

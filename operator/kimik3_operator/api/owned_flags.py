@@ -40,6 +40,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-prefix-caching": "engine.prefixCaching.enabled",
     "--disable-prefix-caching": "engine.prefixCaching.enabled",
     "--prefix-cache-retention-interval": "engine.prefixCaching.retention",
+    "--prefix-caching-hash-algo": "fixed: sha256_cbor, keys a router can recompute from token ids",
     "--enable-mamba-shared-prefix-checkpoint": "engine.prefixCaching.retention",
     "--speculative-config": "engine.speculative", "-sc": "engine.speculative",
     "--spec-method": "engine.speculative", "--spec-model": "engine.speculative", "--spec-tokens": "engine.speculative",

@@ -25,6 +25,7 @@ HTTP_PORT = 8000
 MASTER_PORT = 29501
 DP_RPC_PORT = 13345
 NIXL_SIDE_CHANNEL_BASE = 5600
+PREFIX_HASH_ALGO = "sha256_cbor"
 """vLLM's default; each data-parallel rank listens on base + its global rank."""
 ENGINE_READY_TIMEOUT_S = 3600
 """Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default; the plan's
@@ -112,8 +113,13 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
         args += role.loading.args()
     args += shape_args(role)
     args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
-    if engine.prefix_caching and engine.retention_interval is not None:
-        args += ["--prefix-cache-retention-interval", str(engine.retention_interval)]
+    if engine.prefix_caching:
+        # Dense is None, spelt out: vLLM 0.33.0's default is 0, semantic checkpoints only
+        # (config/cache.py prefix_cache_retention_interval), so leaving the flag out is not dense.
+        args += ["--prefix-cache-retention-interval", str(engine.retention_interval),
+                 # Keys anyone can recompute from token ids (CBOR, not Python's pickle): what KV events
+                 # carry and a precise prefix router matches (docs/vllm-facts.md §5a).
+                 "--prefix-caching-hash-algo", PREFIX_HASH_ALGO]
     if engine.speculative_config is not None:
         args += ["--speculative-config", _json(dict(engine.speculative_config))]
     transfer = kv_transfer_config(role)
