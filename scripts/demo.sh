@@ -53,6 +53,7 @@ t1=$SECONDS
 GUIDE="$STATE/guide"
 VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/operator/kimik3_operator/__init__.py")"
 mkdir -p "$GUIDE"
+rm -rf "$GUIDE/.local/kimik3"  # the guide's CLI venv: a re-run installs this tree's wheel, not keeps the last
 "$ROOT/e2e/images/build.sh" release "$KIMIK3_REGISTRY" "$GUIDE/kimik3-operator-$VERSION" >/dev/null
 OPERATOR_DIGEST="$(jq -r '.images[] | select(.name == "operator") | .digest' "$GUIDE/kimik3-operator-$VERSION/release.json")"
 [[ $OPERATOR_DIGEST == sha256:* ]] || { echo "FAILED: the release names no operator digest" >&2; exit 1; }

@@ -34,7 +34,7 @@ for name in "$@"; do
   [[ -n $text ]] || { echo "FAILED: docs/install.md has no block \`\`\`sh $name" >&2; exit 1; }
   for sub in "${subs[@]}"; do
     from="${sub%%=*}" to="${sub#*=}"
-    text="${text//"$from"/$to}"
+    text="${text//"$from"/"$to"}"  # quoted: bash 5.2 would read & in it as the match
   done
   echo "== docs/install.md, block '$name'"
   (cd "$work" && HOME="$work" bash -euo pipefail -c "$text") || {

@@ -179,11 +179,11 @@ release_chart() { # release_chart HOST OUT OPERATOR_DIGEST ROUTER_DIGEST VLLM_RO
   sed -i -e "s|^  repository: .*|  repository: ${repo%:*}|" -e "s|^  digest: \"\"\$|  digest: \"$3\"|" \
     -e "s|^  kimik3Router: \"\"\$|  kimik3Router: \"${router%:*}@$4\"|" \
     -e "s|^  vllmRouter: \"\"\$|  vllmRouter: \"${vllm_router%:*}@$5\"|" "$tmp/kimik3-operator/values.yaml"
-  rendered="$(helm template kimik3-operator "$tmp/kimik3-operator")" || die "helm template of the pinned chart"
+  rendered="$(helm template kimik3-operator "$tmp/kimik3-operator")" || { rm -rf "$tmp"; die "helm template of the pinned chart"; }
   for d in "${repo%:*}@$3" "${router%:*}@$4" "${vllm_router%:*}@$5"; do
-    grep -qF "$d" <<<"$rendered" || die "the pinned chart does not render $d"
+    grep -qF "$d" <<<"$rendered" || { rm -rf "$tmp"; die "the pinned chart does not render $d"; }
   done
-  helm package "$tmp/kimik3-operator" -d "$out" >/dev/null || die "helm package"
+  helm package "$tmp/kimik3-operator" -d "$out" >/dev/null || { rm -rf "$tmp"; die "helm package"; }
   helm push "$out"/kimik3-operator-*.tgz "oci://$host/charts" --plain-http >"$IMAGES/push.log" 2>&1 \
     || { cat "$IMAGES/push.log" >&2; rm -rf "$tmp"; die "helm push to oci://$host/charts"; }
   rm -rf "$tmp"
@@ -191,9 +191,18 @@ release_chart() { # release_chart HOST OUT OPERATOR_DIGEST ROUTER_DIGEST VLLM_RO
 }
 
 release() { # release HOST OUT: after the images are built
-  local host=$1 out=$2 tools pushed
+  local host=$1 final=${2%/} tools pushed out
+  # OUT is replaced whole, once the release is complete: only an earlier release's folder (or a new
+  # or empty one) may be. The release is made beside it and moved in; a failed one leaves nothing.
+  if [[ -e $final && ! -f $final/release.json && -n "$(ls -A "$final" 2>/dev/null)" ]]; then
+    die "$final exists and holds no release.json: not replacing it"
+  fi
   tools="$("$ROOT/scripts/release-tools.sh" | tail -n 1)" || die "scripts/release-tools.sh"
-  rm -rf "$out"; mkdir -p "$out/sbom"
+  mkdir -p "$(dirname "$final")"
+  out="$(mktemp -d "$final.partial-XXXXXX")"
+  # shellcheck disable=SC2064 # the folder's name now
+  trap "rm -rf '$out'" EXIT
+  mkdir -p "$out/sbom"
   pushed="$(push operator "$host" "${TAGS[0]}"; push router "$host" "${TAGS[1]}"; push vllm-router "$host" "${TAGS[2]}")"
   printf '%s\n' "$pushed"
   local -A digest
@@ -203,11 +212,16 @@ router ${TAGS[1]}
 vllm-router ${TAGS[2]}"
   local chart_digest
   chart_digest="$(release_chart "$host" "$out" "${digest[operator]}" "${digest[router]}" "${digest[vllm-router]}")"
-  # The CLI as users install it (docs/install.md): the operator's distribution, no dependencies.
+  [[ $chart_digest == sha256:* ]] || die "helm push printed no chart digest"
+  # The CLI as users install it (docs/install.md): the operator's distribution, no dependencies, built
+  # from a copy of what the operator image is built from (setuptools writes build/ and egg-info
+  # beside its source, and would pack a stale build/lib it finds there).
+  local src; src="$(mktemp -d)"
+  (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md operator) | tar -xf - -C "$src"
   "$("$ROOT/scripts/venv.sh")/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    -w "$out" "$ROOT" >"$IMAGES/wheel.log" 2>&1 || { cat "$IMAGES/wheel.log" >&2; die "pip wheel of the CLI"; }
+    -w "$out" "$src" >"$IMAGES/wheel.log" 2>&1 || { cat "$IMAGES/wheel.log" >&2; rm -rf "$src"; die "pip wheel of the CLI"; }
+  rm -rf "$src"
   local version; version="${TAGS[0]##*:}"
-  (cd "$out" && sha256sum -- *.tgz *.whl sbom/*.json) >"$out/SHA256SUMS"
   jq -n --arg version "$version" --arg host "$host" --arg pushed "$pushed" --arg chart "$chart_digest" \
     --argjson sboms "$(cd "$out" && printf '%s\n' sbom/*.json | jq -R . | jq -s .)" \
     --arg arch "$(arch)" '{version: $version, platform: ("linux/" + $arch),
@@ -215,7 +229,10 @@ vllm-router ${TAGS[2]}"
                digest: $i[2], sbom: ($sboms | map(select(startswith("sbom/" + $i[0] + "."))))}],
       chart: {reference: ("oci://" + $host + "/charts/kimik3-operator"), version: $version, digest: $chart}}' \
     >"$out/release.json" || die "jq release.json"
-  log "release $version in $out (chart oci://$host/charts/kimik3-operator:$version $chart_digest)"
+  (cd "$out" && sha256sum -- release.json *.tgz *.whl sbom/*.json) >"$out/SHA256SUMS"
+  chmod 755 "$out"  # mktemp's 700 would keep the assets from anyone else
+  rm -rf "$final" && mv "$out" "$final" && trap - EXIT
+  log "release $version in $final (chart oci://$host/charts/kimik3-operator:$version $chart_digest)"
 }
 
 # The content an image is built from: every file under PATH... (relative to the repository), bytecode

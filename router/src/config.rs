@@ -173,10 +173,12 @@ fn trace_export(single: &BTreeMap<&str, String>) -> Result<Option<TraceExport>, 
     if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
         return Err(format!("--otlp-traces-endpoint {url:?}: needs http://host[:port]/path"));
     }
-    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
+    // host, host:port, [v6] or [v6]:port; a port that is not one is refused, not defaulted.
+    let port = if authority.ends_with(']') { None } else { authority.rsplit_once(':').map(|(_, p)| p) };
+    let authority = match port {
+        None => format!("{authority}:80"),
+        Some(p) if p.parse::<u16>().is_ok_and(|p| p > 0) => authority.to_string(),
+        Some(p) => return Err(format!("--otlp-traces-endpoint {url:?}: {p:?} is not a port")),
     };
     let sample_ratio: f64 = num(single, "trace-sample-ratio", 1.0)?;
     if !(0.0..=1.0).contains(&sample_ratio) {
@@ -540,6 +542,10 @@ mod tests {
             (
                 "--served-model-name m --prefill http://a:1 --decode http://b:2 --otlp-traces-endpoint http://c:1/v1/traces --trace-sample-ratio 2",
                 "between 0 and 1",
+            ),
+            (
+                "--served-model-name m --prefill http://a:1 --decode http://b:2 --otlp-traces-endpoint http://c:99999/v1/traces",
+                "is not a port",
             ),
         ] {
             match parse(&args(line)) {

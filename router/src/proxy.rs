@@ -1048,6 +1048,17 @@ struct RelayBody {
     _hold: (LoadGuard, Option<InFlight>),
 }
 
+/// A stream the client left (the relay dropped before its end): its spans say so.
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        if !self.done {
+            for span in [&self.spans.0, &self.spans.1] {
+                span.set("kimik3.outcome", "client_gone");
+            }
+        }
+    }
+}
+
 impl RelayBody {
     fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) -> Bytes {
         debug_assert!(crate::metrics::CUT_REASONS.contains(&reason), "a cut reason not in CUT_REASONS: {reason}");

@@ -85,7 +85,8 @@ fn parse_traceparent(v: &str) -> Option<([u8; 16], [u8; 8], bool)> {
     let mut parts = v.trim().split('-');
     let version = parts.next()?;
     let (trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?);
-    if version.len() != 2 || version == "ff" || (version == "00" && parts.next().is_some()) || flags.len() != 2 {
+    let lower_hex = |s: &str| s.len() == 2 && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+    if !lower_hex(version) || version == "ff" || (version == "00" && parts.next().is_some()) || !lower_hex(flags) {
         return None;
     }
     let flags = u8::from_str_radix(flags, 16).ok()?;
@@ -287,7 +288,8 @@ fn export_body(export: &TraceExport, instance: &str, spans: &[Finished]) -> Valu
                 "traceId": hex(&s.trace), "spanId": hex(&s.id), "name": s.name, "kind": s.kind as i32,
                 "startTimeUnixNano": s.start.to_string(), "endTimeUnixNano": s.end.to_string(),
                 "attributes": s.attrs.iter().map(attr_json).collect::<Vec<_>>(),
-                "status": match &s.error { Some(m) => json!({"code": 2, "message": m}), None => json!({"code": 1}) },
+                // UNSET unless failed: OpenTelemetry leaves OK to applications, not instrumentation.
+                "status": match &s.error { Some(m) => json!({"code": 2, "message": m}), None => json!({}) },
             });
             if let (Some(parent), Some(obj)) = (s.parent, v.as_object_mut()) {
                 obj.insert("parentSpanId".into(), Value::String(hex(&parent)));
@@ -372,6 +374,9 @@ mod tests {
             "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", // upper case
             "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", // version ff
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x", // version 00 has 4 fields
+            "zz-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", // version not hex
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-+1", // flags not hex
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0A", // flags upper case
             "00-0af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",  // short trace id
             "garbage",
         ] {

@@ -761,27 +761,30 @@ async fn spans_of_a_request_and_its_legs_reach_the_collector_and_the_engines_nes
         streamed += events(&text).len();
     }
     assert!(streamed > 0);
-    // Two requests: a server span each, a prefill each, a decode each on the live engine, and one
-    // refused decode leg (round robin sends one of the two to the closed engine first).
-    let got = wait_spans(&collector, 7).await;
-    assert_eq!(got.len(), 7, "{got:#?}");
+    // Two requests: a server span each, a prefill each, a decode each on the live engine, and a
+    // refused decode leg for each request round robin sent to the closed engine first (one or two).
+    wait_spans(&collector, 7).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a second batch, if any
+    let got = spans(&collector);
+    let refused = got.iter().filter(|s| s["status"]["code"] == 2).count();
+    assert!((1..=2).contains(&refused) && got.len() == 6 + refused, "{got:#?}");
     assert!(got.iter().all(|s| s["traceId"] == client_trace));
     let servers: Vec<&Value> = got.iter().filter(|s| s["kind"] == 2).collect();
     assert_eq!(servers.len(), 2);
     for server in &servers {
         assert_eq!(server["parentSpanId"], "00f067aa0ba902b7");
         assert_eq!(server["name"], "POST /v1/completions");
-        assert_eq!(server["status"]["code"], 1);
+        assert!(server["status"].get("code").is_none(), "{server}"); // UNSET: not failed
         assert_eq!(attr(server, "http.response.status_code"), Some(&json!({"intValue": "200"})));
         let legs: Vec<&Value> = got.iter().filter(|s| s["parentSpanId"] == server["spanId"]).collect();
         assert!(legs.iter().all(|s| s["kind"] == 3));
         let end = |s: &Value| s["endTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap();
         assert!(legs.iter().all(|leg| end(leg) <= end(server)), "a leg outlived its request's span");
     }
-    let failed: Vec<&Value> = got.iter().filter(|s| s["status"]["code"] == 2).collect();
-    assert_eq!(failed.len(), 1, "{failed:#?}");
-    assert_eq!(attr(failed[0], "kimik3.outcome"), Some(&json!({"stringValue": "connect_failed"})));
-    assert_eq!(attr(failed[0], "kimik3.role"), Some(&json!({"stringValue": "decode"})));
+    for failed in got.iter().filter(|s| s["status"]["code"] == 2) {
+        assert_eq!(attr(failed, "kimik3.outcome"), Some(&json!({"stringValue": "connect_failed"})));
+        assert_eq!(attr(failed, "kimik3.role"), Some(&json!({"stringValue": "decode"})));
+    }
     // Each engine saw a traceparent naming its own leg's span, the caller's trace and flags, and the
     // caller's tracestate.
     for (engine, role) in [(&p, "prefill"), (&live, "decode")] {
@@ -795,7 +798,7 @@ async fn spans_of_a_request_and_its_legs_reach_the_collector_and_the_engines_nes
             assert_eq!(seen.headers["tracestate"], "k3=x");
         }
     }
-    assert_eq!(r.metric("kimik3_router_spans_total", &[("outcome", "exported")]).await, 7.0);
+    assert_eq!(r.metric("kimik3_router_spans_total", &[("outcome", "exported")]).await, got.len() as f64);
 
     // A caller that did not sample: nothing recorded, its trace and flag passed on under new ids.
     let before = spans(&collector).len();

@@ -113,8 +113,8 @@ def human_int(text: str) -> int | None:
 
 
 def _optional_int(text: str) -> int | None:
-    """vLLM's optional_type(int) (utils/argparse_utils.py): "None" is None."""
-    if text == "None":
+    """vLLM's optional_type(int) (engine/arg_utils.py): "None" and "" are None."""
+    if text in ("None", ""):
         return None
     try:
         return int(text)

@@ -84,11 +84,15 @@ class Retention:
     interval: int | None = 0
 
     def kept(self, prompt_len: int, computed: int, loaded_from_prefill: bool) -> list[int]:
-        """Indexes of the full blocks (of `computed` tokens) whose end keeps a state."""
+        """Indexes of the full blocks (of `computed` tokens) whose end keeps a state. A decode that
+        loaded N - 1 tokens from a prefill computed no state below N - 1: it keeps the one at N - 1
+        (a block end only) and, past it, what it computed itself."""
         b, full = self.block_size, computed // self.block_size
+        own = (prompt_len - 1) // b if loaded_from_prefill else 0  # blocks ending above N - 1 are its own
         if self.interval is None:
-            return list(range(full))
-        kept = {i for i in range(full) if self.interval and ((i + 1) * b) % self.interval == 0}
+            kept = set(range(own, full))
+        else:
+            kept = {i for i in range(own, full) if self.interval and ((i + 1) * b) % self.interval == 0}
         boundary = prompt_len - 1 if loaded_from_prefill else (prompt_len - 1) // b * b
         if boundary > 0 and boundary % b == 0 and boundary // b <= full:
             kept.add(boundary // b - 1)

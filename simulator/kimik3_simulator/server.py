@@ -212,8 +212,9 @@ class Simulator:
             self._trace(request, seq)
 
     def _trace(self, request: web.Request, seq: Sequence) -> None:
-        """vLLM's llm_request span of a request that ended (tracing.py), with do_tracing's attributes."""
-        if self.tracing.tracer is None:
+        """vLLM's llm_request span of a request that finished (tracing.py), with do_tracing's
+        attributes; an aborted one (the client gone, a drain) is not traced, as in vLLM."""
+        if self.tracing.tracer is None or seq.aborted:
             return
         now = asyncio.get_running_loop().time()
         first = seq.first_token_at

@@ -174,8 +174,13 @@ def test_kda_states_are_kept_where_vllm_keeps_them() -> None:
     a positive interval its multiples too; None every block end; a decode that loaded N - 1 tokens
     from a prefill a state at N - 1 only, when that is a block end."""
     assert Retention(128, 0).kept(1000, 1000, False) == [6]  # 999 // 128 * 128 = 896: block 6 ends there
-    assert Retention(128, 0).kept(1000, 999, True) == []  # 999 is no block end
-    assert Retention(128, 0).kept(897, 896, True) == [6]
+    assert Retention(128, 0).kept(1000, 1000, True) == []  # loaded 999 tokens: no block end
+    assert Retention(128, 0).kept(897, 897, True) == [6]  # loaded 896: a block end
+    # A decode keeps no state it did not compute, dense or periodic; past N - 1 its own count.
+    assert Retention(128, None).kept(1000, 1000, True) == []
+    assert Retention(128, 512).kept(1000, 1000, True) == []
+    assert Retention(128, None).kept(1025, 1025, True) == [7]  # the state at 1024, loaded
+    assert Retention(128, None).kept(1024, 1024, True) == [7]  # token 1024 computed here: its own
     assert Retention(128, 512).kept(1000, 1000, False) == [3, 6]  # 512, and the prompt's 896
     assert Retention(128, None).kept(1000, 1000, False) == list(range(7))
     assert Retention(128, 0).kept(100, 100, False) == []  # no full block before the last token

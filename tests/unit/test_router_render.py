@@ -425,14 +425,17 @@ def test_the_router_exports_spans_where_an_otlp_http_receiver_is_known() -> None
     assert "--otlp-traces-endpoint" not in router_args(None)
     assert "--otlp-traces-endpoint" not in router_args(grpc)
     assert "--otlp-traces-endpoint" not in router_args({**http, "endpoint": "https://otel.monitoring:4318/v1/traces"})
+    # An engines' endpoint the router would refuse at start (user info) is not handed to it.
+    assert "--otlp-traces-endpoint" not in router_args({**http, "endpoint": "http://u@otel.monitoring:4318/v1/traces"})
     args = router_args({**grpc, "routerEndpoint": "http://otel.monitoring:4318/v1/traces"})
     assert args[args.index("--otlp-traces-endpoint") + 1] == "http://otel.monitoring:4318/v1/traces"
     assert args[args.index("--trace-sample-ratio") + 1] == "0.25"
     args = router_args(http)
     assert args[args.index("--otlp-traces-endpoint") + 1] == "http://otel.monitoring:4318/v1/traces"
     assert "--otlp-traces-endpoint" not in " ".join(router_args(http, implementation="VllmRouter"))
-    with pytest.raises(ValidationError, match="router_endpoint|routerEndpoint"):
+    for refused in ("https://otel.monitoring:4318/v1/traces", "http://otel.monitoring:99999/v1/traces",
+                    "http://u@otel.monitoring:4318/v1/traces"):
         body = copy.deepcopy(PD)
-        body["spec"].setdefault("engine", {}).update(
-            rustFrontend=False, tracing={**grpc, "routerEndpoint": "https://otel.monitoring:4318/v1/traces"})
-        KimiK3Deployment.model_validate(body)
+        body["spec"].setdefault("engine", {}).update(rustFrontend=False, tracing={**grpc, "routerEndpoint": refused})
+        with pytest.raises(ValidationError, match="router_endpoint|routerEndpoint"):
+            KimiK3Deployment.model_validate(body)

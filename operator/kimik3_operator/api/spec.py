@@ -69,8 +69,12 @@ ModelUri = Annotated[str, Field(max_length=model_uri.MAX_LENGTH, pattern=model_u
 EndpointUrl = Annotated[str, Field(max_length=512, pattern=r"^https?://[^\t\n\v\f\r /]+(/[^\t\n\v\f\r ]*)?$")]
 """No whitespace, spelled out: `\\s` is ASCII in the API server's Go regexp but Unicode in pydantic's."""
 EnvName = Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-RouterTracesUrl = Annotated[str, Field(max_length=512, pattern=r"^http://[^\t\n\v\f\r /@?#]+(/[^\t\n\v\f\r ]*)?$")]
-"""kimik3-router's --otlp-traces-endpoint: plain HTTP only (router/src/config.rs)."""
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+ROUTER_TRACES_URL = re.compile(r"^http://([^\t\n\v\f\r /@?#:\[\]]+|\[[0-9A-Fa-f:.]+\])(:" + _PORT
+                               + r")?(/[^\t\n\v\f\r ]*)?$")
+RouterTracesUrl = Annotated[str, Field(max_length=512, pattern=ROUTER_TRACES_URL.pattern)]
+"""kimik3-router's --otlp-traces-endpoint as it takes one (router/src/config.rs): plain HTTP, a host or
+[IPv6] and an optional port 1-65535, no user info, query or fragment."""
 
 
 def model_uri_rules(field: str, attribute: str, *, optional: bool = False) -> tuple[Rule, ...]:
@@ -431,7 +435,7 @@ class Tracing(SpecModel):
     def router_traces_url(self) -> str | None:
         if self.router_endpoint:
             return self.router_endpoint
-        plain = self.protocol == "http/protobuf" and self.endpoint.startswith("http://")
+        plain = self.protocol == "http/protobuf" and ROUTER_TRACES_URL.fullmatch(self.endpoint) is not None
         return self.endpoint if plain else None
 
 

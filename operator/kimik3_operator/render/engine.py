@@ -25,8 +25,8 @@ HTTP_PORT = 8000
 MASTER_PORT = 29501
 DP_RPC_PORT = 13345
 NIXL_SIDE_CHANNEL_BASE = 5600
-PREFIX_HASH_ALGO = "sha256_cbor"
 """vLLM's default; each data-parallel rank listens on base + its global rank."""
+PREFIX_HASH_ALGO = "sha256_cbor"
 ENGINE_READY_TIMEOUT_S = 3600
 """Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default; the plan's
 estimate (planner/timeouts.py) replaces this when it has one."""
