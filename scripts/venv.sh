@@ -14,6 +14,12 @@ key="$( (cat "$ROOT/constraints.txt"; echo "$deps"; echo "$sim_deps") | sha256su
 # KIMIK3_VENV: a venv of your own, e.g. for a second checkout (git worktree) whose editable install
 # must not re-point the shared one; it is not re-created when the pins change.
 VENV="${KIMIK3_VENV:-$CACHE/venv/$key}"
+# One writer at a time: the e2e lanes bring their clusters up at once and each runs this script; two
+# pip installs of the editable packages into one venv remove each other's dist-info mid-install (seen:
+# "No such file or directory: .../kimik3_simulator-0.1.0.dist-info/", lane 2's cluster lost).
+mkdir -p "$(dirname "$VENV")"
+exec 8>"$VENV.lock"
+flock 8
 if [[ ! -x "$VENV/bin/python" || ! -f "$VENV/.complete" ]]; then
   echo "[venv] creating $VENV" >&2
   rm -rf "$VENV"; mkdir -p "$CACHE/venv"
@@ -24,4 +30,5 @@ fi
 # The engine simulator is a distribution of its own (simulator/pyproject.toml): its dependencies are
 # the operator's, so it goes in without resolving anything.
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" -e "$ROOT/simulator" >&2
+exec 8>&-
 echo "$VENV"
