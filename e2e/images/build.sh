@@ -39,8 +39,9 @@ IMAGES="$CACHE/images"
 # The base the Dockerfiles name (their ARG PYTHON_IMAGE default), read from them so the two agree.
 BASE_REF="$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$ROOT/images/operator/Dockerfile")"
 # Debian packages the build needs (the `podman` package brings buildah's code, conmon, the CNI
-# plugins and catatonit; mmdebstrap makes the stand-in base).
-PACKAGES=(podman runc mmdebstrap uidmap)
+# plugins and catatonit; mmdebstrap makes the stand-in base; jq writes a release's release.json, and
+# the demo reads it).
+PACKAGES=(podman runc mmdebstrap uidmap jq)
 
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf '[images] FAILED: %s\n' "$*" >&2; exit 1; }
