@@ -51,7 +51,7 @@ echo "== cluster up in $((SECONDS - t0))s; KUBECONFIG=$KUBECONFIG"
 # through its Service, the operator keeps its certificate.
 t1=$SECONDS
 GUIDE="$STATE/guide"
-VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/operator/kimik3_operator/__init__.py")"
+VERSION="$("$ROOT/e2e/images/build.sh" tags | sed -n 1p)" && VERSION="${VERSION##*:}"  # the operator image's tag
 mkdir -p "$GUIDE"
 rm -rf "$GUIDE/.local/kimik3"  # the guide's CLI venv: a re-run installs this tree's wheel, not keeps the last
 "$ROOT/e2e/images/build.sh" release "$KIMIK3_REGISTRY" "$GUIDE/kimik3-operator-$VERSION" >/dev/null

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::Full;
 use serde_json::{Value, json};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,7 +66,10 @@ fn span_id() -> [u8; 8] {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    bytes.iter().fold(String::with_capacity(2 * bytes.len()), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -163,9 +167,11 @@ impl Span {
     /// The server span of a request, continuing the caller's trace when its traceparent is valid
     /// (its sampled flag decides), else a new trace sampled at the configured ratio.
     pub fn server(headers: &HeaderMap, name: String) -> Self {
-        let incoming: Vec<(&'static str, HeaderValue)> =
-            ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone()))).collect();
-        let Some(tracer) = TRACER.get() else { return Self::passthrough(incoming) };
+        let Some(tracer) = TRACER.get() else {
+            let incoming =
+                ["traceparent", "tracestate"].iter().filter_map(|n| headers.get(*n).map(|v| (*n, v.clone())));
+            return Self::passthrough(incoming.collect());
+        };
         let caller = headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(parse_traceparent);
         let (trace, parent, sampled) = match caller {
             Some((trace, parent, sampled)) => (trace, Some(parent), sampled),

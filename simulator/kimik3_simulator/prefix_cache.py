@@ -28,6 +28,7 @@ counting cached MLA blocks over-estimates a K3 hit, often by the whole prompt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -59,8 +60,13 @@ and seed randomly: keys no one else could recompute)."""
 
 
 def none_hash(algo: str = "sha256_cbor") -> bytes:
-    """The first block's parent (kv_cache_utils.init_none_hash), read when the engine starts."""
-    seed = os.getenv("PYTHONHASHSEED")
+    """The first block's parent (kv_cache_utils.init_none_hash): from $PYTHONHASHSEED as it is now,
+    hashed once per seed and algorithm, not once per request."""
+    return _none_hash(algo, os.getenv("PYTHONHASHSEED"))
+
+
+@functools.cache
+def _none_hash(algo: str, seed: str | None) -> bytes:
     return HASH_ALGOS[algo](seed if seed is not None else "vllm-none-hash")
 
 
