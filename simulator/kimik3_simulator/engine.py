@@ -52,6 +52,8 @@ class Submission:
     """What /sim/stats files the request under: the X-Request-Id header, else the response id."""
     internal_id: str
     tokens: list[str]
+    ids: list[int]
+    """The prompt's token ids (what return_token_ids gives back as prompt_token_ids)."""
     fingerprint: str
     max_tokens_param: int | None
     limit: int

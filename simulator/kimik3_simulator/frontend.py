@@ -27,7 +27,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .openai_format import BadRequest
-from .text import MediaPolicy, chat_prompt, completion_prompt
+from .text import THINK_OPEN, MediaPolicy, chat_prompt, completion_prompt, thinks
 from .vocab import Vocabulary
 
 RENDER_PATHS = {"/v1/completions/render": False, "/v1/chat/completions/render": True}
@@ -66,6 +66,8 @@ class Frontend:
         """A generation request's prompt tokens and the room max_model_len leaves after them."""
         tokens = (chat_prompt(body.get("messages"), body.get("tools"), self.media) if chat
                   else completion_prompt(body.get("prompt")))
+        if chat and thinks(body):
+            tokens += THINK_OPEN  # the generation prefix K3's template ends a thinking prompt with
         if not tokens:
             raise BadRequest("the prompt is empty")
         room = self.config.max_model_len - len(tokens)

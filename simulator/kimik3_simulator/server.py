@@ -31,11 +31,12 @@ from .engine import Engine, Output, QueueFull, Sequence, Submission
 from .faults import ENGINE_DEAD, HANG, HTTP_5XX, RESET, STALL, Fault, FaultError, Faults, fault_from
 from .frontend import RENDER_PATHS, Frontend, response_id
 from .nixl import CONSUME, classify
-from .openai_format import BadRequest, Envelope, error_body, sse, tool_call_delta
+from .openai_format import BadRequest, Envelope, Shape, error_body, sse
 from .responses_format import ResponsesEnvelope, as_chat
 from .stats import SimStats
 from .text import Answer, PromptError, chat_answer, corrupted, prompt_seed
 from .tracing import RequestTracer
+from .vocab import token_id
 
 log = logging.getLogger(__name__)
 
@@ -285,19 +286,24 @@ class Simulator:
         frontend.check_model(body)
         tokens, room = frontend.prompt(body, chat)
         rank = frontend.data_parallel_rank(request.headers.get("X-data-parallel-rank"))
-        seed = prompt_seed(tokens)
-        natural = self.config.settings.output_tokens
-        answer = (chat_answer(body["messages"], body.get("tools"), body.get("tool_choice", "auto"), natural, seed)
-                  if chat else Answer(seed=seed, natural_length=natural))
+        ids = [token_id(t) for t in tokens]
+        seed = prompt_seed(ids)
+        settings = self.config.settings
+        plain = Answer.after(ids, settings.output_tokens, settings.thinking_tokens)
+        answer = (chat_answer(body["messages"], body.get("tools"), body.get("tool_choice", "auto"), plain)
+                  if chat else plain)
         param, limit, finish = self._generation(body, chat, room, answer)
         handoff = classify(body.get("kv_transfer_params"), bool(self.config.kv_connector))
         header_id = request.headers.get("X-Request-Id")
         rid = response_id(header_id, body, chat)
         sub = Submission(
-            key=header_id or rid, internal_id=f"{rid}-{uuid.uuid4().hex[:8]}", tokens=tokens,
+            key=header_id or rid, internal_id=f"{rid}-{uuid.uuid4().hex[:8]}", tokens=tokens, ids=ids,
             fingerprint=f"{seed:016x}", max_tokens_param=param, limit=limit, finish_at_limit=finish, handoff=handoff,
             rank=rank)
-        return sub, answer, Envelope(rid, body.get("model") or frontend.model_names[0], chat)
+        split = self.config.serve.reasoning_parser == "kimi_k3" and body.get("include_reasoning") is not False
+        shape = Shape(token_ids=body.get("return_token_ids") is True,
+                      skip_special=body.get("skip_special_tokens") is not False, reasoning=split, prompt_ids=tuple(ids))
+        return sub, answer, Envelope(rid, body.get("model") or frontend.model_names[0], chat, shape)
 
     def _generation(self, body: dict[str, Any], chat: bool, room: int, answer: Answer) -> tuple[int | None, int, str]:
         """(the max_tokens the request gave, tokens it will get, why it stops): max_tokens (chat:
@@ -419,19 +425,9 @@ class Simulator:
 
     @staticmethod
     def _delta_chunk(envelope: Envelope, answer: Answer, before: int, after: int, out: Output) -> dict[str, Any] | None:
-        finish = out.finish_reason
         if not envelope.chat:
-            return envelope.completion_chunk(answer.raw(before, after), finish, out.kv_transfer_params)
-        delta: dict[str, Any] = {}
-        if answer.tool_call is None:
-            delta = {"content": answer.text(before, after)}
-        elif (call := answer.call_done(after)) and not answer.call_done(before):
-            delta = tool_call_delta(call)
-        if finish is not None:
-            finish = answer.finish_reason(after, finish)
-        if not delta and finish is None:
-            return None  # the parser holds back the tools channel until a call block closes
-        return envelope.chat_chunk(delta, finish, out.kv_transfer_params if finish else None)
+            return envelope.completion_chunk(answer, before, after, out.finish_reason, out.kv_transfer_params)
+        return envelope.chat_chunk(answer, before, after, out.finish_reason, out.kv_transfer_params)
 
 
 async def drain(sim: Simulator, timeout: float) -> None:

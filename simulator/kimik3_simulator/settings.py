@@ -32,6 +32,9 @@ labels); tests set them directly. Every variable is optional.
   K3SIM_KV_FABRIC_GBPS    GB/s each GPU moves KV at for a P/D hand-off. Default: the GPU's NIC.
   K3SIM_OUTPUT_TOKENS     Tokens an answer has before the model stops by itself (max_tokens still
                           caps it; ignore_eos removes it). Default 256.
+  K3SIM_THINKING_TOKENS   Think-channel tokens of a chat answer whose request asks K3 to think
+                          (chat_template_kwargs thinking or enable_thinking true), before the close
+                          marker and the answer. Default 24.
   K3SIM_HANDSHAKE_DIR     Accepted and ignored. It named a folder that stood in for NIXL's side
                           channel; engines now listen on the side channel itself (nixl.py).
   K3SIM_COMPAT_EXTRA      Extra text folded into the compatibility hash (e.g. the pod's
@@ -96,6 +99,7 @@ class SimSettings:
     crosses_rdma: bool | None = None
     kv_fabric_gb_s: float | None = None
     output_tokens: int = 256
+    thinking_tokens: int = 24
     compat_extra: str = ""
     stats_history: int = 2000
     max_queued: int = 10000
@@ -172,6 +176,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> SimSettings:
         crosses_rdma=_flag(env, "K3SIM_CROSSES_RDMA"),
         kv_fabric_gb_s=_number(env, "K3SIM_KV_FABRIC_GBPS", 0.0, 1e-3, 1e6) if fabric else None,
         output_tokens=int(_number(env, "K3SIM_OUTPUT_TOKENS", 256, 1, 1 << 20)),
+        thinking_tokens=int(_number(env, "K3SIM_THINKING_TOKENS", 24, 0, 1 << 20)),
         compat_extra=env.get("K3SIM_COMPAT_EXTRA", ""),
         stats_history=int(_number(env, "K3SIM_STATS_HISTORY", 2000, 1, 1_000_000)),
         max_queued=int(_number(env, "K3SIM_MAX_QUEUED", 10000, 1, 1_000_000)),

@@ -6,8 +6,10 @@ usage are predictable from the text. A chat prompt is its messages (a role marke
 words) plus the words of the tool schemas it carries; an image part stands for IMAGE_TOKENS tokens,
 and its URL meets vLLM's fetch policy (MediaPolicy) but is never fetched.
 
-An answer is plain text cycling through a fixed sentence from an offset the prompt picks, or, when
-the request offers tools (tool_choice not "none") and the last message is not a tool result, one
+An answer is plain text cycling through a fixed sentence from an offset the prompt picks (after a
+think channel when a chat request asks K3 to think), a function of the context alone, so a stream
+resumed on another engine from its prompt and generated ids goes on with the same tokens (Plan); or,
+when the request offers tools (tool_choice not "none") and the last message is not a tool result, one
 call to the named or first tool in Kimi K3's XTML tools channel, the tokens vLLM's kimi_k3 tool
 parser reads back (tool_parsers/kimi_k3_tool_parser.py). Arguments come from the tool's JSON
 schema: a string argument takes the last word of the last user message.
@@ -19,6 +21,7 @@ import hashlib
 import ipaddress
 import json
 import uuid
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +29,17 @@ from typing import Any
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-SENTENCE = ("This is a simulated Kimi K3 answer from a vLLM 0.33.0 stand-in whose timing follows the "
-            "operator's performance model for the GPU, layout and batch it runs at.").split()
+from .vocab import token_id
+
+SENTENCE = ("This is a simulated Kimi K3 answer from one vLLM 0.33.0 stand-in whose timing follows our "
+            "operator's performance model for that GPU, layout and batch it runs at.").split()
+"""The answer's words, cycled. Every word occurs once, so a word says where in the sentence it is."""
+THOUGHT = "Let me consider what the question needs, then how best to reply before writing".split()
+"""The think channel's words, cycled; none of them is a SENTENCE word or a marker's."""
+THINK_OPEN = ("<|open|>", "think", "<|sep|>")
+"""K3's think channel opener (reasoning/kimi_k3_reasoning_parser.py): a thinking chat prompt ends
+with it (the serving layer feeds it as the generation prefix), so the model starts inside the channel."""
+THINK_CLOSE = ("<|close|>", "think", "<|sep|>")
 
 
 class PromptError(ValueError):
@@ -142,8 +154,100 @@ def chat_prompt(messages: Any, tools: Any, media: MediaPolicy = MediaPolicy()) -
     return tokens
 
 
-def prompt_seed(tokens: Sequence[str]) -> int:
-    return int.from_bytes(hashlib.blake2b("\x00".join(tokens).encode(), digest_size=8).digest(), "big")
+def thinks(body: Any) -> bool:
+    """Whether a chat request asks K3 to think: chat_template_kwargs `thinking` (else
+    `enable_thinking`) true, as the kimi_k3 reasoning parser reads them. K3's template thinks by
+    default; the simulator thinks only when asked, so answers stay the plain ones unless a test wants
+    a think channel."""
+    kwargs = body.get("chat_template_kwargs") if isinstance(body, dict) else None
+    if not isinstance(kwargs, dict):
+        return False
+    flag = kwargs.get("thinking", kwargs.get("enable_thinking"))
+    return flag is True
+
+
+def prompt_seed(ids: Sequence[int]) -> int:
+    """A context's seed, from its token ids: a text prompt and the same prompt as ids agree."""
+    return int.from_bytes(hashlib.blake2b(array("I", ids).tobytes(), digest_size=8).digest(), "big")
+
+
+def _positions(words: Sequence[str]) -> dict[int, int]:
+    return {token_id(w): i for i, w in enumerate(words)}
+
+
+SENTENCE_AT, THOUGHT_AT = _positions(SENTENCE), _positions(THOUGHT)
+CLOSE_IDS, OPEN_IDS = [token_id(w) for w in THINK_CLOSE], [token_id(w) for w in THINK_OPEN]
+
+
+def special(word: str) -> bool:
+    """A special token (`<|...|>`): skipped in text unless skip_special_tokens is false, and never
+    spaced from its neighbours (spaces_between_special_tokens false, as the kimi_k3 parser asks)."""
+    return word.startswith("<|") and word.endswith("|>")
+
+
+def _run(ids: Sequence[int], end: int, at: dict[int, int]) -> int:
+    """How many tokens before `end` continue each other in a cycled word list (`at`: id -> place)."""
+    n, i = 0, end - 1
+    while i >= 0 and ids[i] in at and (n == 0 or (at[ids[i]] + 1) % len(at) == at[ids[i + 1]]):
+        n, i = n + 1, i - 1
+    return n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the model generates after a context, read off the context's end: the simulated model is
+    autoregressive, so a context that already holds part of an answer (a request resumed from its
+    prompt and generated ids on another engine) continues it token for token.
+
+    A thinking answer is THOUGHT words, THINK_CLOSE, then SENTENCE words; any other answer is SENTENCE
+    words from an offset the context's seed picks. A context ending inside a channel continues it:
+    SENTENCE words in order continue the answer (which stops once `natural` of them are out), THOUGHT
+    words the thought (which closes after `thinking` of them), part of THINK_CLOSE the close."""
+
+    thought: int = 0
+    """THOUGHT words still to come."""
+    thought_at: int = 0
+    thought_done: int = 0
+    close: int = 0
+    """THINK_CLOSE tokens still to come."""
+    content_at: int = 0
+    content_done: int = 0
+    content: int = 0
+    """SENTENCE words still to come before the model stops by itself."""
+    lead: bool = False
+    """Whether the first token follows an answer token of the context (it is then spaced from it)."""
+
+    @staticmethod
+    def after(ids: Sequence[int], natural: int, thinking: int) -> Plan:
+        n = len(ids)
+        if c := _run(ids, n, SENTENCE_AT):
+            return Plan(content_at=(SENTENCE_AT[ids[-1]] + 1) % len(SENTENCE), content_done=c,
+                        content=max(0, natural - c), lead=True)
+        closed = next((m for m in (3, 2, 1) if list(ids[n - m:]) == CLOSE_IDS[:m]), 0)
+        q = _run(ids, n - closed, THOUGHT_AT)
+        opened = list(ids[max(0, n - closed - q - 3):n - closed - q]) == OPEN_IDS
+        if not (q or opened):
+            return Plan(content_at=prompt_seed(ids) % len(SENTENCE), content=natural)
+        thought = 0 if closed else max(0, thinking - q)
+        at = (THOUGHT_AT[ids[n - closed - 1]] + 1) % len(THOUGHT) if q else 0
+        upcoming = [token_id(THOUGHT[(at + i) % len(THOUGHT)]) for i in range(thought)] + CLOSE_IDS[closed:]
+        return Plan(thought=thought, thought_at=at, thought_done=q, close=3 - closed,
+                    content_at=prompt_seed([*ids, *upcoming]) % len(SENTENCE), content=natural,
+                    lead=bool(q) and not closed)
+
+    @property
+    def length(self) -> int:
+        return self.thought + self.close + self.content
+
+    def word(self, i: int) -> tuple[str, int, str]:
+        """Token i's channel ("reasoning", "marker", "content"), its place in the channel, its word."""
+        if i < self.thought:
+            return "reasoning", self.thought_done + i, THOUGHT[(self.thought_at + i) % len(THOUGHT)]
+        i -= self.thought
+        if i < self.close:
+            return "marker", 3 - self.close + i, THINK_CLOSE[3 - self.close + i]
+        i -= self.close
+        return "content", self.content_done + i, SENTENCE[(self.content_at + i) % len(SENTENCE)]
 
 
 @dataclass(frozen=True)
@@ -168,6 +272,12 @@ class Answer:
     tool_call: ToolCall | None = None
     call_closed_at: int = 0
     """Tokens generated once the call block is closed (the parser emits the call then)."""
+    plan: Plan = Plan()
+
+    @staticmethod
+    def after(ids: Sequence[int], natural: int, thinking: int) -> Answer:
+        plan = Plan.after(ids, natural, thinking)
+        return Answer(seed=plan.content_at, natural_length=plan.length, plan=plan)
 
     def call_done(self, generated: int) -> ToolCall | None:
         """The tool call once its block has been generated (what the tool parser then reports)."""
@@ -177,17 +287,45 @@ class Answer:
         """vLLM's chat finish reason: "tool_calls" once a call was made, else the engine's."""
         return "tool_calls" if self.call_done(generated) and engine_reason in ("stop", "length") else engine_reason
 
-    def text(self, start: int, end: int) -> str:
-        """Content text of tokens [start, end): nothing for the tools channel."""
-        if self.tool_call is not None:
-            return ""
-        return "".join(("" if i == 0 else " ") + SENTENCE[(self.seed + i) % len(SENTENCE)] for i in range(start, end))
+    def _channel(self, start: int, end: int, channel: str) -> str:
+        out = []
+        for i in range(start, end):
+            kind, place, word = self.plan.word(i)
+            if kind == channel:
+                out.append(word if place == 0 else " " + word)
+        return "".join(out)
 
-    def raw(self, start: int, end: int) -> str:
-        """The generated text including markup, as /v1/completions would return it."""
-        if self.tool_call is None:
-            return self.text(start, end)
-        return "".join(self.markup[start:end])
+    def text(self, start: int, end: int) -> str:
+        """Content text of tokens [start, end): what the kimi_k3 parsers leave as content (nothing
+        for the tools channel)."""
+        return "" if self.tool_call is not None else self._channel(start, end, "content")
+
+    def reasoning(self, start: int, end: int) -> str:
+        """Think-channel text of tokens [start, end)."""
+        return "" if self.tool_call is not None else self._channel(start, end, "reasoning")
+
+    def word(self, i: int) -> str:
+        return self.markup[i] if self.tool_call is not None else self.plan.word(i)[2]
+
+    def ids(self, start: int, end: int) -> list[int]:
+        return [token_id(self.word(i)) for i in range(start, end)]
+
+    def raw(self, start: int, end: int, skip_special: bool = True) -> str:
+        """The generated text as /v1/completions returns it: every token, special ones only when
+        skip_special_tokens is false; no space next to a special token."""
+        if self.tool_call is not None:
+            return "".join(self.markup[start:end])
+        out = []
+        prev = self.word(start - 1) if start else None
+        for i in range(start, end):
+            word = self.word(i)
+            if special(word) and skip_special:
+                prev = word
+                continue
+            spaced = (self.plan.lead if prev is None else not special(prev)) and not special(word)
+            out.append(" " + word if spaced else word)
+            prev = word
+        return "".join(out)
 
 
 CORRUPT_WORD = "<k3sim:corrupt-kv>"
@@ -203,7 +341,13 @@ class CorruptAnswer(Answer):
     def text(self, start: int, end: int) -> str:
         return "".join(("" if i == 0 else " ") + CORRUPT_WORD for i in range(start, end))
 
-    def raw(self, start: int, end: int) -> str:
+    def reasoning(self, start: int, end: int) -> str:
+        return ""
+
+    def word(self, i: int) -> str:
+        return CORRUPT_WORD
+
+    def raw(self, start: int, end: int, skip_special: bool = True) -> str:
         return self.text(start, end)
 
 
@@ -242,14 +386,15 @@ def _chosen_tool(tools: list[Any], tool_choice: Any) -> dict[str, Any] | None:
     return functions[0] if functions else None
 
 
-def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, natural: int,
-                seed: int) -> Answer:
+def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, plain: Answer) -> Answer:
+    """A tool call when the request offers tools and the last message is not a tool's result, else
+    `plain` (the answer the context gives)."""
     last = messages[-1] if messages else {}
     if not tools or tool_choice == "none" or last.get("role") == "tool":
-        return Answer(seed=seed, natural_length=natural)
+        return plain
     function = _chosen_tool(tools, tool_choice)
     if function is None or not function.get("name"):
-        return Answer(seed=seed, natural_length=natural)
+        return plain
     user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
     words = _content_words(user.get("content"), MediaPolicy()) or ["value"]
     word = words[-1].strip(".,;:!?\"'") or "value"
@@ -260,5 +405,5 @@ def chat_answer(messages: list[dict[str, Any]], tools: Any, tool_choice: Any, na
     markup += ["<|close|>", "tools", "<|sep|>"]
     call = ToolCall(id=f"chatcmpl-tool-{uuid.uuid4().hex}", name=str(function["name"]),
                     arguments=json.dumps(args, ensure_ascii=False))
-    return Answer(seed=seed, natural_length=len(markup), markup=tuple(markup), tool_call=call,
+    return Answer(seed=plain.seed, natural_length=len(markup), markup=tuple(markup), tool_call=call,
                   call_closed_at=closed_at)

@@ -32,8 +32,19 @@ from kimik3_simulator.nixl import (
 )
 from kimik3_simulator.prefix_cache import MLA, PrefixCache, Retention, block_hashes
 from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
-from kimik3_simulator.text import chat_answer, chat_prompt, completion_prompt
+from kimik3_simulator.text import (
+    SENTENCE,
+    THINK_CLOSE,
+    THINK_OPEN,
+    THOUGHT,
+    Answer,
+    chat_answer,
+    chat_prompt,
+    completion_prompt,
+    prompt_seed,
+)
 from kimik3_simulator.timing import PerfModel
+from kimik3_simulator.vocab import token_id
 
 from .sims import expand, free_port, free_port_base, role_report
 
@@ -231,7 +242,8 @@ def test_prompts_are_words() -> None:
 
 def test_a_request_with_tools_gets_one_tool_call() -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    answer = chat_answer(messages, WEATHER, "auto", natural=256, seed=1)
+    plain = Answer.after([1, 2, 3], 256, 0)
+    answer = chat_answer(messages, WEATHER, "auto", plain)
     assert answer.tool_call is not None and answer.tool_call.name == "get_weather"
     assert json.loads(answer.tool_call.arguments) == {"city": "Paris", "days": 1}
     assert answer.text(0, answer.natural_length) == ""
@@ -239,10 +251,44 @@ def test_a_request_with_tools_gets_one_tool_call() -> None:
     assert answer.call_closed_at < answer.natural_length
     after_tool = messages + [{"role": "assistant", "tool_calls": [answer.tool_call.as_dict()]},
                              {"role": "tool", "content": "sunny"}]
-    assert chat_answer(after_tool, WEATHER, "auto", 256, 1).tool_call is None
-    assert chat_answer(messages, WEATHER, "none", 256, 1).tool_call is None
-    plain = chat_answer(messages, None, "auto", 256, 1)
+    assert chat_answer(after_tool, WEATHER, "auto", plain) is plain
+    assert chat_answer(messages, WEATHER, "none", plain) is plain
     assert plain.text(0, 3) + plain.text(3, 6) == plain.text(0, 6)
+
+
+def _resumed(prompt: list[int], answer: Answer, cut: int, natural: int, thinking: int) -> Answer:
+    return Answer.after([*prompt, *answer.ids(0, cut)], natural, thinking)
+
+
+@pytest.mark.parametrize("thinking", [0, 5])
+def test_an_answer_resumed_from_its_prompt_and_generated_ids_goes_on_token_for_token(thinking: int) -> None:
+    """The simulated model is a function of the context: a stream cut after any token and resumed
+    elsewhere from prompt + generated ids (the router's migration) yields the uninterrupted tokens,
+    stops at the same place, and its text and think channel join up with the same spacing."""
+    prompt = [token_id(w) for w in "tell me about the weather".split()]
+    if thinking:
+        prompt += [token_id(w) for w in THINK_OPEN]
+    natural = 30
+    whole = Answer.after(prompt, natural, thinking)
+    n = whole.natural_length
+    assert n == natural + (thinking + 3 if thinking else 0)
+    for cut in range(1, n):
+        rest = _resumed(prompt, whole, cut, natural, thinking)
+        assert rest.natural_length == n - cut, cut
+        assert rest.ids(0, rest.natural_length) == whole.ids(cut, n), cut
+        assert whole.raw(0, cut, False) + rest.raw(0, n - cut, False) == whole.raw(0, n, False), cut
+        assert whole.text(0, cut) + rest.text(0, n - cut) == whole.text(0, n), cut
+        assert whole.reasoning(0, cut) + rest.reasoning(0, n - cut) == whole.reasoning(0, n), cut
+    if thinking:
+        assert whole.reasoning(0, n).split() == [THOUGHT[i % len(THOUGHT)] for i in range(thinking)]
+        assert "<|close|>think<|sep|>" in whole.raw(0, n, False) and "<|" not in whole.raw(0, n)
+    assert len(whole.text(0, n).split()) == natural
+
+
+def test_answer_words_are_unique_so_a_word_says_where_it_is() -> None:
+    assert len(set(SENTENCE)) == len(SENTENCE) and len(set(THOUGHT)) == len(THOUGHT)
+    assert not set(THOUGHT) & (set(SENTENCE) | set(THINK_OPEN) | set(THINK_CLOSE))
+    assert prompt_seed([token_id(w) for w in "a b c".split()]) == prompt_seed([token_id(w) for w in ["a", "b", "c"]])
 
 
 def test_nixl_parameters_are_vllms() -> None:

@@ -201,3 +201,53 @@ def test_it_listens_on_loopback_only(agg: Sim) -> None:
     assert not any(int(line.split()[1].split(":")[1], 16) == port and line.split()[3] == "0A"
                    for line in Path("/proc/net/tcp6").read_text().splitlines()[1:])
     assert agg.get("/version").json() == {"version": "0.33.0"}
+
+
+def _choices(events: list[tuple[float, Any]]) -> list[dict[str, Any]]:
+    return [c for _, e in events if isinstance(e, dict) for c in e["choices"]]
+
+
+def test_token_ids_come_back_and_a_stream_resumed_from_them_goes_on_unchanged(agg: Sim) -> None:
+    """return_token_ids as vLLM 0.33.0 gives them (prompt ids on the first chunk, each chunk's own
+    ids), and what a router's migration relies on: a completion resumed from prompt + generated ids
+    with max_tokens lowered gives the rest of the uninterrupted answer, word for word."""
+    body = {"model": "kimi-k3", "prompt": words(40, "resume"), "max_tokens": 30, "return_token_ids": True}
+    whole = _choices(agg.stream("/v1/completions", body))
+    prompt_ids = whole[0]["prompt_token_ids"]
+    assert len(prompt_ids) == 40 and all(c["prompt_token_ids"] is None for c in whole[1:])
+    ids = [t for c in whole for t in c["token_ids"]]
+    text = "".join(c["text"] for c in whole)
+    assert len(ids) == 30 and len(text.split()) == 30
+    assert agg.post("/v1/completions", {**body, "prompt": body["prompt"]}).json()["choices"][0]["token_ids"] == ids
+    for cut in (1, 7, 29):
+        rest = _choices(agg.stream("/v1/completions", {**body, "prompt": prompt_ids + ids[:cut], "max_tokens": 30 - cut}))
+        assert [t for c in rest for t in c["token_ids"]] == ids[cut:]
+        assert text == \
+            "".join(c["text"] for c in whole[:cut]) + "".join(c["text"] for c in rest)
+
+
+def test_a_thinking_chat_streams_reasoning_then_content_and_resumes_through_completions(agg: Sim) -> None:
+    """chat_template_kwargs thinking: the prompt ends with K3's think opener, the answer streams
+    `reasoning` deltas, the closing marker (held back by the parser, sent with token ids), then
+    content; the same context sent to /v1/completions as ids with skip_special_tokens false goes on
+    with the raw channel text (what a router parses when it moves a chat stream)."""
+    body = {"model": "kimi-k3", "messages": [{"role": "user", "content": "think about Paris"}], "max_tokens": 40,
+            "chat_template_kwargs": {"thinking": True}, "return_token_ids": True}
+    events = agg.stream("/v1/chat/completions", body)
+    chunks = [e for _, e in events if isinstance(e, dict)]
+    prompt_ids = chunks[0]["prompt_token_ids"]
+    choices = [c for e in chunks[1:] for c in e["choices"]]
+    reasoning = "".join(c["delta"].get("reasoning") or "" for c in choices)
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    ids = [t for c in choices for t in c["token_ids"]]
+    assert len(ids) == 40 and len(reasoning.split()) == 24 and len(content.split()) == 40 - 24 - 3
+    assert any(c["delta"] == {} for c in choices)  # the close marker: no text, its ids only
+    cut = sum(len(c["token_ids"]) for c in choices[:10])  # a DSpark chunk carries several tokens
+    rest = _choices(agg.stream("/v1/completions", {"model": "kimi-k3", "prompt": prompt_ids + ids[:cut],
+                                                   "max_tokens": 40 - cut, "skip_special_tokens": False,
+                                                   "return_token_ids": True}))
+    raw = "".join(c["text"] for c in rest)
+    assert [t for c in rest for t in c["token_ids"]] == ids[cut:]
+    head, _, tail = raw.partition("<|close|>think<|sep|>")
+    assert reasoning == "".join(c["delta"].get("reasoning") or "" for c in choices[:10]) + head
+    assert tail == content
