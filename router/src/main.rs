@@ -7,6 +7,7 @@ mod log;
 mod engines;
 mod kube;
 mod metrics;
+mod migrate;
 mod policy;
 mod proxy;
 mod reply;

@@ -15,10 +15,15 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "kimik3_router_retries_total",
         "counter",
-        "Legs sent again, by kind (prefill, decode_same_params, reprefill, aggregated).",
+        "Legs sent again, by kind (prefill, decode_same_params, reprefill, aggregated, migration).",
     ),
     ("kimik3_router_retry_budget_exhausted_total", "counter", "Retries refused because the retry budget was spent."),
     ("kimik3_router_streams_cut_total", "counter", "Client streams ended with an SSE error event, by reason."),
+    (
+        "kimik3_router_migrations_total",
+        "counter",
+        "Streams whose engine failed mid-way, by outcome: moved to another engine, failed, or why they could not move.",
+    ),
     (
         "kimik3_router_engine_ejections_total",
         "counter",
@@ -118,9 +123,28 @@ pub const OUTCOMES: &[&str] = &[
     "connection_refused",
 ];
 /// Why a stream that had begun was ended with an SSE error event.
-pub const CUT_REASONS: &[&str] = &["upstream_error", "ended_early", "request_timeout", "idle_gap"];
+pub const CUT_REASONS: &[&str] =
+    &["upstream_error", "ended_early", "request_timeout", "idle_gap", "migration_failed", "migration_refused"];
 /// Which leg a retry sends again.
-pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill", "aggregated"];
+pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill", "aggregated", "migration"];
+/// What became of a stream whose engine failed mid-way: moved, failed (the continuation did), or why
+/// it could not move (migrate.rs).
+pub const MIGRATION_OUTCOMES: &[&str] = &[
+    "moved",
+    "failed",
+    "off",
+    "limit",
+    "retry_budget",
+    "cap_spent",
+    "no_token_ids",
+    "tool_call_open",
+    "n_above_one",
+    "guided_decoding",
+    "chat_logprobs",
+    "include_reasoning_false",
+    "prompt_batch",
+    "route",
+];
 pub const SPAN_OUTCOMES: &[&str] = &["exported", "failed", "dropped"];
 /// The `route` label of a request no row of routes::ROUTES takes.
 pub const OTHER_ROUTE: &str = "other";
@@ -137,6 +161,9 @@ fn known_series() -> BTreeMap<(&'static str, String), f64> {
     }
     for kind in RETRY_KINDS {
         out.insert(("kimik3_router_retries_total", labels(&[("kind", kind)])), 0.0);
+    }
+    for outcome in MIGRATION_OUTCOMES {
+        out.insert(("kimik3_router_migrations_total", labels(&[("outcome", outcome)])), 0.0);
     }
     out.insert(("kimik3_router_retry_budget_exhausted_total", String::new()), 0.0);
     for outcome in SPAN_OUTCOMES {

@@ -13,6 +13,7 @@
 use crate::config::{Config, Mode};
 use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
+use crate::migrate::{Continuation, Resume, refusal};
 use crate::policy::{Policy, RouteInput, session_key};
 use crate::reply::{self, Body};
 use crate::routes::Route;
@@ -198,7 +199,28 @@ const WHOLE_ANSWER_LATE: Late = ("answer_timeout", "no answer in time");
 enum Leg {
     /// The answer to give the client (committed: a byte may already be on its way).
     Answer(Response<Body>),
+    /// A stream whose first chunk is in: what a relay needs to carry it on.
+    Stream(Upstream),
     Failed(Failure),
+}
+
+/// An engine's stream once its first chunk is in.
+struct Upstream {
+    first: Bytes,
+    arrived: Instant,
+    incoming: Incoming,
+    worker: Arc<Worker>,
+    /// Held while the stream runs on the worker.
+    _load: LoadGuard,
+    span: Arc<Span>,
+    prefill: Option<Value>,
+    content_type: HeaderValue,
+}
+
+/// What serving a request came to: an answer to give as is, or a stream to relay.
+enum Served {
+    Done(Response<Body>),
+    Stream(Upstream),
 }
 
 /// One client request on its way.
@@ -222,6 +244,8 @@ struct Ctx {
     session: Option<String>,
     prefix: Vec<u8>,
     sent_first: AtomicBool,
+    /// A stream's migration state (migrate.rs), or why it cannot move; the relay takes it.
+    resume: Mutex<Option<Result<Resume, &'static str>>>,
 }
 
 enum Stop {
@@ -270,17 +294,26 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Relays SSE events as they complete, rewriting the one that carries usage (P/D).
+/// Relays SSE events as they complete, rewriting the one that carries usage (P/D), and every one
+/// of a stream that may move (migrate.rs: ids collected, identity and usage kept whole).
 struct SseRelay {
     route: &'static Route,
     buf: Vec<u8>,
     prefill: Option<Value>,
     saw_done: bool,
+    resume: Option<Resume>,
+    /// Why the stream cannot go on (a continuation opened a tools channel): nothing more is relayed.
+    stop: Option<&'static str>,
 }
 
 impl SseRelay {
+    fn new(route: &'static Route, prefill: Option<Value>, resume: Option<Resume>) -> Self {
+        Self { route, buf: Vec::new(), prefill, saw_done: false, resume, stop: None }
+    }
+
     fn push(&mut self, data: Bytes) -> Option<Bytes> {
-        let simple = self.buf.is_empty()
+        let simple = self.resume.is_none()
+            && self.buf.is_empty()
             && data.ends_with(b"\n\n")
             && (self.prefill.is_none() || find(&data, b"\"usage\"").is_none());
         if simple {
@@ -294,31 +327,51 @@ impl SseRelay {
         let complete: Vec<u8> = self.buf.drain(..end).collect();
         let mut out = Vec::with_capacity(complete.len() + 64);
         for event in complete.split_inclusive(|b| *b == b'\n').collect::<Vec<_>>().split(|l| *l == b"\n") {
-            if event.is_empty() {
+            if event.is_empty() || self.stop.is_some() {
                 continue;
             }
-            if self.route.ends_stream(&event.concat()) {
-                self.saw_done = true;
-            }
+            let mut lines = Vec::with_capacity(event.len());
             for line in event {
-                match (&self.prefill, line.strip_prefix(b"data: ")) {
-                    (Some(prefill), Some(json)) if find(json, b"\"usage\"").is_some() => {
-                        let rewritten = serde_json::from_slice::<Value>(json)
-                            .ok()
-                            .and_then(|mut v| usage::reconcile(prefill, &mut v, &self.route.usage).then_some(v));
-                        match rewritten {
-                            Some(v) => {
-                                out.extend_from_slice(b"data: ");
-                                out.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
-                                out.push(b'\n');
+                let Some(json) = line.strip_prefix(b"data: ").filter(|j| j.starts_with(b"{")) else {
+                    lines.push(line.to_vec());
+                    continue;
+                };
+                let json = json.strip_suffix(b"\n").unwrap_or(json);
+                let mut json = match self.resume.as_mut().map(|r| r.event(json)) {
+                    None => json.to_vec(),
+                    Some(Ok(Some(rewritten))) => rewritten,
+                    Some(Ok(None)) => {
+                        lines.clear();
+                        break;
+                    }
+                    Some(Err(why)) => {
+                        self.stop = Some(why);
+                        lines.clear();
+                        break;
+                    }
+                };
+                if let Some(prefill) = &self.prefill {
+                    if find(&json, b"\"usage\"").is_some() {
+                        if let Ok(mut v) = serde_json::from_slice::<Value>(&json) {
+                            if usage::reconcile(prefill, &mut v, &self.route.usage) {
+                                json = serde_json::to_vec(&v).unwrap_or_default();
                             }
-                            None => out.extend_from_slice(line),
                         }
                     }
-                    _ => out.extend_from_slice(line),
                 }
+                lines.push([b"data: ".as_slice(), &json, b"\n"].concat());
             }
+            if lines.is_empty() {
+                continue;
+            }
+            if self.route.ends_stream(&lines.concat()) {
+                self.saw_done = true;
+            }
+            lines.iter().for_each(|l| out.extend_from_slice(l));
             out.push(b'\n');
+        }
+        if out.is_empty() && self.stop.is_none() {
+            return None;
         }
         Some(Bytes::from(out))
     }
@@ -533,7 +586,17 @@ impl App {
             .max_tokens(&body)
             .map(|n| self.cfg.idle_gap_timeout.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
         let random = self.ids.fetch_add(0x9e3779b97f4a7c15, Ordering::Relaxed);
-        let ctx = Ctx {
+        // A stream that may move mid-way asks its legs for token ids (migrate.rs).
+        let resume = stream.then(|| match (self.cfg.max_migrations, refusal(route, &body)) {
+            (0, _) => Err("off"),
+            (_, Some(why)) => Err(why),
+            (_, None) => {
+                let r = Resume::new(route, &body);
+                body.insert("return_token_ids".into(), Value::Bool(true));
+                Ok(r)
+            }
+        });
+        let ctx = Arc::new(Ctx {
             route,
             session: session_key(&headers, &body),
             body,
@@ -548,15 +611,86 @@ impl App {
             whole_answer,
             prefix,
             sent_first: AtomicBool::new(false),
-        };
-        let mut resp = match self.cfg.mode {
-            Mode::PrefillDecode => self.pd(&ctx, in_flight).await,
-            Mode::Aggregated => self.aggregated(&ctx, in_flight).await,
+            resume: Mutex::new(resume),
+        });
+        let mut resp = match self.serve(&ctx).await {
+            Served::Done(resp) => resp,
+            Served::Stream(up) => self.relay(&ctx, up, in_flight),
         };
         if let Some(v) = &ctx.client_request_id {
             resp.headers_mut().insert("x-request-id", v.clone());
         }
         resp
+    }
+
+    async fn serve(&self, ctx: &Ctx) -> Served {
+        match self.cfg.mode {
+            Mode::PrefillDecode => self.pd(ctx).await,
+            Mode::Aggregated => self.aggregated(ctx).await,
+        }
+    }
+
+    /// The client's stream from an engine's: relayed by RelayBody.
+    fn relay(self: &Arc<Self>, ctx: &Arc<Ctx>, up: Upstream, in_flight: InFlight) -> Response<Body> {
+        let (resume, refused) = match ctx.resume.lock().ok().and_then(|mut r| r.take()) {
+            Some(Ok(r)) => (Some(r), None),
+            Some(Err(why)) => (None, Some(why)),
+            None => (None, Some("off")),
+        };
+        let content_type = up.content_type.clone();
+        let first = Some((up.first.clone(), up.arrived));
+        let sse = SseRelay::new(ctx.route, up.prefill.clone(), resume);
+        let relay = RelayBody {
+            leg: up,
+            app: self.clone(),
+            ctx: ctx.clone(),
+            route: ctx.route,
+            sse,
+            refused,
+            first,
+            moving: None,
+            idle: Box::pin(tokio::time::sleep(self.cfg.idle_gap_timeout)),
+            deadline: Box::pin(sleep_until(ctx.deadline.into())),
+            idle_armed: false,
+            done: false,
+            _in_flight: in_flight,
+        };
+        let mut resp = Response::new(BodyExt::boxed(relay));
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, content_type);
+        resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    }
+
+    /// The request a moving stream goes on with (migrate.rs): a leg set like the first one's, on
+    /// the continuation's route and body, under the same span and deadline.
+    async fn continue_stream(self: Arc<Self>, ctx: Arc<Ctx>, next: Continuation, n: u32) -> Result<Upstream, Failure> {
+        let ids = next.body.get("prompt").and_then(Value::as_array).map_or(0, Vec::len);
+        let first_token =
+            self.cfg.first_token_timeout + Duration::from_secs_f64(ids as f64 / self.cfg.prefill_tokens_per_sec);
+        let moved = Ctx {
+            route: next.route,
+            body: next.body,
+            stream: true,
+            client_request_id: ctx.client_request_id.clone(),
+            span: ctx.span.clone(),
+            base_id: format!("{}-m{n}", ctx.base_id),
+            started: Instant::now(),
+            body_in: Instant::now(),
+            deadline: ctx.deadline,
+            first_token,
+            whole_answer: None,
+            session: ctx.session.clone(),
+            prefix: ctx.prefix.clone(),
+            sent_first: AtomicBool::new(true),
+            resume: Mutex::new(None),
+        };
+        match self.serve(&moved).await {
+            Served::Stream(up) => Ok(up),
+            Served::Done(resp) => Err(Failure::Sent(
+                "failed",
+                format!("the continuation was answered {} instead of a stream", resp.status().as_u16()),
+            )),
+        }
     }
 
     fn candidates(&self, role: Role, tried: &[u64]) -> (Arc<Vec<Arc<Worker>>>, Vec<Arc<Worker>>) {
@@ -762,19 +896,12 @@ impl App {
 
     /// A decode leg (or an aggregated engine's): the client's answer, or a failure before any byte
     /// of it was relayed. A stream's relay holds the leg's span: it ends with the stream.
-    async fn answer_leg(
-        &self,
-        ctx: &Ctx,
-        w: &Arc<Worker>,
-        body: Bytes,
-        leg_id: &str,
-        prefill: Option<Value>,
-        in_flight: &mut Option<InFlight>,
-    ) -> Leg {
+    async fn answer_leg(&self, ctx: &Ctx, w: &Arc<Worker>, body: Bytes, leg_id: &str, prefill: Option<Value>) -> Leg {
         let span = Self::leg_span(ctx, w, leg_id);
-        let out = self.answer_exchange(ctx, w, body, (leg_id, &span), prefill, in_flight).await;
+        let out = self.answer_exchange(ctx, w, body, (leg_id, &span), prefill).await;
         match &out {
             Leg::Answer(resp) => span.set("http.response.status_code", i64::from(resp.status().as_u16())),
+            Leg::Stream(_) => span.set("http.response.status_code", 200i64),
             Leg::Failed(f) => f.mark(&span),
         }
         out
@@ -787,7 +914,6 @@ impl App {
         body: Bytes,
         (leg_id, span): (&str, &Arc<Span>),
         prefill: Option<Value>,
-        in_flight: &mut Option<InFlight>,
     ) -> Leg {
         let load = LoadGuard::new(w);
         let mut down = w.endpoint.down_signal();
@@ -866,31 +992,21 @@ impl App {
                 ));
             }
         };
-        let arrived = Instant::now();
-        let relay = RelayBody {
-            cfg: self.cfg.clone(),
-            reg: self.reg.clone(),
-            worker: w.clone(),
-            route: ctx.route,
-            sse: SseRelay { route: ctx.route, buf: Vec::new(), prefill, saw_done: false },
-            first: Some((first, arrived)),
-            upstream: incoming,
-            idle: Box::pin(tokio::time::sleep(self.cfg.idle_gap_timeout)),
-            deadline: Box::pin(sleep_until(ctx.deadline.into())),
-            idle_armed: false,
-            done: false,
-            spans: (span.clone(), ctx.span.clone()),
-            _hold: (load, in_flight.take()),
-        };
-        let mut resp = Response::new(BodyExt::boxed(relay));
-        let ct = parts
+        let content_type = parts
             .headers
             .get(http::header::CONTENT_TYPE)
             .cloned()
             .unwrap_or(HeaderValue::from_static("text/event-stream"));
-        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-        resp.headers_mut().insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        Leg::Answer(resp)
+        Leg::Stream(Upstream {
+            first,
+            arrived: Instant::now(),
+            incoming,
+            worker: w.clone(),
+            _load: load,
+            span: span.clone(),
+            prefill,
+            content_type,
+        })
     }
 
     /// The client's body with the prefill's overrides, serialized without a deep copy of it (a prompt
@@ -924,8 +1040,7 @@ impl App {
         reply::error(status, kind, &message)
     }
 
-    async fn pd(&self, ctx: &Ctx, in_flight: InFlight) -> Response<Body> {
-        let mut in_flight = Some(in_flight);
+    async fn pd(&self, ctx: &Ctx) -> Served {
         let prefill_body = Self::prefill_body(ctx);
         let (mut tried_p, mut tried_d) = (Vec::new(), Vec::new());
         let mut retries = 0;
@@ -936,16 +1051,16 @@ impl App {
             let (Some(p), Some(mut d)) =
                 (self.pick(Role::Prefill, ctx, &tried_p), self.pick(Role::Decode, ctx, &tried_d))
             else {
-                return match &last {
+                return Served::Done(match &last {
                     Some(f) => Self::failed(f),
                     None if self.reg.prefill.routable_count() == 0 => self.no_engine(Role::Prefill),
                     None => self.no_engine(Role::Decode),
-                };
+                });
             };
             let leg = format!("{}-p{attempt}", ctx.base_id);
             let prefill = match self.prefill_leg(ctx, &p, prefill_body.clone(), &leg).await {
                 Ok(Ok(v)) => v,
-                Ok(Err(client_error)) => return client_error,
+                Ok(Err(client_error)) => return Served::Done(client_error),
                 Err(f) => {
                     self.fail(&p, &f);
                     tried_p.push(p.id);
@@ -953,7 +1068,9 @@ impl App {
                     if self.has_candidate(Role::Prefill, &tried_p) && self.may_retry(&mut retries, "prefill") {
                         continue 'pair;
                     }
-                    return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Prefill));
+                    return Served::Done(
+                        last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Prefill)),
+                    );
                 }
             };
             let mut decode_body = ctx.body.clone();
@@ -967,9 +1084,9 @@ impl App {
             loop {
                 resend += 1;
                 let leg = format!("{}-d{attempt}.{resend}", ctx.base_id);
-                match self.answer_leg(ctx, &d, decode_bytes.clone(), &leg, Some(prefill.clone()), &mut in_flight).await
-                {
-                    Leg::Answer(resp) => return resp,
+                match self.answer_leg(ctx, &d, decode_bytes.clone(), &leg, Some(prefill.clone())).await {
+                    Leg::Answer(resp) => return Served::Done(resp),
+                    Leg::Stream(up) => return Served::Stream(up),
                     Leg::Failed(f) => {
                         self.fail(&d, &f);
                         tried_d.push(d.id);
@@ -984,22 +1101,25 @@ impl App {
                                         continue;
                                     }
                                 }
-                                return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
+                                return Served::Done(
+                                    last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode)),
+                                );
                             }
                         }
                         // The params may have been read: burn them, prefill again.
                         if self.has_candidate(Role::Decode, &tried_d) && self.may_retry(&mut retries, "reprefill") {
                             continue 'pair;
                         }
-                        return last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode));
+                        return Served::Done(
+                            last.as_ref().map(Self::failed).unwrap_or_else(|| self.no_engine(Role::Decode)),
+                        );
                     }
                 }
             }
         }
     }
 
-    async fn aggregated(&self, ctx: &Ctx, in_flight: InFlight) -> Response<Body> {
-        let mut in_flight = Some(in_flight);
+    async fn aggregated(&self, ctx: &Ctx) -> Served {
         let body = Bytes::from(serde_json::to_vec(&Value::Object(ctx.body.clone())).unwrap_or_default());
         let mut tried = Vec::new();
         let mut retries = 0;
@@ -1007,16 +1127,17 @@ impl App {
         loop {
             attempt += 1;
             let Some(w) = self.pick(Role::Aggregated, ctx, &tried) else {
-                return self.no_engine(Role::Aggregated);
+                return Served::Done(self.no_engine(Role::Aggregated));
             };
             let leg = format!("{}-a{attempt}", ctx.base_id);
-            match self.answer_leg(ctx, &w, body.clone(), &leg, None, &mut in_flight).await {
-                Leg::Answer(resp) => return resp,
+            match self.answer_leg(ctx, &w, body.clone(), &leg, None).await {
+                Leg::Answer(resp) => return Served::Done(resp),
+                Leg::Stream(up) => return Served::Stream(up),
                 Leg::Failed(f) => {
                     self.fail(&w, &f);
                     tried.push(w.id);
                     if !self.has_candidate(Role::Aggregated, &tried) || !self.may_retry(&mut retries, "aggregated") {
-                        return Self::failed(&f);
+                        return Served::Done(Self::failed(&f));
                     }
                 }
             }
@@ -1024,35 +1145,42 @@ impl App {
     }
 }
 
+type Moving = Pin<Box<dyn Future<Output = Result<Upstream, Failure>> + Send>>;
+
 /// The client's stream: the engine's, relayed as the client's connection asks for it (no task and
 /// no channel between them: a chunk costs one wake-up, not two), with the idle-gap and request
-/// watchdogs; a cut stream ends with an SSE error event. Dropped when the client leaves, which drops
-/// the engine's connection and so aborts its request.
+/// watchdogs. When the engine fails mid-way the stream moves to another engine (migrate.rs) if it
+/// may, else it ends with an SSE error event. Dropped when the client leaves, which drops the
+/// engine's connection and so aborts its request.
 struct RelayBody {
-    cfg: Arc<Config>,
-    reg: Arc<Registry>,
-    worker: Arc<Worker>,
+    /// The engine's stream, its worker, load and leg span. First: fields drop in order, and the
+    /// leg's span must end before the request's (ctx.span), which ends when the last Ctx goes.
+    leg: Upstream,
+    app: Arc<App>,
+    ctx: Arc<Ctx>,
     route: &'static Route,
     sse: SseRelay,
+    /// Why the stream cannot move (None: it may, while sse.resume allows it).
+    refused: Option<&'static str>,
     /// The first chunk, read before the answer was committed, and when it arrived.
     first: Option<(Bytes, Instant)>,
-    upstream: Incoming,
+    /// The continuation being set up after the engine failed (in a Mutex only to make the body
+    /// Sync, as hyper's boxed body asks: it is polled through get_mut, never locked).
+    moving: Option<Mutex<Moving>>,
     idle: Pin<Box<Sleep>>,
     deadline: Pin<Box<Sleep>>,
     /// The idle gap is timed from when the client asks for the next chunk, not from the last one:
     /// a slow client is not a stalled engine.
     idle_armed: bool,
     done: bool,
-    /// The leg's span and the request's: both end when the stream does (when the relay is dropped).
-    spans: (Arc<Span>, Arc<Span>),
-    _hold: (LoadGuard, Option<InFlight>),
+    _in_flight: InFlight,
 }
 
 /// A stream the client left (the relay dropped before its end): its spans say so.
 impl Drop for RelayBody {
     fn drop(&mut self) {
         if !self.done {
-            for span in [&self.spans.0, &self.spans.1] {
+            for span in [&self.leg.span, &self.ctx.span] {
                 span.set("kimik3.outcome", "client_gone");
             }
         }
@@ -1060,22 +1188,65 @@ impl Drop for RelayBody {
 }
 
 impl RelayBody {
-    fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str, engine_fault: bool) -> Bytes {
+    fn leg_outcome(&self, outcome: &str) {
+        let w = &self.leg.worker;
+        METRICS.inc(
+            "kimik3_router_leg_requests_total",
+            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", outcome)],
+        );
+    }
+
+    /// The engine failed mid-stream: its failure recorded, and the stream moved if it may (Ok), else
+    /// the reason it cannot.
+    fn engine_failed(&mut self, reason: &'static str, message: &str) -> Result<(), &'static str> {
+        self.leg_outcome(reason);
+        let w = self.leg.worker.clone();
+        crate::info!("stream from {} failed ({reason}): {message}", w.label);
+        w.endpoint.record_failure(&self.app.cfg);
+        self.app.reg.pool(w.endpoint.role).publish_count();
+        self.leg.span.set("kimik3.outcome", reason);
+        self.leg.span.fail(message);
+        let why = self.move_on();
+        METRICS.inc("kimik3_router_migrations_total", &[("outcome", why.err().unwrap_or("moved"))]);
+        why
+    }
+
+    fn move_on(&mut self) -> Result<(), &'static str> {
+        if let Some(why) = self.refused {
+            return Err(why);
+        }
+        let Some(resume) = self.sse.resume.as_mut() else {
+            return Err("off");
+        };
+        if resume.migrations >= self.app.cfg.max_migrations {
+            return Err("limit");
+        }
+        if let Some(why) = resume.blocked() {
+            return Err(why);
+        }
+        if !self.app.budget.try_retry() {
+            METRICS.inc("kimik3_router_retry_budget_exhausted_total", &[]);
+            return Err("retry_budget");
+        }
+        let Some(next) = resume.continuation(self.route, &self.ctx.body) else {
+            return Err("cap_spent");
+        };
+        resume.migrations += 1;
+        let n = resume.migrations;
+        crate::info!("moving a stream after {} tokens (migration {n})", resume.generated());
+        METRICS.inc("kimik3_router_retries_total", &[("kind", "migration")]);
+        self.ctx.span.set("kimik3.migrations", i64::from(n));
+        self.sse.buf.clear(); // a partial event of the failed stream: never shown, its tokens not counted
+        self.moving = Some(Mutex::new(Box::pin(self.app.clone().continue_stream(self.ctx.clone(), next, n))));
+        Ok(())
+    }
+
+    fn cut(&mut self, reason: &'static str, status: u16, kind: &str, message: &str) -> Bytes {
         debug_assert!(crate::metrics::CUT_REASONS.contains(&reason), "a cut reason not in CUT_REASONS: {reason}");
         METRICS.inc("kimik3_router_streams_cut_total", &[("reason", reason)]);
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "cut")]);
-        let w = &self.worker;
-        METRICS.inc(
-            "kimik3_router_leg_requests_total",
-            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", reason)],
-        );
-        if engine_fault {
-            crate::info!("stream from {} cut: {message}", w.label);
-            w.endpoint.record_failure(&self.cfg);
-            self.reg.pool(w.endpoint.role).publish_count();
-        }
         self.done = true;
-        for span in [&self.spans.0, &self.spans.1] {
+        for span in [&self.leg.span, &self.ctx.span] {
             span.set("kimik3.outcome", "cut");
             span.set("kimik3.cut_reason", reason);
             span.fail(message);
@@ -1083,21 +1254,38 @@ impl RelayBody {
         (self.route.stream_error)(status, kind, message)
     }
 
+    /// The engine failed: moved on, or the stream cut with the engine's failure (and why it could
+    /// not move, when it tried).
+    fn failed(&mut self, reason: &'static str, status: u16, kind: &str, message: &str) -> Option<Bytes> {
+        match self.engine_failed(reason, message) {
+            Ok(()) => None,
+            Err(why) if why == "off" || self.refused == Some(why) => Some(self.cut(reason, status, kind, message)),
+            Err(why) => Some(self.cut(reason, status, kind, &format!("{message}; the stream could not move ({why})"))),
+        }
+    }
+
     fn finished(&mut self) {
-        let w = &self.worker;
-        METRICS.inc(
-            "kimik3_router_leg_requests_total",
-            &[("role", w.endpoint.role.name()), ("engine", &w.endpoint.authority), ("outcome", "ok")],
-        );
+        self.leg_outcome("ok");
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "ok")]);
-        w.endpoint.record_success();
-        self.spans.0.set("kimik3.outcome", "ok");
+        self.leg.worker.endpoint.record_success();
+        self.leg.span.set("kimik3.outcome", "ok");
         self.done = true;
     }
 
     fn out(&mut self, bytes: Bytes, arrived: Instant) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.idle_armed = false;
         METRICS.added_chunk.observe(arrived.elapsed());
+        if let Some(why) = self.sse.stop {
+            let mut all = bytes.to_vec();
+            let message =
+                format!("the stream moved to another engine and then needed what the router cannot parse ({why})");
+            all.extend_from_slice(&self.cut("migration_refused", 502, "upstream_error", &message));
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(all)))));
+        }
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+
+    fn data(bytes: Bytes) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         Poll::Ready(Some(Ok(Frame::data(bytes))))
     }
 }
@@ -1111,61 +1299,81 @@ impl hyper::body::Body for RelayBody {
         if this.done {
             return Poll::Ready(None);
         }
-        if let Some((first, arrived)) = this.first.take() {
-            if let Some(out) = this.sse.push(first) {
-                return this.out(out, arrived);
-            }
-        }
-        if !this.idle_armed {
-            this.idle.as_mut().reset(tokio::time::Instant::now() + this.cfg.idle_gap_timeout);
-            this.idle_armed = true;
-        }
         loop {
-            match poll_data(&mut this.upstream, cx) {
-                Poll::Ready(Ok(Some(data))) => {
-                    let arrived = Instant::now();
-                    match this.sse.push(data) {
-                        Some(out) => return this.out(out, arrived),
-                        // An event not complete yet: bytes did come, so the gap starts again.
-                        None => this.idle.as_mut().reset(tokio::time::Instant::now() + this.cfg.idle_gap_timeout),
+            if let Some(Ok(moving)) = this.moving.as_mut().map(Mutex::get_mut) {
+                match moving.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        if this.deadline.as_mut().poll(cx).is_ready() {
+                            this.moving = None;
+                            return Self::data(this.cut("request_timeout", 504, "timeout", "the request timed out"));
+                        }
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Ok(up)) => {
+                        this.moving = None;
+                        this.first = Some((up.first.clone(), up.arrived));
+                        this.leg = up;
+                        this.idle_armed = false;
+                    }
+                    Poll::Ready(Err(f)) => {
+                        this.moving = None;
+                        f.mark(&this.leg.span);
+                        METRICS.inc("kimik3_router_migrations_total", &[("outcome", "failed")]);
+                        let (status, kind, message) = f.client_error();
+                        let message = format!("the stream's engine failed and moving it failed too: {message}");
+                        return Self::data(this.cut("migration_failed", status, kind, &message));
                     }
                 }
-                Poll::Ready(Err(e)) => {
-                    let out = this.cut(
-                        "upstream_error",
-                        502,
-                        "upstream_error",
-                        &format!("the engine's stream broke: {e}"),
-                        true,
-                    );
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
-                }
-                Poll::Ready(Ok(None)) if this.sse.saw_done => {
-                    this.finished();
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(None)) => {
-                    let out = this.cut(
-                        "ended_early",
-                        502,
-                        "upstream_error",
-                        "the engine ended the stream before it was complete",
-                        true,
-                    );
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
-                }
-                Poll::Pending => break,
             }
+            if let Some((first, arrived)) = this.first.take() {
+                if let Some(out) = this.sse.push(first) {
+                    return this.out(out, arrived);
+                }
+            }
+            if !this.idle_armed {
+                this.idle.as_mut().reset(tokio::time::Instant::now() + this.app.cfg.idle_gap_timeout);
+                this.idle_armed = true;
+            }
+            let failure = loop {
+                match poll_data(&mut this.leg.incoming, cx) {
+                    Poll::Ready(Ok(Some(data))) => {
+                        let arrived = Instant::now();
+                        match this.sse.push(data) {
+                            Some(out) => return this.out(out, arrived),
+                            // An event not complete yet: bytes did come, so the gap starts again.
+                            None => {
+                                this.idle.as_mut().reset(tokio::time::Instant::now() + this.app.cfg.idle_gap_timeout)
+                            }
+                        }
+                    }
+                    Poll::Ready(Err(e)) => {
+                        break ("upstream_error", 502, "upstream_error", format!("the engine's stream broke: {e}"));
+                    }
+                    Poll::Ready(Ok(None)) if this.sse.saw_done => {
+                        this.finished();
+                        return Poll::Ready(None);
+                    }
+                    Poll::Ready(Ok(None)) => {
+                        let m = "the engine ended the stream before it was complete".to_string();
+                        break ("ended_early", 502, "upstream_error", m);
+                    }
+                    Poll::Pending => {
+                        if this.deadline.as_mut().poll(cx).is_ready() {
+                            return Self::data(this.cut("request_timeout", 504, "timeout", "the request timed out"));
+                        }
+                        if this.idle.as_mut().poll(cx).is_ready() {
+                            break ("idle_gap", 504, "timeout", "the engine stalled mid-stream".to_string());
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            };
+            let (reason, status, kind, message) = failure;
+            if let Some(out) = this.failed(reason, status, kind, &message) {
+                return Self::data(out);
+            }
+            // Moving: poll the continuation on the next turn of the loop.
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            let out = this.cut("request_timeout", 504, "timeout", "the request timed out", false);
-            return Poll::Ready(Some(Ok(Frame::data(out))));
-        }
-        if this.idle.as_mut().poll(cx).is_ready() {
-            let out = this.cut("idle_gap", 504, "timeout", "the engine stalled mid-stream", true);
-            return Poll::Ready(Some(Ok(Frame::data(out))));
-        }
-        Poll::Pending
     }
 }
 
@@ -1211,8 +1419,7 @@ mod tests {
     #[test]
     fn sse_relay_passes_events_and_rewrites_usage() {
         let prefill = json!({"usage": {"prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}});
-        let mut r =
-            SseRelay { route: &crate::routes::ROUTES[0], buf: Vec::new(), prefill: Some(prefill), saw_done: false };
+        let mut r = SseRelay::new(&crate::routes::ROUTES[0], Some(prefill), None);
         let plain = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
         assert_eq!(r.push(plain.clone()), Some(plain));
         assert_eq!(r.push(Bytes::from_static(b"data: {\"usage\":{\"prompt_tokens\":10,")), None);
@@ -1228,7 +1435,7 @@ mod tests {
         let prefill =
             json!({"usage": {"input_tokens": 10, "output_tokens": 1, "input_tokens_details": {"cached_tokens": 4}}});
         let route = crate::routes::Route::find("/v1/responses").unwrap_or(&crate::routes::ROUTES[0]);
-        let mut r = SseRelay { route, buf: Vec::new(), prefill: Some(prefill), saw_done: false };
+        let mut r = SseRelay::new(route, Some(prefill), None);
         let delta = Bytes::from_static(b"event: response.output_text.delta\ndata: {\"delta\":\"data: [DONE]\"}\n\n");
         assert_eq!(r.push(delta.clone()), Some(delta));
         assert!(!r.saw_done, "a chat marker inside a responses event ends nothing");
