@@ -34,6 +34,12 @@ class Answer:
     gaps: list[float] = field(default_factory=list)
     """Seconds between consecutive content chunks of a stream."""
     error: str = ""
+    reasoning: str = ""
+    """A chat stream's think channel (delta.reasoning)."""
+    token_ids: list[int] = field(default_factory=list)
+    """The answer's token ids, when the request asked for them (return_token_ids)."""
+    response_ids: set[str] = field(default_factory=set)
+    """Every response id the stream's chunks carried (one, unless the stream was not one answer)."""
 
 
 def prompt(words: int, seed: str) -> str:
@@ -86,18 +92,23 @@ def post(base: str, path: str, body: dict[str, Any], *, timeout: float = 60, int
                     answer.done = not answer.error
                     break
                 answer.usage = chunk.get("usage") or answer.usage
+                if chunk.get("id"):
+                    answer.response_ids.add(chunk["id"])
                 pieces: list[dict[str, Any]] = ([{"text": chunk.get("delta") or ""}]
                                                 if kind == "response.output_text.delta" else [])
                 for choice in chunk.get("choices") or pieces:
                     delta = choice.get("delta") or {}
                     piece = choice.get("text") or delta.get("content") or ""
+                    thought = delta.get("reasoning") or ""
+                    answer.reasoning += thought
+                    answer.token_ids += choice.get("token_ids") or []
                     for call in delta.get("tool_calls") or []:
                         merged = calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
                         merged["id"] = call.get("id") or merged.get("id")
                         fn = call.get("function") or {}
                         merged["function"]["name"] += fn.get("name") or ""
                         merged["function"]["arguments"] += fn.get("arguments") or ""
-                    if piece or delta.get("tool_calls"):
+                    if piece or thought or delta.get("tool_calls"):
                         now = time.monotonic()
                         if last is None:
                             answer.ttft = now - started

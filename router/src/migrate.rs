@@ -171,6 +171,8 @@ pub struct Resume {
     /// A chat stream restarted whole (nothing but its role chunk had been shown): the new stream's
     /// role chunk is dropped.
     skip_role: bool,
+    /// Ids the client was sent already and the continuation sends again (tokens rolled back).
+    skip_ids: usize,
 }
 
 /// A continuation request: the route to send it on and its body.
@@ -220,6 +222,7 @@ impl Resume {
             migrations: 0,
             parser: None,
             skip_role: false,
+            skip_ids: 0,
         }
     }
 
@@ -247,6 +250,14 @@ impl Resume {
     /// stream restarts whole on its own route when it had shown nothing but its role). None when
     /// the answer's cap is already spent.
     pub fn continuation(&mut self, route: &'static Route, original: &Map<String, Value>) -> Option<Continuation> {
+        // Tokens a chat parser held back (part of a channel marker) showed no text: they are
+        // generated again, so that the continuation's text holds the whole marker.
+        if self.chat && self.parser.is_none() && self.held > 0 {
+            let keep = self.generated.len().saturating_sub(self.held);
+            self.generated.truncate(keep);
+            self.skip_ids = if self.client_ids { self.held } else { 0 };
+            self.held = 0;
+        }
         let g = self.generated.len() as u64;
         let prompt_ids = self.prompt_ids.clone()?;
         if self.chat && g == 0 && self.parser.is_none() {
@@ -301,13 +312,15 @@ impl Resume {
             self.model = v.get("model").cloned();
         }
         if let Some(parser) = self.parser.as_mut() {
-            return chat_from_completion(parser, &mut v, &mut self.generated, self.client_ids).map(|o| {
-                o.map(|mut c| {
-                    self.identity(&mut c);
-                    self.usage(&mut c);
-                    serde_json::to_vec(&c).unwrap_or_default()
-                })
-            });
+            return chat_from_completion(parser, &mut v, &mut self.generated, self.client_ids, &mut self.skip_ids).map(
+                |o| {
+                    o.map(|mut c| {
+                        self.identity(&mut c);
+                        self.usage(&mut c);
+                        serde_json::to_vec(&c).unwrap_or_default()
+                    })
+                },
+            );
         }
         let prompt = if self.chat {
             v.remove("prompt_token_ids")
@@ -421,6 +434,7 @@ fn chat_from_completion(
     v: &mut Map<String, Value>,
     generated: &mut Vec<Value>,
     client_ids: bool,
+    skip_ids: &mut usize,
 ) -> Result<Option<Map<String, Value>>, &'static str> {
     let mut out = Map::new();
     out.insert("object".into(), "chat.completion.chunk".into());
@@ -432,9 +446,12 @@ fn chat_from_completion(
         }
         return Ok(Some(out));
     };
-    let ids = c.remove("token_ids");
-    if let Some(Value::Array(ids)) = &ids {
+    let mut ids = c.remove("token_ids");
+    if let Some(Value::Array(ids)) = &mut ids {
         generated.extend(ids.iter().cloned());
+        let sent = (*skip_ids).min(ids.len());
+        ids.drain(..sent);
+        *skip_ids -= sent;
     }
     let finish = c.remove("finish_reason").filter(|f| !f.is_null());
     let text = c.get("text").and_then(Value::as_str).unwrap_or_default();
@@ -566,6 +583,30 @@ mod tests {
         assert_eq!(c["id"], json!("chatcmpl-1"));
         assert_eq!(c["choices"][0]["delta"], json!({"reasoning": " me", "content": "Hi"}));
         assert_eq!(r.generated(), 6);
+    }
+
+    #[test]
+    fn tokens_a_chat_parser_held_back_are_generated_again_so_the_marker_is_whole() {
+        let chat = route("/v1/chat/completions");
+        let body = map(json!({"messages": [], "max_tokens": 20, "return_token_ids": true}));
+        let mut r = Resume::new(chat, &body);
+        let _ = r.event(
+            br#"{"id":"c","prompt_token_ids":[1],"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        );
+        let _ = r.event(br#"{"id":"c","choices":[{"index":0,"delta":{"reasoning":"Let"},"token_ids":[11]}]}"#);
+        // `<|close|>` alone: the parser shows nothing, the client gets its id.
+        let held = r.event(br#"{"id":"c","choices":[{"index":0,"delta":{},"token_ids":[12]}]}"#);
+        assert!(held.ok().flatten().is_some(), "the client asked for ids: the chunk goes out");
+        assert_eq!(r.blocked(), None, "no tools offered: a held marker is not a tool call");
+        let next = r.continuation(chat, &body).map(|c| c.body).unwrap_or_default();
+        assert_eq!((next["prompt"].clone(), next["max_tokens"].clone()), (json!([1, 11]), json!(19)));
+        r.migrations = 1;
+        let c = r
+            .event(br#"{"id":"x","choices":[{"index":0,"text":"<|close|>think<|sep|>Hi","token_ids":[12,13,14,15]}]}"#);
+        let c: Value = serde_json::from_slice(&c.ok().flatten().unwrap_or_default()).unwrap_or_default();
+        assert_eq!(c["choices"][0]["delta"], json!({"content": "Hi"}));
+        assert_eq!(c["choices"][0]["token_ids"], json!([13, 14, 15]), "12 was sent once already");
+        assert_eq!(r.generated(), 5);
     }
 
     #[test]

@@ -220,10 +220,10 @@ def test_token_ids_come_back_and_a_stream_resumed_from_them_goes_on_unchanged(ag
     assert len(ids) == 30 and len(text.split()) == 30
     assert agg.post("/v1/completions", {**body, "prompt": body["prompt"]}).json()["choices"][0]["token_ids"] == ids
     for cut in (1, 7, 29):
-        rest = _choices(agg.stream("/v1/completions", {**body, "prompt": prompt_ids + ids[:cut], "max_tokens": 30 - cut}))
+        resumed = {**body, "prompt": prompt_ids + ids[:cut], "max_tokens": 30 - cut}
+        rest = _choices(agg.stream("/v1/completions", resumed))
         assert [t for c in rest for t in c["token_ids"]] == ids[cut:]
-        assert text == \
-            "".join(c["text"] for c in whole[:cut]) + "".join(c["text"] for c in rest)
+        assert text == "".join(c["text"] for c in whole[:cut]) + "".join(c["text"] for c in rest)
 
 
 def test_a_thinking_chat_streams_reasoning_then_content_and_resumes_through_completions(agg: Sim) -> None:

@@ -979,6 +979,17 @@ class RouterWatchdog(SpecModel):
     """The longest silence between two chunks of a stream."""
 
 
+class RouterMigration(SpecModel):
+    """Mid-stream migration (kimik3-router): a stream whose engine dies or stalls after tokens reached
+    the client goes on on another engine from its prompt and generated token ids, under the same
+    response id, with usage over the whole answer (docs/migration.md). What cannot move (n > 1,
+    guided decoding, an open tool call, chat logprobs...) still ends with an SSE error event."""
+
+    max_per_stream: Annotated[int, Field(ge=0, le=8)] = 2
+    """Times one stream may move; 0 turns migration off (a failure mid-stream then ends the stream
+    with an error event). Each move prefills the whole context again on the new engine."""
+
+
 class Router(SpecModel):
     """The router in front of the engines (kimik3-router): one endpoint for clients. A deployment with
     prefill/decode roles gets a prefill/decode router (`<name>-router`) that sends each request to a
@@ -1018,6 +1029,8 @@ class Router(SpecModel):
     every request sent to it until its pod turns unready (docs/decisions/router-failover.md)."""
     watchdog: RouterWatchdog = RouterWatchdog()
     """kimik3-router's deadlines for an engine that took a request and does not answer."""
+    migration: RouterMigration = RouterMigration()
+    """kimik3-router's mid-stream migration."""
     image: ImageRef | None = None
     """The router pods' image (the router and its HAProxy front), e.g. a mirror of the project's;
     the image of `implementation` at this operator's version when omitted."""

@@ -66,6 +66,8 @@ class RouterPlan:
     """The model name it answers /v1/models with (spec.model.servedName)."""
     first_token_seconds: int = 30
     idle_gap_seconds: int = 60
+    max_migrations: int = 2
+    """Times one stream may move to another engine mid-way (spec.router.migration.maxPerStream)."""
     prefill_tokens_per_second: int | None = None
     """The slowest prefill rate the planner predicts for the roles it sends prompts to (prefill, or
     aggregated), per replica at the workload's prompt length: the first-token deadline grows by the
@@ -132,6 +134,7 @@ def router_plans(spec: KimiK3DeploymentSpec,
                    served_name=spec.model.served_name,
                    first_token_seconds=router.watchdog.first_token_seconds,
                    idle_gap_seconds=router.watchdog.idle_gap_seconds, prefill_tokens_per_second=slowest(chosen),
+                   max_migrations=router.migration.max_per_stream,
                    traces=traces,
                    requests=(("cpu", requests.cpu), ("memory", requests.memory)),
                    limits=tuple((k, v) for k, v in (("cpu", limits.cpu), ("memory", limits.memory)) if v is not None),

@@ -177,7 +177,8 @@ def kimik3_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
     the front, its metrics on every address; the engines found by a watch of the pods with
     server-side label selectors (one flag per role, `k=v,...`); the body cap and the request
     timeout the front's; the drain the engines' own; the watchdog's deadlines from the spec and the
-    slowest prefill rate the planner predicts for the roles it routes to."""
+    slowest prefill rate the planner predicts for the roles it routes to; how often a stream may move
+    to another engine mid-way."""
     plan = targets.plan
     policy = {role: POLICY_FLAG[name] for role, name in plan.policies}
     args = ["--host", "127.0.0.1", "--port", str(ROUTER_LOOPBACK_PORT),
@@ -187,7 +188,7 @@ def kimik3_router_args(owner: Owner, targets: RouterTargets) -> list[str]:
             "--engine-port", str(HTTP_PORT),
             "--max-payload-size", str(plan.front.max_request_bytes), "--request-timeout-secs", str(ANSWER_SECONDS),
             "--drain-secs", str(plan.drain_seconds), "--first-token-timeout-secs", str(plan.first_token_seconds),
-            "--idle-gap-timeout-secs", str(plan.idle_gap_seconds)]
+            "--idle-gap-timeout-secs", str(plan.idle_gap_seconds), "--max-migrations", str(plan.max_migrations)]
     if plan.prefill_tokens_per_second is not None:
         args += ["--prefill-tokens-per-sec", str(plan.prefill_tokens_per_second)]
     if plan.traces is not None:
