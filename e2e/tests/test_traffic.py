@@ -661,10 +661,10 @@ def test_a_decode_that_hangs_or_stalls_under_load_fails_only_streams_it_had_begu
     every stream after 2 tokens with the connection open (`stall`), for 20 s under an open-loop load
     (4 requests/s, every other one streamed), while its /health keeps saying 200 and its pod stays
     Ready, as vLLM's does when its engine core is stuck: nothing refuses, nothing times out by itself.
-    Every outcome is counted. No non-streamed request fails (the router's watchdog gives up on the leg
-    and serves it elsewhere with fresh KV params); a stream fails only if the stalled engine had
-    already relayed a token to it, and then it ends with an error event; no KV is read twice; once
-    the fault is cleared, the engine is routed again."""
+    Every outcome is counted. No request fails: the router's watchdog gives up on the leg and serves
+    a non-streamed request elsewhere with fresh KV params, and moves a stream the stalled engine had
+    begun to the other decode from its prompt and generated ids (docs/migration.md); no KV is read
+    twice; once the fault is cleared, the engine is routed again."""
     name = f"k3-{fault}"
     body = _example(PD_EXAMPLE, namespace, name)
     next(p for p in body["spec"]["pools"] if "decode" in p)["decode"]["replicas"] = 2
@@ -701,13 +701,12 @@ def test_a_decode_that_hangs_or_stalls_under_load_fails_only_streams_it_had_begu
     assert struck >= 1, f"the {fault} struck no request: the test proved nothing"
     assert watchdog >= 1
     assert _second_reads(pod_runner, namespace) == {}
-    assert not [a for _, a, streamed in failed if not streamed], load.story()
-    # A stream fails only when a token had reached it, and then ends with an error event.
-    begun = [(a, a.ttft is not None and a.error.startswith("{")) for _, a, _ in failed]
-    assert all(ok for _, ok in begun), load.story()
-    if fault == "hang":  # a hung engine relays nothing: every stream is saved too
-        assert not failed, load.story()
-    assert len(failed) <= struck
+    moved = sum(metric(f"http://{r.ip}:{r.metrics_port}/metrics", "kimik3_router_migrations_total",
+                       outcome="moved") for r in routers)
+    REPORT.append(f"chaos: {fault}: {moved:.0f} streams moved off the {fault} decode mid-way")
+    assert not failed, load.story()
+    if fault == "stall":  # every stream the stalled engine had begun moved
+        assert moved >= 1
 
 
 def _degraded_naming(namespace: str, name: str, pod: str) -> dict[str, Any] | None:

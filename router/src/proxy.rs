@@ -246,6 +246,9 @@ struct Ctx {
     sent_first: AtomicBool,
     /// A stream's migration state (migrate.rs), or why it cannot move; the relay takes it.
     resume: Mutex<Option<Result<Resume, &'static str>>>,
+    /// Engines (worker ids) not to send the answer leg to: a continuation avoids the engine whose
+    /// stream just failed, which may only be stalled and still look healthy.
+    avoid: Vec<u64>,
 }
 
 enum Stop {
@@ -612,6 +615,7 @@ impl App {
             prefix,
             sent_first: AtomicBool::new(false),
             resume: Mutex::new(resume),
+            avoid: Vec::new(),
         });
         let mut resp = match self.serve(&ctx).await {
             Served::Done(resp) => resp,
@@ -663,7 +667,13 @@ impl App {
 
     /// The request a moving stream goes on with (migrate.rs): a leg set like the first one's, on
     /// the continuation's route and body, under the same span and deadline.
-    async fn continue_stream(self: Arc<Self>, ctx: Arc<Ctx>, next: Continuation, n: u32) -> Result<Upstream, Failure> {
+    async fn continue_stream(
+        self: Arc<Self>,
+        ctx: Arc<Ctx>,
+        next: Continuation,
+        n: u32,
+        failed: Vec<u64>,
+    ) -> Result<Upstream, Failure> {
         let ids = next.body.get("prompt").and_then(Value::as_array).map_or(0, Vec::len);
         let first_token =
             self.cfg.first_token_timeout + Duration::from_secs_f64(ids as f64 / self.cfg.prefill_tokens_per_sec);
@@ -683,6 +693,7 @@ impl App {
             prefix: ctx.prefix.clone(),
             sent_first: AtomicBool::new(true),
             resume: Mutex::new(None),
+            avoid: failed,
         };
         match self.serve(&moved).await {
             Served::Stream(up) => Ok(up),
@@ -1042,7 +1053,7 @@ impl App {
 
     async fn pd(&self, ctx: &Ctx) -> Served {
         let prefill_body = Self::prefill_body(ctx);
-        let (mut tried_p, mut tried_d) = (Vec::new(), Vec::new());
+        let (mut tried_p, mut tried_d) = (Vec::new(), ctx.avoid.clone());
         let mut retries = 0;
         let mut last: Option<Failure> = None;
         let mut attempt = 0;
@@ -1121,7 +1132,7 @@ impl App {
 
     async fn aggregated(&self, ctx: &Ctx) -> Served {
         let body = Bytes::from(serde_json::to_vec(&Value::Object(ctx.body.clone())).unwrap_or_default());
-        let mut tried = Vec::new();
+        let mut tried = ctx.avoid.clone();
         let mut retries = 0;
         let mut attempt = 0;
         loop {
@@ -1237,7 +1248,11 @@ impl RelayBody {
         METRICS.inc("kimik3_router_retries_total", &[("kind", "migration")]);
         self.ctx.span.set("kimik3.migrations", i64::from(n));
         self.sse.buf.clear(); // a partial event of the failed stream: never shown, its tokens not counted
-        self.moving = Some(Mutex::new(Box::pin(self.app.clone().continue_stream(self.ctx.clone(), next, n))));
+        // Every rank of the failed engine: they share its process.
+        let w = &self.leg.worker;
+        let pool = self.app.reg.pool(w.endpoint.role).snapshot();
+        let failed = pool.iter().filter(|o| o.endpoint.authority == w.endpoint.authority).map(|o| o.id).collect();
+        self.moving = Some(Mutex::new(Box::pin(self.app.clone().continue_stream(self.ctx.clone(), next, n, failed))));
         Ok(())
     }
 
