@@ -23,6 +23,7 @@ from .cmdline import CommandLineError, parse_serve
 from .config import EngineConfig, describe, engine_config, engine_metrics
 from .engine import Engine
 from .faults import EXIT_AT_START, Fault, Faults, parse_faults
+from .kv_events import KVEventPublisher
 from .nixl import Nixl
 from .server import Simulator, drain
 from .settings import SettingsError, settings_from_env
@@ -45,7 +46,9 @@ async def serve(config: EngineConfig) -> int:
     stats = SimStats(config.settings.stats_history)
     nixl = Nixl(config, metrics)
     faults = Faults(parse_faults(config.settings.faults), config.settings.oom_cap_bytes)
-    engine = Engine(config, metrics, stats, nixl)
+    events = serve_args.kv_events
+    publisher = KVEventPublisher(events, config.ranks, serve_args.host or "") if events and events.publishes else None
+    engine = Engine(config, metrics, stats, nixl, publisher)
     sim = Simulator(config, engine, stats, faults)
     loop = asyncio.get_running_loop()
     sim.ready_at = loop.time() + config.startup_wall_seconds
@@ -60,6 +63,8 @@ async def serve(config: EngineConfig) -> int:
     await runner.setup()
     await web.TCPSite(runner, serve_args.host, serve_args.port, shutdown_timeout=2.0).start()
     faults.start()
+    if publisher is not None:
+        publisher.start()
     log.info("%s; listening on %s:%d%s", describe(config), serve_args.host, serve_args.port,
              f", NIXL side channel on {', '.join(nixl.as_dict()['listening'])}" if nixl.enabled else "")
     engine_task = asyncio.create_task(engine.run(), name="engine-loop")
@@ -78,6 +83,8 @@ async def serve(config: EngineConfig) -> int:
         faults.released.set()
         await runner.cleanup()
         await nixl.stop()
+        if publisher is not None:
+            await publisher.close()
         sim.tracing.shutdown()  # the spans still batched go out before the process ends
 
 

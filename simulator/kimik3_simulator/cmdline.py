@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .kv_events import KVEventsConfig, KVEventsError
 from .prefix_cache import HASH_ALGOS
 
 SHELLS = {"sh", "bash", "dash", "ash"}
@@ -66,6 +67,7 @@ class ServeArgs:
     limit_mm_per_prompt: dict[str, Any] | None = None
     otlp_traces_endpoint: str | None = None
     prefix_caching_hash_algo: str = "sha256"
+    kv_events: KVEventsConfig | None = None
 
     @property
     def served_model_name(self) -> str:
@@ -132,6 +134,13 @@ def _json(text: str) -> dict[str, Any]:
     return value
 
 
+def _kv_events(text: str) -> KVEventsConfig | None:
+    try:
+        return KVEventsConfig.parse(text)
+    except KVEventsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", add_help=False, allow_abbrev=False)
     p.add_argument("--model")
@@ -172,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit-mm-per-prompt", type=_json)
     p.add_argument("--otlp-traces-endpoint")
     p.add_argument("--prefix-caching-hash-algo", default="sha256", choices=sorted(HASH_ALGOS))
+    p.add_argument("--kv-events-config", type=_kv_events)
     return p
 
 
@@ -239,4 +249,5 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         limit_mm_per_prompt=ns.limit_mm_per_prompt,
         otlp_traces_endpoint=ns.otlp_traces_endpoint,
         prefix_caching_hash_algo=ns.prefix_caching_hash_algo,
+        kv_events=ns.kv_events_config,
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
+from .kv_events import KVEventPublisher
 from .metrics import EngineMetrics
 from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
 from .prefix_cache import PrefixCache, Retention, block_hashes
@@ -132,7 +133,8 @@ class StepPlan:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, metrics: EngineMetrics, stats: SimStats, nixl: Nixl) -> None:
+    def __init__(self, config: EngineConfig, metrics: EngineMetrics, stats: SimStats, nixl: Nixl,
+                 publisher: KVEventPublisher | None = None) -> None:
         self.config = config
         self.perf = config.perf
         self.metrics = metrics
@@ -143,6 +145,10 @@ class Engine:
         retention = Retention(self.perf.block_size, config.serve.retention_interval)
         self.ranks = [Rank(r, PrefixCache(cache_blocks, retention, config.serve.prefix_caching))
                       for r in range(config.ranks)]
+        self.publisher = publisher
+        if publisher is not None:
+            for rank in self.ranks:
+                rank.cache.events = []
         self.wake = asyncio.Event()
         self.clock: float | None = None
         self.stopping = False
@@ -206,6 +212,17 @@ class Engine:
             if self.clock > loop.time():
                 await asyncio.sleep(self.clock - loop.time())
             self._apply(plan, loop.time())
+            await self._publish_events()
+
+    async def _publish_events(self) -> None:
+        """A step's KV events, one batch per rank (vLLM publishes once per engine step)."""
+        if self.publisher is None:
+            return
+        for rank in self.ranks:
+            events = rank.cache.events
+            if events:
+                rank.cache.events = []
+                await self.publisher.publish(rank.index, events)
 
     def _reap_aborted(self, now: float) -> None:
         for rank in self.ranks:
@@ -358,7 +375,7 @@ class Engine:
     def _prefilled(self, seq: Sequence, now: float) -> None:
         rank, m = self.ranks[seq.rank], self.metrics
         rank.cache.insert(seq.hashes, seq.prompt_len, seq.computed,
-                          loaded_from_prefill=seq.sub.handoff.kind == CONSUME and seq.external > 0)
+                          loaded_from_prefill=seq.sub.handoff.kind == CONSUME and seq.external > 0, ids=seq.sub.ids)
         local = seq.prompt_len - seq.local_hit - seq.external
         m.of(m.prompt_tokens, rank.index).inc(seq.prompt_len)
         for source, count in (("local_compute", local), ("local_cache_hit", seq.local_hit),

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import cbor2
 
+from .kv_events import KDA_KIND, MEDIUM_GPU, MLA_KIND, BlockRemoved, BlockStored, KVCacheEvent, event_hash
 from .vocab import token_id
 
 MLA, KDA = "mla", "kda"
@@ -113,6 +114,8 @@ class PrefixCache:
         self.retention = retention
         self.enabled = enabled
         self._blocks: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self.events: list[KVCacheEvent] | None = None
+        """Set (to a list) by an engine that publishes KV events: what changed since it last took them."""
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -146,17 +149,49 @@ class PrefixCache:
         return tokens
 
     def insert(self, hashes: Sequence[bytes], prompt_len: int, computed: int,
-               loaded_from_prefill: bool = False) -> None:
-        """What a request that computed (or loaded) `computed` prompt tokens leaves in the cache."""
+               loaded_from_prefill: bool = False, ids: Sequence[int] = ()) -> None:
+        """What a request that computed (or loaded) `computed` prompt tokens leaves in the cache;
+        with events on, a BlockStored per run of new MLA blocks and per new KDA state (its block's
+        `ids`), a BlockRemoved per evicted one, as vLLM's block pool reports them."""
         if not self.enabled:
             return
-        for h in hashes[:computed // self.retention.block_size]:
-            self._touch((MLA, h))
-        for i in self.retention.kept(prompt_len, computed, loaded_from_prefill):
-            self._touch((KDA, hashes[i]))
+        new_mla = [i for i, h in enumerate(hashes[:computed // self.retention.block_size]) if self._touch((MLA, h))]
+        new_kda = [i for i in self.retention.kept(prompt_len, computed, loaded_from_prefill)
+                   if self._touch((KDA, hashes[i]))]
+        if self.events is not None:
+            for run in _runs(new_mla):
+                self.events.append(self._stored(hashes, ids, run, 0, MLA_KIND))
+            for i in new_kda:
+                self.events.append(self._stored(hashes, ids, [i], 1, KDA_KIND))
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            (kind, h), _ = self._blocks.popitem(last=False)
+            if self.events is not None:
+                self.events.append(BlockRemoved(block_hashes=[event_hash(h)], medium=MEDIUM_GPU,
+                                                group_idx=0 if kind == MLA else 1))
 
-    def _touch(self, key: tuple[str, bytes]) -> None:
+    def _stored(self, hashes: Sequence[bytes], ids: Sequence[int], blocks: list[int], group: int,
+                kind: str) -> BlockStored:
+        b = self.retention.block_size
+        first = blocks[0]
+        return BlockStored(block_hashes=[event_hash(hashes[i]) for i in blocks],
+                           parent_block_hash=event_hash(hashes[first - 1]) if first else None,
+                           token_ids=list(ids[first * b:(blocks[-1] + 1) * b]), block_size=b, lora_id=None,
+                           medium=MEDIUM_GPU, lora_name=None, group_idx=group, kv_cache_spec_kind=kind)
+
+    def _touch(self, key: tuple[str, bytes]) -> bool:
+        """Make `key` most recently used; True if it was not cached."""
+        new = key not in self._blocks
         self._blocks[key] = None
         self._blocks.move_to_end(key)
+        return new
+
+
+def _runs(indexes: list[int]) -> list[list[int]]:
+    """Consecutive runs of block indexes: one BlockStored each (a parent, then its blocks in order)."""
+    runs: list[list[int]] = []
+    for i in indexes:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs

@@ -75,6 +75,7 @@ class Simulator:
             web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
             web.get("/sim/stats", self.sim_stats), web.post("/sim/fault", self.sim_fault),
+            web.get("/kv_event_sources", self.kv_event_sources),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
             web.post("/v1/responses", self.responses),
             *(web.post(path, self.frontend_route) for path in ("/tokenize", "/detokenize", *RENDER_PATHS)),
@@ -105,6 +106,11 @@ class Simulator:
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.engine.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def kv_event_sources(self, request: web.Request) -> web.Response:
+        """Each rank's KV event publisher (vLLM's instrumentator route: {} when events are off)."""
+        publisher = self.engine.publisher
+        return web.json_response(publisher.sources() if publisher is not None else {})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         c = self.config
