@@ -83,8 +83,15 @@ def vllm_argv(port: int, metrics: int, prefills: list[str], decodes: list[str]) 
             *(a for u in prefills for a in ("--prefill", u)), *(a for u in decodes for a in ("--decode", u))]
 
 
+def kimik3_no_migration_argv(port: int, metrics: int, prefills: list[str], decodes: list[str]) -> list[str]:
+    return [*kimik3_argv(port, metrics, prefills, decodes), "--max-migrations", "0"]
+
+
 ROUTERS = {"kimik3-router": (kimik3_argv, "/health"), "vllm-router 0.1.17": (vllm_argv, "/readiness")}
 """One row per router: its command line and the path that answers 200 once it can route."""
+MIGRATION_OFF = "kimik3-router --max-migrations 0"
+VARIANTS = {MIGRATION_OFF: (kimik3_no_migration_argv, "/health")}
+"""Rows --migration-ab adds: what a stream's migration state costs per chunk (docs/migration.md)."""
 
 
 @dataclass
@@ -132,7 +139,7 @@ class Running:
 
 
 def start_router(name: str, fleet: Fleet, tmp: Path) -> Running:
-    argv_of, ready_path = ROUTERS[name]
+    argv_of, ready_path = {**ROUTERS, **VARIANTS}[name]
     port, metrics = free_port(), free_port()
     argv = argv_of(port, metrics, [s.url for s in fleet.prefills], [s.url for s in fleet.decodes])
     log = (tmp / f"router-{port}.log").open("ab")
@@ -323,7 +330,7 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
             f"{'-' if r.stream_cpu_per_chunk is None else f'{r.stream_cpu_per_chunk * 1e6:.1f}'} |")
     lines += ["", "Means over the runs:", "", "| router | prefix-hit | CPU ms/request | CPU us/chunk |",
               "|---|---|---|---|"]
-    for name in ROUTERS:
+    for name in dict.fromkeys(r.router for r in results):
         mine = [r for r in results if r.router == name]
         hits = [r.hit_rate for r in mine if r.hit_rate is not None]
         lines.append(f"| {name} | {statistics.mean(hits):.3f} | "
@@ -467,6 +474,8 @@ def main() -> None:
     parser.add_argument("--discovery", type=int, default=0,
                         help="pods turned Ready then deleted, one after another, on the cluster of $KUBECONFIG")
     parser.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
+    parser.add_argument("--migration-ab", action="store_true",
+                        help=f"also run `{MIGRATION_OFF}` (kimik3-router without its migration state)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "router.md")
     args = parser.parse_args()
     if args.smoke:
@@ -475,7 +484,8 @@ def main() -> None:
     found: tuple[list[float], list[float]] = ([], [])
     with tempfile.TemporaryDirectory(prefix="kimik3-router-bench-") as tmp:
         for run in range(1, args.runs + 1):
-            for name in ROUTERS:  # alternated, so a drift of the machine touches both
+            names = [*ROUTERS, *(VARIANTS if args.migration_ab else ())]
+            for name in names:  # alternated, so a drift of the machine touches both
                 print(f"[router-bench] run {run}: {name}", file=sys.stderr, flush=True)
                 results.append(run_one(name, run, args, Path(tmp)))
         if args.discovery:

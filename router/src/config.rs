@@ -141,6 +141,8 @@ pub struct Config {
     pub balance_rel_threshold: f64,
     /// Where the router's own spans go (trace.rs), if anywhere.
     pub traces: Option<TraceExport>,
+    /// Follow the prefill engines' KV events (kv_events.rs): `--kv-events true`.
+    pub kv_events: bool,
 }
 
 /// OTLP/HTTP export of the router's spans (JSON encoding, plain HTTP: a collector in the cluster).
@@ -257,6 +259,7 @@ const KNOWN: &[&str] = &[
     "otlp-traces-endpoint",
     "trace-sample-ratio",
     "trace-service-name",
+    "kv-events",
 ];
 
 pub fn parse(args: &[String]) -> Result<Config, String> {
@@ -497,6 +500,7 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         balance_abs_threshold: num(single, "balance-abs-threshold", 32)?,
         balance_rel_threshold: positive_f64(single, "balance-rel-threshold", 1.1)?,
         traces: trace_export(single)?,
+        kv_events: num(single, "kv-events", false).map_err(|_| "--kv-events takes true or false".to_string())?,
     })
 }
 

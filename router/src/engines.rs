@@ -240,6 +240,8 @@ pub struct Registry {
     pub prefill: Pool,
     pub decode: Pool,
     pub aggregated: Pool,
+    /// What the prefill (and aggregated) engines' caches hold, from their KV events (kv_events.rs).
+    pub kv: Arc<crate::kv_events::KvIndex>,
 }
 
 impl Registry {
@@ -248,6 +250,7 @@ impl Registry {
             prefill: Pool::new(Role::Prefill),
             decode: Pool::new(Role::Decode),
             aggregated: Pool::new(Role::Aggregated),
+            kv: Arc::default(),
         }
     }
 
@@ -328,6 +331,9 @@ pub async fn admit(
         &[("role", pool.role.name()), ("engine", &endpoint.authority)],
     );
     METRICS.inc("kimik3_router_discovery_events_total", &[("event", "engine_added")]);
+    if cfg.kv_events && endpoint.role != Role::Decode {
+        tokio::spawn(crate::kv_events::follow(cfg.clone(), reg.kv.clone(), endpoint.clone()));
+    }
     tokio::spawn(probe_loop(cfg, reg.clone(), endpoint));
 }
 

@@ -6,8 +6,10 @@ mod config;
 mod log;
 mod engines;
 mod kube;
+mod kv_events;
 mod metrics;
 mod migrate;
+mod msgpack;
 mod policy;
 mod proxy;
 mod reply;
@@ -16,6 +18,7 @@ mod server;
 mod trace;
 mod upstream;
 mod usage;
+mod zmtp;
 
 use config::{Engines, Invocation};
 use engines::{Endpoint, Registry, Role};

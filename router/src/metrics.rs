@@ -20,6 +20,16 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ("kimik3_router_retry_budget_exhausted_total", "counter", "Retries refused because the retry budget was spent."),
     ("kimik3_router_streams_cut_total", "counter", "Client streams ended with an SSE error event, by reason."),
     (
+        "kimik3_router_kv_events_total",
+        "counter",
+        "KV event batches from the prefill engines, by outcome: applied, replayed (a gap filled), gap_cleared and restart_cleared (a rank's index forgotten), disconnected, undecodable.",
+    ),
+    (
+        "kimik3_router_kv_index_blocks",
+        "gauge",
+        "Blocks the router knows an engine's cache holds (all ranks), by role, engine and KV cache group (mla_attention, mamba).",
+    ),
+    (
         "kimik3_router_migrations_total",
         "counter",
         "Streams whose engine failed mid-way, by outcome: moved to another engine, failed, or why they could not move.",
@@ -161,6 +171,9 @@ fn known_series() -> BTreeMap<(&'static str, String), f64> {
     }
     for kind in RETRY_KINDS {
         out.insert(("kimik3_router_retries_total", labels(&[("kind", kind)])), 0.0);
+    }
+    for outcome in crate::kv_events::KV_EVENT_OUTCOMES {
+        out.insert(("kimik3_router_kv_events_total", labels(&[("outcome", outcome)])), 0.0);
     }
     for outcome in MIGRATION_OUTCOMES {
         out.insert(("kimik3_router_migrations_total", labels(&[("outcome", outcome)])), 0.0);

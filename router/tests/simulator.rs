@@ -436,3 +436,68 @@ async fn a_thinking_chat_stream_moves_when_its_decode_dies() {
                       "chat_template_kwargs": {"thinking": true}, "stream_options": {"include_usage": true}});
     a_stream_moves_when_its_decode_dies("/v1/chat/completions", body).await;
 }
+
+/// The router follows a prefill's KV events (vLLM's wire format, the simulator's publisher): it reads
+/// `/kv_event_sources`, subscribes to each DP rank, catches up from the replay socket on what was
+/// published before it subscribed, and counts the blocks each KV cache group holds: the MLA blocks of
+/// every prompt, and a KDA state only where the engine keeps one (its last whole block, semantic
+/// retention). A prompt served again stores nothing new.
+#[tokio::test]
+async fn the_router_follows_a_prefills_kv_events_and_catches_up_from_the_replay() {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-kv-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut prefill_cmd, decode_cmd) = commands();
+    let base = side_channel_base();
+    let config = json!({"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": format!("tcp://*:{base}"),
+                        "replay_endpoint": format!("tcp://*:{}", base + 8)});
+    prefill_cmd.extend(["--kv-events-config".to_string(), config.to_string()]);
+    let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
+    let mut decode = start_sim(&decode_cmd, &dir, "decode");
+    wait_healthy(&mut prefill).await;
+    wait_healthy(&mut decode).await;
+    let (_, _, stats) = call(prefill.port, "GET", "/sim/stats", &[], b"").await;
+    let block = serde_json::from_str::<Value>(&stats).unwrap()["engine"]["block_size"].as_u64().unwrap() as usize;
+    let words = |tag: &str, n: usize| (0..n).map(|i| format!("{tag}{i}")).collect::<Vec<_>>().join(" ");
+    // Before the router exists: only the replay can tell it.
+    let early = json!({"model": "kimi-k3", "prompt": words("early", 3 * block + 5), "max_tokens": 2});
+    let (status, _, text) = call(
+        prefill.port,
+        "POST",
+        "/v1/completions",
+        &[("X-data-parallel-rank", "0")],
+        &serde_json::to_vec(&early).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--kv-events",
+        "true",
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefill.port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", decode.port),
+    ]))
+    .await;
+    let late = json!({"model": "kimi-k3", "prompt": words("late", 2 * block + 1), "max_tokens": 2});
+    for _ in 0..2 {
+        let (status, _, text) = post(r.port, "/v1/completions", &late).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let engine = format!("127.0.0.1:{}", prefill.port);
+    let want = (3.0 + 2.0, 2.0); // MLA blocks of both prompts; one KDA state each
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        let mla = r.metric("kimik3_router_kv_index_blocks", &[("engine", &engine), ("group", "mla_attention")]).await;
+        let kda = r.metric("kimik3_router_kv_index_blocks", &[("engine", &engine), ("group", "mamba")]).await;
+        if (mla, kda) == want || Instant::now() > deadline {
+            break (mla, kda);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(got, want, "{}", r.log_text());
+    assert!(r.metric("kimik3_router_kv_events_total", &[("outcome", "replayed")]).await >= 1.0, "{}", r.log_text());
+    assert_eq!(r.metric("kimik3_router_kv_events_total", &[("outcome", "gap_cleared")]).await, 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
