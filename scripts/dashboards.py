@@ -73,10 +73,12 @@ SERVING = (
                 f'finished_reason=~"abort|error"}}[5m]))'),
                ("NIXL failed transfers {{kimik3_role}}",
                 f"sum by (kimik3_role) (rate(vllm:nixl_num_failed_transfers_total{{{S}}}[5m]))"))),
-        Panel("Streams cut and legs retried (router)", "reqps",
-              "A cut stream ended with an SSE error event after it had begun (reason); a retry sent a leg again "
-              "to another engine before anything reached the client (kind); retries refused by the budget.",
+        Panel("Streams cut, moved and legs retried (router)", "reqps",
+              "A cut stream ended with an SSE error event after it had begun (reason); a stream whose engine "
+              "failed mid-way moved to another engine, or could not (outcome; docs/migration.md); a retry sent a "
+              "leg again to another engine (kind); retries refused by the budget.",
               (("cut {{reason}}", f"sum by (reason) (rate(kimik3_router_streams_cut_total{{{S}}}[5m]))"),
+               ("migration {{outcome}}", f"sum by (outcome) (rate(kimik3_router_migrations_total{{{S}}}[5m]))"),
                ("retried {{kind}}", f"sum by (kind) (rate(kimik3_router_retries_total{{{S}}}[5m]))"),
                ("retry budget spent", f"sum(rate(kimik3_router_retry_budget_exhausted_total{{{S}}}[5m]))"))),
     )),

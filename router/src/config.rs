@@ -19,6 +19,8 @@ pub enum PolicyKind {
     ConsistentHash,
     StickyLeastLoaded,
     Random,
+    /// The (engine, rank) with the longest true K3 hit, from the engines' KV events (kv_events.rs).
+    PrecisePrefix,
 }
 
 impl PolicyKind {
@@ -29,9 +31,10 @@ impl PolicyKind {
             "consistent_hash" => Self::ConsistentHash,
             "sticky_least_loaded" => Self::StickyLeastLoaded,
             "random" => Self::Random,
+            "precise_prefix" => Self::PrecisePrefix,
             other => {
                 return Err(format!(
-                    "unknown policy {other:?} (cache_aware, round_robin, consistent_hash, sticky_least_loaded, random)"
+                    "unknown policy {other:?} (cache_aware, round_robin, consistent_hash, sticky_least_loaded, random, precise_prefix)"
                 ));
             }
         })
@@ -44,6 +47,7 @@ impl PolicyKind {
             Self::ConsistentHash => "consistent_hash",
             Self::StickyLeastLoaded => "sticky_least_loaded",
             Self::Random => "random",
+            Self::PrecisePrefix => "precise_prefix",
         }
     }
 }
@@ -143,6 +147,8 @@ pub struct Config {
     pub traces: Option<TraceExport>,
     /// Follow the prefill engines' KV events (kv_events.rs): `--kv-events true`.
     pub kv_events: bool,
+    /// How long the precise_prefix policy waits for an engine's /tokenize before it routes by text.
+    pub tokenize_timeout: Duration,
 }
 
 /// OTLP/HTTP export of the router's spans (JSON encoding, plain HTTP: a collector in the cluster).
@@ -260,6 +266,7 @@ const KNOWN: &[&str] = &[
     "trace-sample-ratio",
     "trace-service-name",
     "kv-events",
+    "tokenize-timeout-ms",
 ];
 
 pub fn parse(args: &[String]) -> Result<Config, String> {
@@ -501,6 +508,7 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         balance_rel_threshold: positive_f64(single, "balance-rel-threshold", 1.1)?,
         traces: trace_export(single)?,
         kv_events: num(single, "kv-events", false).map_err(|_| "--kv-events takes true or false".to_string())?,
+        tokenize_timeout: millis(single, "tokenize-timeout-ms", 100)?,
     })
 }
 

@@ -31,6 +31,71 @@ pub struct RankIndex {
     pub mla: HashSet<u64>,
     pub kda: HashSet<u64>,
     next: Option<u64>,
+    /// The engine's block size, from its BlockStored events.
+    pub block_size: Option<usize>,
+}
+
+/// The first block's parent: sha256 over the CBOR text "vllm-none-hash" (vLLM's init_none_hash
+/// with PYTHONHASHSEED unset, which the operator never sets).
+fn none_hash() -> [u8; 32] {
+    let mut cbor = vec![0x60 + 14];
+    cbor.extend_from_slice(b"vllm-none-hash");
+    sha256(&cbor)
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+fn cbor_uint(out: &mut Vec<u8>, major: u8, v: u64) {
+    let m = major << 5;
+    match v {
+        0..=23 => out.push(m | v as u8),
+        24..=0xff => out.extend_from_slice(&[m | 24, v as u8]),
+        0x100..=0xffff => {
+            out.push(m | 25);
+            out.extend_from_slice(&(v as u16).to_be_bytes());
+        }
+        0x1_0000..=0xffff_ffff => {
+            out.push(m | 26);
+            out.extend_from_slice(&(v as u32).to_be_bytes());
+        }
+        _ => {
+            out.push(m | 27);
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// The event hashes (low 64 bits) of a prompt's full blocks: vLLM's sha256_cbor chain
+/// `sha256(cbor((parent, tuple(block_ids), None)))` (vllm/v1/core/kv_cache_utils.py hash_block_tokens,
+/// canonical CBOR: a 3-array of the parent's 32 bytes, the ids, null).
+pub fn block_hashes(ids: &[u64], block: usize) -> Vec<u64> {
+    let mut parent = none_hash();
+    let mut out = Vec::with_capacity(ids.len() / block.max(1));
+    if block == 0 {
+        return out;
+    }
+    let mut cbor = Vec::with_capacity(block * 5 + 48);
+    for chunk in ids.chunks_exact(block) {
+        cbor.clear();
+        cbor.push(0x83);
+        cbor_uint(&mut cbor, 2, 32);
+        cbor.extend_from_slice(&parent);
+        cbor_uint(&mut cbor, 4, chunk.len() as u64);
+        for id in chunk {
+            cbor_uint(&mut cbor, 0, *id);
+        }
+        cbor.push(0xf6);
+        parent = sha256(&cbor);
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&parent[24..]);
+        out.push(u64::from_be_bytes(low));
+    }
+    out
 }
 
 /// What to do with a batch that arrived.
@@ -59,6 +124,16 @@ impl RankIndex {
         self.next = None;
     }
 
+    /// The K3 hit of a prompt whose full blocks hash to `hashes` (of `prompt_len` tokens), in
+    /// tokens: the longest run of cached MLA blocks from the start, within the first `N - 1` tokens,
+    /// cut back to the last block end where a KDA state is cached (vLLM's hybrid rule,
+    /// v1/core/kv_cache_coordinator.py); MLA blocks alone are not a hit.
+    pub fn hit(&self, hashes: &[u64], prompt_len: usize, block: usize) -> usize {
+        let limit = prompt_len.saturating_sub(1) / block.max(1);
+        let run = hashes.iter().take(limit).take_while(|h| self.mla.contains(h)).count();
+        (0..run).rev().find(|i| hashes.get(*i).is_some_and(|h| self.kda.contains(h))).map_or(0, |i| (i + 1) * block)
+    }
+
     /// Apply one decoded EventBatch (`[ts, events, rank]`) numbered `seq`.
     pub fn apply(&mut self, seq: u64, batch: &Mp) -> Result<(), String> {
         let events = batch.as_array().and_then(|b| b.get(1)).and_then(Mp::as_array).ok_or("not an EventBatch")?;
@@ -68,6 +143,9 @@ impl RankIndex {
                 || e.get("group_idx").and_then(Mp::as_u64) == Some(1);
             match e.get("type").and_then(Mp::as_str) {
                 Some("BlockStored") => {
+                    if let Some(b) = e.get("block_size").and_then(Mp::as_u64).and_then(|b| usize::try_from(b).ok()) {
+                        self.block_size = Some(b);
+                    }
                     let set = if kda { &mut self.kda } else { &mut self.mla };
                     set.extend(hashes());
                 }
@@ -102,6 +180,29 @@ impl KvIndex {
     pub fn with<R>(&self, authority: &str, rank: u32, f: impl FnOnce(&mut RankIndex) -> R) -> Option<R> {
         let mut all = self.ranks.lock().ok()?;
         Some(f(all.entry((authority.to_string(), rank)).or_default()))
+    }
+
+    /// Each (engine, rank)'s K3 hit for a prompt of these ids, in tokens; None for one whose cache
+    /// is not known (never followed, or no block stored yet: its block size is unknown).
+    pub fn hits(&self, keys: &[(&str, u32)], ids: &[u64]) -> Vec<Option<usize>> {
+        let Ok(all) = self.ranks.lock() else {
+            return vec![None; keys.len()];
+        };
+        let mut chains: Vec<(usize, Vec<u64>)> = Vec::new();
+        keys.iter()
+            .map(|(authority, rank)| {
+                let r = all.get(&((*authority).to_string(), *rank))?;
+                let b = r.block_size?;
+                let at = match chains.iter().position(|(size, _)| *size == b) {
+                    Some(at) => at,
+                    None => {
+                        chains.push((b, block_hashes(ids, b)));
+                        chains.len() - 1
+                    }
+                };
+                chains.get(at).map(|(_, h)| r.hit(h, ids.len(), b))
+            })
+            .collect()
     }
 
     pub fn forget(&self, authority: &str) {
@@ -365,6 +466,30 @@ mod tests {
         r.apply(7, &batch(vec![Mp::Map(vec![(Mp::Str("type".into()), Mp::Str("AllBlocksCleared".into()))])])).ok();
         assert!(r.mla.is_empty());
         assert!(r.apply(8, &Mp::Nil).is_err());
+    }
+
+    #[test]
+    fn block_hashes_are_the_simulators_vllm_checked_chain() {
+        // kimik3_simulator.prefix_cache.block_hashes (held to vLLM's own hasher by
+        // tests/contract/test_simulator_hashes.py) over these ids, block 4, as event hashes.
+        let ids = [1, 23, 24, 255, 256, 65535, 65536, (1 << 31) - 1, 0, 7, 300, 70000];
+        assert_eq!(block_hashes(&ids, 4), vec![3129330480506261839, 16916645735790678037, 8979674607848245522]);
+        assert_eq!(block_hashes(&ids[..7], 4).len(), 1, "only full blocks");
+    }
+
+    #[test]
+    fn a_k3_hit_needs_a_kda_state_at_its_end() {
+        let h = block_hashes(&(0..40).collect::<Vec<u64>>(), 8); // 5 blocks
+        let mut r = RankIndex::default();
+        r.mla.extend(h.iter().take(4));
+        assert_eq!(r.hit(&h, 40, 8), 0, "MLA blocks alone are no hit");
+        r.kda.insert(h[1]);
+        assert_eq!(r.hit(&h, 40, 8), 16);
+        r.kda.insert(h[3]);
+        assert_eq!(r.hit(&h, 40, 8), 32);
+        assert_eq!(r.hit(&h, 32, 8), 16, "at most N - 1 tokens: the state at 32 is out of reach");
+        r.mla.remove(&h[2]);
+        assert_eq!(r.hit(&h, 40, 8), 16, "the MLA run stops at the first missing block");
     }
 
     #[test]

@@ -46,13 +46,27 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ),
     ("kimik3_router_engine_in_flight", "gauge", "Requests in flight on the engine, by role and engine."),
     ("kimik3_router_engines", "gauge", "Routable engines (workers: one per data-parallel rank) by role."),
-    ("kimik3_router_prefix_routing_decisions_total", "counter", "cache_aware decisions by role and decision."),
+    (
+        "kimik3_router_prefix_routing_decisions_total",
+        "counter",
+        "cache_aware and precise_prefix decisions by role and decision.",
+    ),
+    (
+        "kimik3_router_prefix_hit_tokens_total",
+        "counter",
+        "precise_prefix: prompt tokens the chosen engine's cache holds by its KV events (a true K3 hit), by role.",
+    ),
+    (
+        "kimik3_router_prefix_prompt_tokens_total",
+        "counter",
+        "precise_prefix: prompt tokens of the requests it routed by their ids, by role.",
+    ),
     ("kimik3_router_discovery_events_total", "counter", "Pod discovery events by kind."),
     ("kimik3_router_in_flight_requests", "gauge", "Client requests being served."),
     (
         "kimik3_router_added_seconds",
         "histogram",
-        "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), body_to_upstream (the same from the request body's last byte in), chunk_relay (an upstream chunk in to handed to the client connection).",
+        "Time the router adds, by stage: request_to_upstream (request headers in to the first upstream request sent), body_to_upstream (the same from the request body's last byte in), chunk_relay (an upstream chunk in to handed to the client connection), tokenize (the precise_prefix policy asking an engine for a prompt's token ids).",
     ),
     ("kimik3_router_request_duration_seconds", "histogram", "Client request duration by route."),
     (
@@ -113,6 +127,7 @@ pub struct Metrics {
     pub added_request: Histogram,
     pub added_body: Histogram,
     pub added_chunk: Histogram,
+    pub added_tokenize: Histogram,
     /// One per row of routes::ROUTES, in its order.
     pub duration: Vec<Histogram>,
 }
@@ -190,6 +205,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     added_request: Histogram::new(ADDED_BUCKETS),
     added_body: Histogram::new(ADDED_BUCKETS),
     added_chunk: Histogram::new(ADDED_BUCKETS),
+    added_tokenize: Histogram::new(ADDED_BUCKETS),
     duration: ROUTES.iter().map(|_| Histogram::new(DURATION_BUCKETS)).collect(),
 });
 
@@ -242,6 +258,7 @@ impl Metrics {
                     self.added_request.render(&mut out, name, "stage=\"request_to_upstream\"");
                     self.added_body.render(&mut out, name, "stage=\"body_to_upstream\"");
                     self.added_chunk.render(&mut out, name, "stage=\"chunk_relay\"");
+                    self.added_tokenize.render(&mut out, name, "stage=\"tokenize\"");
                 }
                 "kimik3_router_request_duration_seconds" => {
                     for (h, route) in self.duration.iter().zip(ROUTES.iter()) {

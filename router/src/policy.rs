@@ -14,6 +14,7 @@
 
 use crate::config::{Config, PolicyKind};
 use crate::engines::{Role, Worker};
+use crate::kv_events::KvIndex;
 use crate::metrics::METRICS;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -93,6 +94,10 @@ pub struct RouteInput<'a> {
     pub session: Option<&'a str>,
     /// The prompt's text (chat: the messages as JSON; completions: the prompt): the prefix key.
     pub prefix: &'a [u8],
+    /// The prompt's token ids, when known (precise_prefix).
+    pub ids: Option<&'a [u64]>,
+    /// The engines' caches as their KV events tell (precise_prefix).
+    pub kv: Option<&'a KvIndex>,
 }
 
 #[derive(Default)]
@@ -243,6 +248,10 @@ impl Policy {
             PolicyKind::ConsistentHash => self.consistent(all, candidates, input),
             PolicyKind::StickyLeastLoaded => self.sticky(candidates, input),
             PolicyKind::CacheAware => self.cache_aware(candidates, input),
+            // Without token ids or an index of any candidate: the approximate policy.
+            PolicyKind::PrecisePrefix => {
+                self.precise(candidates, input).or_else(|| self.cache_aware(candidates, input))
+            }
         };
         pick.cloned()
     }
@@ -335,6 +344,39 @@ impl Policy {
         Some(w)
     }
 
+    /// The candidate (engine, rank) holding the longest true K3 hit by its KV events, the least
+    /// loaded among equals; under a load imbalance the least loaded. None when no candidate's cache
+    /// is known or the prompt's ids are not: the caller routes approximately then.
+    fn precise<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
+        let (kv, ids) = (input.kv?, input.ids?);
+        let keys: Vec<(&str, u32)> =
+            candidates.iter().map(|w| (w.endpoint.authority.as_str(), w.rank.unwrap_or(0))).collect();
+        let hits = kv.hits(&keys, ids);
+        let best = hits.iter().flatten().copied().max()?;
+        let loads: Vec<usize> = candidates.iter().map(|w| w.load.load(Ordering::Relaxed)).collect();
+        let min = loads.iter().copied().min().unwrap_or(0);
+        let max = loads.iter().copied().max().unwrap_or(0);
+        let imbalanced = max.saturating_sub(min) > self.balance_abs && (max as f64) > (min as f64) * self.balance_rel;
+        let position = (0..candidates.len())
+            .filter(|&i| imbalanced || best == 0 || hits.get(i).copied().flatten() == Some(best))
+            .min_by_key(|&i| (loads.get(i).copied().unwrap_or(usize::MAX), hits.get(i).copied().flatten().is_none()))?;
+        let decision = if imbalanced {
+            "load_imbalance"
+        } else if best > 0 {
+            "prefix_hit"
+        } else {
+            "prefix_miss"
+        };
+        METRICS
+            .inc("kimik3_router_prefix_routing_decisions_total", &[("role", self.role.name()), ("decision", decision)]);
+        let chosen = candidates.get(position)?;
+        if let Some(hit) = hits.get(position).copied().flatten() {
+            METRICS.add("kimik3_router_prefix_hit_tokens_total", &[("role", self.role.name())], hit as f64);
+        }
+        METRICS.add("kimik3_router_prefix_prompt_tokens_total", &[("role", self.role.name())], ids.len() as f64);
+        Some(chosen)
+    }
+
     fn cache_aware<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
         let loads: Vec<usize> = candidates.iter().map(|w| w.load.load(Ordering::Relaxed)).collect();
         let min = loads.iter().copied().min().unwrap_or(0);
@@ -412,18 +454,18 @@ mod tests {
         let ws = workers(3);
         let p = Policy::new(PolicyKind::CacheAware, Role::Decode, &c, 1);
         let long = "x".repeat(4000);
-        let input = RouteInput { session: None, prefix: long.as_bytes() };
+        let input = RouteInput { session: None, prefix: long.as_bytes(), ids: None, kv: None };
         let first = p.select(&ws, &ws, &input).map(|w| w.id);
         // Another worker is busier-free now: the same prompt still goes where its prefix is.
         if let Some(w) = ws.iter().find(|w| Some(w.id) == first) {
             w.load.store(3, Ordering::Relaxed);
         }
         let longer = format!("{long}yyyy");
-        let again = p.select(&ws, &ws, &RouteInput { session: None, prefix: longer.as_bytes() });
+        let again = p.select(&ws, &ws, &RouteInput { session: None, prefix: longer.as_bytes(), ids: None, kv: None });
         assert_eq!(again.map(|w| w.id), first);
         // A different prompt goes to the least loaded one.
         let other = "z".repeat(4000);
-        let miss = p.select(&ws, &ws, &RouteInput { session: None, prefix: other.as_bytes() });
+        let miss = p.select(&ws, &ws, &RouteInput { session: None, prefix: other.as_bytes(), ids: None, kv: None });
         assert_ne!(miss.map(|w| w.id), first);
     }
 
@@ -437,7 +479,8 @@ mod tests {
         let picked: std::collections::HashSet<u64> = (0..3)
             .filter_map(|i| {
                 let prompt = format!("{i}").repeat(2000);
-                p.select(&ws, &ws, &RouteInput { session: None, prefix: prompt.as_bytes() }).map(|w| w.id)
+                p.select(&ws, &ws, &RouteInput { session: None, prefix: prompt.as_bytes(), ids: None, kv: None })
+                    .map(|w| w.id)
             })
             .collect();
         assert_eq!(picked.len(), 3, "{picked:?}");
@@ -448,7 +491,7 @@ mod tests {
         let c = cfg();
         let ws = workers(4);
         let p = Policy::new(PolicyKind::ConsistentHash, Role::Decode, &c, 1);
-        let input = RouteInput { session: Some("header:x-session-id:abc"), prefix: b"" };
+        let input = RouteInput { session: Some("header:x-session-id:abc"), prefix: b"", ids: None, kv: None };
         let a = p.select(&ws, &ws, &input).map(|w| w.id);
         assert_eq!(p.select(&ws, &ws, &input).map(|w| w.id), a);
         let rest: Vec<Arc<Worker>> = ws.iter().filter(|w| Some(w.id) != a).cloned().collect();
@@ -457,7 +500,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for i in 0..200 {
             let key = format!("header:x-session-id:{i}");
-            let input = RouteInput { session: Some(&key), prefix: b"" };
+            let input = RouteInput { session: Some(&key), prefix: b"", ids: None, kv: None };
             seen.insert(p.select(&ws, &ws, &input).map(|w| w.id));
         }
         assert_eq!(seen.len(), 4);
@@ -468,7 +511,9 @@ mod tests {
         let c = cfg();
         let ws = workers(2);
         let p = Policy::new(PolicyKind::StickyLeastLoaded, Role::Decode, &c, 1);
-        let pick = |s: &str| p.select(&ws, &ws, &RouteInput { session: Some(s), prefix: b"" }).map(|w| w.id);
+        let pick = |s: &str| {
+            p.select(&ws, &ws, &RouteInput { session: Some(s), prefix: b"", ids: None, kv: None }).map(|w| w.id)
+        };
         let a = pick("a");
         let b = pick("b");
         assert_ne!(a, b);

@@ -10,7 +10,7 @@
 //!   it died) runs the prefill again for fresh params; one set of params never reaches two decodes;
 //! - after a byte reached the client, a failure ends the stream with an SSE error event.
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, Mode, PolicyKind};
 use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
 use crate::migrate::{Continuation, Resume, refusal};
@@ -249,6 +249,8 @@ struct Ctx {
     /// Engines (worker ids) not to send the answer leg to: a continuation avoids the engine whose
     /// stream just failed, which may only be stalled and still look healthy.
     avoid: Vec<u64>,
+    /// The prompt's token ids, once looked for (precise_prefix: the body's, else an engine's /tokenize).
+    ids: std::sync::OnceLock<Option<Vec<u64>>>,
 }
 
 enum Stop {
@@ -616,6 +618,7 @@ impl App {
             sent_first: AtomicBool::new(false),
             resume: Mutex::new(resume),
             avoid: Vec::new(),
+            ids: std::sync::OnceLock::new(),
         });
         let mut resp = match self.serve(&ctx).await {
             Served::Done(resp) => resp,
@@ -628,6 +631,12 @@ impl App {
     }
 
     async fn serve(&self, ctx: &Ctx) -> Served {
+        let role = if self.cfg.mode == Mode::PrefillDecode { Role::Prefill } else { Role::Aggregated };
+        let precise = if role == Role::Prefill { &self.prefill_policy } else { &self.aggregated_policy };
+        if precise.kind == PolicyKind::PrecisePrefix && ctx.ids.get().is_none() {
+            let ids = self.token_ids(ctx, role).await;
+            let _ = ctx.ids.set(ids);
+        }
         match self.cfg.mode {
             Mode::PrefillDecode => self.pd(ctx).await,
             Mode::Aggregated => self.aggregated(ctx).await,
@@ -694,6 +703,7 @@ impl App {
             sent_first: AtomicBool::new(true),
             resume: Mutex::new(None),
             avoid: failed,
+            ids: std::sync::OnceLock::new(),
         };
         match self.serve(&moved).await {
             Served::Stream(up) => Ok(up),
@@ -702,6 +712,58 @@ impl App {
                 format!("the continuation was answered {} instead of a stream", resp.status().as_u16()),
             )),
         }
+    }
+
+    /// A prompt's token ids for precise_prefix: a completions prompt of ids as given, else what a
+    /// routable engine of `role` answers to /tokenize (the same body's prompt or messages) within
+    /// --tokenize-timeout-ms; None (route by text) when neither works.
+    async fn token_ids(&self, ctx: &Ctx, role: Role) -> Option<Vec<u64>> {
+        let chat = ctx.route.label == "chat_completions";
+        if !chat {
+            let prompt = ctx.body.get("prompt")?;
+            let one = match prompt.as_array().map(Vec::as_slice) {
+                Some([Value::Array(inner)]) => Some(inner.as_slice()),
+                Some(items) if items.iter().all(Value::is_u64) => Some(items),
+                _ => None,
+            };
+            if let Some(items) = one {
+                return items.iter().map(Value::as_u64).collect();
+            }
+        }
+        if ctx.route.label != "completions" && !chat {
+            return None;
+        }
+        let engine = self.reg.pool(role).snapshot().iter().find(|w| w.routable())?.endpoint.authority.clone();
+        let mut ask = Map::new();
+        let keys: &[&str] = if chat {
+            &["model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"]
+        } else {
+            &["model", "prompt"]
+        };
+        for k in keys {
+            if let Some(v) = ctx.body.get(*k) {
+                ask.insert((*k).to_string(), v.clone());
+            }
+        }
+        let started = Instant::now();
+        let body = Bytes::from(serde_json::to_vec(&Value::Object(ask)).unwrap_or_default());
+        let req = Request::post("/tokenize")
+            .header(http::header::HOST, engine.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .ok()?;
+        let work = async {
+            let resp = upstream::send(&engine, req, self.cfg.connect_timeout).await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            let bytes = upstream::read_body(resp.into_body(), ANSWER_CAP).await.ok()?;
+            let v: Value = serde_json::from_slice(&bytes).ok()?;
+            v.get("tokens")?.as_array()?.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+        };
+        let ids = tokio::time::timeout(self.cfg.tokenize_timeout, work).await.ok().flatten();
+        METRICS.added_tokenize.observe(started.elapsed());
+        ids
     }
 
     fn candidates(&self, role: Role, tried: &[u64]) -> (Arc<Vec<Arc<Worker>>>, Vec<Arc<Worker>>) {
@@ -717,7 +779,9 @@ impl App {
             Role::Decode => &self.decode_policy,
             Role::Aggregated => &self.aggregated_policy,
         };
-        let input = RouteInput { session: ctx.session.as_deref(), prefix: &ctx.prefix };
+        let ids = ctx.ids.get().and_then(Option::as_deref);
+        let kv = Some(self.reg.kv.as_ref());
+        let input = RouteInput { session: ctx.session.as_deref(), prefix: &ctx.prefix, ids, kv };
         policy.select(&all, &candidates, &input)
     }
 

@@ -501,3 +501,75 @@ async fn the_router_follows_a_prefills_kv_events_and_catches_up_from_the_replay(
     assert_eq!(r.metric("kimik3_router_kv_events_total", &[("outcome", "gap_cleared")]).await, 0.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// precise_prefix on two prefills (DP2 each: four (engine, rank) caches): the router tokenizes a
+/// text prompt with an engine's /tokenize, hashes it as vLLM does, and sends a prompt that extends an
+/// earlier one to the rank holding that one's KDA state; the hit it counted equals the hit the
+/// engine found (never above it).
+#[tokio::test]
+async fn precise_prefix_routes_to_the_rank_holding_the_true_k3_hit() {
+    let dir = std::env::temp_dir().join(format!("kimik3-router-precise-{}", free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (prefill_cmd, decode_cmd) = commands();
+    let mut prefills = Vec::new();
+    for name in ["p0", "p1"] {
+        let base = side_channel_base();
+        let config = json!({"enable_kv_cache_events": true, "endpoint": format!("tcp://*:{base}"),
+                            "replay_endpoint": format!("tcp://*:{}", base + 8)});
+        let mut cmd = prefill_cmd.clone();
+        cmd.extend(["--kv-events-config".to_string(), config.to_string()]);
+        prefills.push(start_sim(&cmd, &dir, name));
+    }
+    let mut decode = start_sim(&decode_cmd, &dir, "decode");
+    for p in prefills.iter_mut() {
+        wait_healthy(p).await;
+    }
+    wait_healthy(&mut decode).await;
+    let (_, _, stats) = call(prefills[0].port, "GET", "/sim/stats", &[], b"").await;
+    let block = serde_json::from_str::<Value>(&stats).unwrap()["engine"]["block_size"].as_u64().unwrap() as usize;
+    let r = Router::start(&s(&[
+        "--mode",
+        "pd",
+        "--kv-events",
+        "true",
+        "--prefill-policy",
+        "precise_prefix",
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefills[0].port),
+        "--prefill",
+        &format!("http://127.0.0.1:{}", prefills[1].port),
+        "--decode",
+        &format!("http://127.0.0.1:{}", decode.port),
+    ]))
+    .await;
+    let words = |n: usize| (0..n).map(|i| format!("q{i}")).collect::<Vec<_>>().join(" ");
+    let first = 3 * block + 1; // its KDA state: at 3 blocks
+    let (status, _, text) =
+        post(r.port, "/v1/completions", &json!({"model": "kimi-k3", "prompt": words(first), "max_tokens": 2})).await;
+    assert_eq!(status, 200, "{text}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.metric("kimik3_router_kv_index_blocks", &[("group", "mamba")]).await < 1.0 {
+        assert!(Instant::now() < deadline, "the first prompt's KDA state never reached the router: {}", r.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hits_before = r.metric("kimik3_router_prefix_hit_tokens_total", &[]).await;
+    let longer = 5 * block + 3;
+    let (status, _, text) =
+        post(r.port, "/v1/completions", &json!({"model": "kimi-k3", "prompt": words(longer), "max_tokens": 2})).await;
+    assert_eq!(status, 200, "{text}");
+    let counted = r.metric("kimik3_router_prefix_hit_tokens_total", &[]).await - hits_before;
+    let mut found = Vec::new();
+    for p in &prefills {
+        let (_, _, stats) = call(p.port, "GET", "/sim/stats", &[], b"").await;
+        let stats: Value = serde_json::from_str(&stats).unwrap();
+        for rec in stats["by_request_id"].as_object().unwrap().values() {
+            if rec["prompt_tokens"].as_u64() == Some(longer as u64) {
+                found.push(rec["local_cache_hit_tokens"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(found, vec![(3 * block) as u64], "the longer prompt hit the first one's state where it was routed");
+    assert_eq!(counted, (3 * block) as f64, "the router counted the engine's true hit");
+    assert!(r.metric("kimik3_router_added_seconds_count", &[("stage", "tokenize")]).await >= 2.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
