@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
+import json
 import os
 import signal
 import statistics
@@ -68,10 +69,11 @@ PREFILL_POLICY, DECODE_POLICY = "cache_aware", "cache_aware"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def kimik3_argv(port: int, metrics: int, prefills: list[str], decodes: list[str]) -> list[str]:
+def kimik3_argv(port: int, metrics: int, prefills: list[str], decodes: list[str],
+                prefill_policy: str = PREFILL_POLICY) -> list[str]:
     return [str(router_binary()), "--mode", "pd", "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics),
-            "--prefill-policy", PREFILL_POLICY, "--decode-policy", DECODE_POLICY,
+            "--prefill-policy", prefill_policy, "--decode-policy", DECODE_POLICY,
             *(a for u in prefills for a in ("--prefill", u)), *(a for u in decodes for a in ("--decode", u))]
 
 
@@ -87,11 +89,17 @@ def kimik3_no_migration_argv(port: int, metrics: int, prefills: list[str], decod
     return [*kimik3_argv(port, metrics, prefills, decodes), "--max-migrations", "0"]
 
 
+def kimik3_precise_argv(port: int, metrics: int, prefills: list[str], decodes: list[str]) -> list[str]:
+    return [*kimik3_argv(port, metrics, prefills, decodes, "precise_prefix"), "--kv-events", "true"]
+
+
 ROUTERS = {"kimik3-router": (kimik3_argv, "/health"), "vllm-router 0.1.17": (vllm_argv, "/readiness")}
 """One row per router: its command line and the path that answers 200 once it can route."""
 MIGRATION_OFF = "kimik3-router --max-migrations 0"
-VARIANTS = {MIGRATION_OFF: (kimik3_no_migration_argv, "/health")}
-"""Rows --migration-ab adds: what a stream's migration state costs per chunk (docs/migration.md)."""
+PRECISE = "kimik3-router precise_prefix"
+VARIANTS = {MIGRATION_OFF: (kimik3_no_migration_argv, "/health"), PRECISE: (kimik3_precise_argv, "/health")}
+"""Rows --migration-ab and --precise add: what a stream's migration state costs per chunk
+(docs/migration.md); the prefill hit rate of routing by the engines' KV events (docs/kv-events.md)."""
 
 
 @dataclass
@@ -108,7 +116,17 @@ class Fleet:
         def role(name: str, count: int) -> list[sims.Sim]:
             report = sims.role_report(SCENARIO, name, scale_out=True)
             env = {"K3SIM_GPU_PRODUCT": report["gpuProduct"]}
-            return [stack.enter_context(sims.simulator(report["command"], tmp, env)) for _ in range(count)]
+            return [stack.enter_context(sims.simulator([*report["command"], *events(name)], tmp, env))
+                    for _ in range(count)]
+
+        def events(name: str) -> list[str]:
+            """Prefills publish KV events (what precise_prefix follows; the other routers ignore them)."""
+            if name != "prefill":
+                return []
+            base = sims.free_port_base(16)
+            config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{base}",
+                      "replay_endpoint": f"tcp://*:{base + 8}"}
+            return ["--kv-events-config", json.dumps(config)]
         with stack:
             fleet = cls(role("prefill", prefills), role("decode", decodes), stack.pop_all())
         return fleet
@@ -474,6 +492,8 @@ def main() -> None:
     parser.add_argument("--discovery", type=int, default=0,
                         help="pods turned Ready then deleted, one after another, on the cluster of $KUBECONFIG")
     parser.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
+    parser.add_argument("--precise", action="store_true",
+                        help=f"also run `{PRECISE}` (prefill routed by the engines' KV events)")
     parser.add_argument("--migration-ab", action="store_true",
                         help=f"also run `{MIGRATION_OFF}` (kimik3-router without its migration state)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "router.md")
@@ -484,7 +504,7 @@ def main() -> None:
     found: tuple[list[float], list[float]] = ([], [])
     with tempfile.TemporaryDirectory(prefix="kimik3-router-bench-") as tmp:
         for run in range(1, args.runs + 1):
-            names = [*ROUTERS, *(VARIANTS if args.migration_ab else ())]
+            names = [*ROUTERS, *([MIGRATION_OFF] if args.migration_ab else []), *([PRECISE] if args.precise else [])]
             for name in names:  # alternated, so a drift of the machine touches both
                 print(f"[router-bench] run {run}: {name}", file=sys.stderr, flush=True)
                 results.append(run_one(name, run, args, Path(tmp)))
