@@ -148,8 +148,15 @@ pub const OUTCOMES: &[&str] = &[
     "connection_refused",
 ];
 /// Why a stream that had begun was ended with an SSE error event.
-pub const CUT_REASONS: &[&str] =
-    &["upstream_error", "ended_early", "request_timeout", "idle_gap", "migration_failed", "migration_refused"];
+pub const CUT_REASONS: &[&str] = &[
+    "upstream_error",
+    "ended_early",
+    "request_timeout",
+    "idle_gap",
+    "engine_error",
+    "migration_failed",
+    "migration_refused",
+];
 /// Which leg a retry sends again.
 pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill", "aggregated", "migration"];
 /// What became of a stream whose engine failed mid-way: moved, failed (the continuation did), or why

@@ -317,10 +317,15 @@ async fn a_prefill_killed_under_load_costs_nothing() {
 /// uninterrupted run's (the simulator's model is a function of the context), under one response id,
 /// with usage over the whole answer; for completions, and for chat with K3's think channel (the
 /// continuation runs on /v1/completions and the router splits reasoning from content itself).
-async fn a_stream_moves_when_its_decode_dies(path: &str, body: Value) {
+/// `drain`: the decode is SIGTERMed with a shutdown timeout of 0 instead: vLLM then aborts what is
+/// in flight, and the stream ends with the engine's own error event, which moves it too.
+async fn a_stream_moves_when_its_decode_dies(path: &str, body: Value, drain: bool) {
     let dir = std::env::temp_dir().join(format!("kimik3-router-move-{}", free_port()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (prefill_cmd, decode_cmd) = commands();
+    let (prefill_cmd, mut decode_cmd) = commands();
+    if drain {
+        decode_cmd.extend(["--shutdown-timeout".to_string(), "0".to_string()]);
+    }
     let mut prefill = start_sim(&prefill_cmd, &dir, "prefill");
     let mut decodes = [start_sim(&decode_cmd, &dir, "d0"), start_sim(&decode_cmd, &dir, "d1")];
     wait_healthy(&mut prefill).await;
@@ -364,7 +369,12 @@ async fn a_stream_moves_when_its_decode_dies(path: &str, body: Value) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     tokio::time::sleep(Duration::from_millis(600)).await;
-    decodes[victim].child.kill().unwrap();
+    if drain {
+        let pid = decodes[victim].child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    } else {
+        decodes[victim].child.kill().unwrap();
+    }
     let (status, _, text) = moved.await.unwrap();
     assert_eq!(status, 200, "{text}");
     assert!(!text.contains("\"error\""), "the stream was cut: {text}");
@@ -425,7 +435,15 @@ async fn a_completion_stream_moves_when_its_decode_dies() {
     let prompt: String = (0..400).map(|i| format!("m{i} ")).collect();
     let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 900, "ignore_eos": true, "stream": true,
                       "return_token_ids": true, "stream_options": {"include_usage": true}});
-    a_stream_moves_when_its_decode_dies("/v1/completions", body).await;
+    a_stream_moves_when_its_decode_dies("/v1/completions", body, false).await;
+}
+
+#[tokio::test]
+async fn a_completion_stream_moves_when_its_decode_drains_and_aborts_it() {
+    let prompt: String = (0..400).map(|i| format!("d{i} ")).collect();
+    let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 900, "ignore_eos": true, "stream": true,
+                      "return_token_ids": true, "stream_options": {"include_usage": true}});
+    a_stream_moves_when_its_decode_dies("/v1/completions", body, true).await;
 }
 
 #[tokio::test]
@@ -434,7 +452,7 @@ async fn a_thinking_chat_stream_moves_when_its_decode_dies() {
     let body = json!({"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}], "max_tokens": 900,
                       "ignore_eos": true, "stream": true, "return_token_ids": true,
                       "chat_template_kwargs": {"thinking": true}, "stream_options": {"include_usage": true}});
-    a_stream_moves_when_its_decode_dies("/v1/chat/completions", body).await;
+    a_stream_moves_when_its_decode_dies("/v1/chat/completions", body, false).await;
 }
 
 /// The router follows a prefill's KV events (vLLM's wire format, the simulator's publisher): it reads
