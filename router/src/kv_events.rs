@@ -320,10 +320,11 @@ async fn read(sub: &mut Socket, index: &KvIndex, endpoint: &Endpoint, rank: u32,
         if endpoint.removed.load(Ordering::Relaxed) {
             return "engine removed".into();
         }
-        let parts = match tokio::time::timeout(Duration::from_secs(1), sub.recv()).await {
-            Err(_) => continue, // quiet: nothing cached or evicted
-            Ok(Err(e)) => return e,
-            Ok(Ok(p)) => p,
+        // No timeout around recv: a read cut mid-frame would lose the stream's framing. A removed
+        // engine's follower ends at its next message or when its connection closes.
+        let parts = match sub.recv().await {
+            Err(e) => return e,
+            Ok(p) => p,
         };
         let (Some(seq), Some(payload)) = (parts.get(1).and_then(|s| seq_of(s)), parts.get(2)) else {
             outcome("undecodable");

@@ -164,6 +164,7 @@ pub const RETRY_KINDS: &[&str] = &["prefill", "decode_same_params", "reprefill",
 pub const MIGRATION_OUTCOMES: &[&str] = &[
     "moved",
     "failed",
+    "finished",
     "off",
     "limit",
     "retry_budget",

@@ -173,12 +173,22 @@ pub struct Resume {
     skip_role: bool,
     /// Ids the client was sent already and the continuation sends again (tokens rolled back).
     skip_ids: usize,
+    /// A chunk with a finish reason went out: the answer is whole, nothing is to be continued.
+    pub finished: bool,
 }
+
+/// What vLLM's /v1/completions takes as max_tokens when a request names none
+/// (entrypoints/openai/completion/protocol.py: `max_tokens: int | None = 16`, null included).
+const COMPLETIONS_DEFAULT_MAX_TOKENS: u64 = 16;
 
 /// A continuation request: the route to send it on and its body.
 pub struct Continuation {
     pub route: &'static Route,
     pub body: Map<String, Value>,
+    /// A chat request named no cap, whose default is the room left in the context; /v1/completions'
+    /// default is 16, so the router sets max_tokens to that room (max_model_len - the prompt's ids)
+    /// once it has read an engine's max_model_len.
+    pub needs_room: bool,
 }
 
 /// The sampling fields a chat request shares with /v1/completions (what a continuation keeps).
@@ -223,6 +233,7 @@ impl Resume {
             parser: None,
             skip_role: false,
             skip_ids: 0,
+            finished: false,
         }
     }
 
@@ -239,7 +250,7 @@ impl Resume {
             if self.shown == Some(Shown::Tool) || (self.tools && self.held > 0) {
                 return Some("tool_call_open");
             }
-            if self.shown.is_none() && !self.generated.is_empty() {
+            if self.tools && self.shown.is_none() && !self.generated.is_empty() {
                 return Some("tool_call_open"); // tokens, nothing shown: held back by the tool parser
             }
         }
@@ -262,10 +273,11 @@ impl Resume {
         let prompt_ids = self.prompt_ids.clone()?;
         if self.chat && g == 0 && self.parser.is_none() {
             self.skip_role = true;
-            return Some(Continuation { route, body: original.clone() });
+            return Some(Continuation { route, body: original.clone(), needs_room: false });
         }
         let completions = crate::routes::Route::find("/v1/completions")?;
-        let cap = route.max_tokens.iter().find_map(|k| original.get(*k).and_then(Value::as_u64));
+        let named = route.max_tokens.iter().find_map(|k| original.get(*k).and_then(Value::as_u64));
+        let cap = if self.chat { named } else { Some(named.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)) };
         let mut body = if self.chat {
             SHARED.iter().filter_map(|k| original.get(*k).map(|v| ((*k).to_string(), v.clone()))).collect()
         } else {
@@ -289,10 +301,12 @@ impl Resume {
         if self.chat {
             body.insert("skip_special_tokens".into(), Value::Bool(false));
             body.insert("spaces_between_special_tokens".into(), Value::Bool(false));
-            let thinking = self.parser.as_ref().map_or(self.shown == Some(Shown::Reasoning), |p| p.thinking);
-            self.parser = Some(ThinkParser::new(thinking));
+            // A later move keeps the parser: the text it holds back belongs to ids already generated.
+            if self.parser.is_none() {
+                self.parser = Some(ThinkParser::new(self.shown == Some(Shown::Reasoning)));
+            }
         }
-        Some(Continuation { route: completions, body })
+        Some(Continuation { route: completions, body, needs_room: self.chat && cap.is_none() })
     }
 
     /// One SSE event's JSON, rewritten for the client: the first response's id and created time,
@@ -312,6 +326,9 @@ impl Resume {
             self.model = v.get("model").cloned();
         }
         if let Some(parser) = self.parser.as_mut() {
+            if first_choice(&mut v).is_some_and(|c| c.get("finish_reason").is_some_and(|f| !f.is_null())) {
+                self.finished = true;
+            }
             return chat_from_completion(parser, &mut v, &mut self.generated, self.client_ids, &mut self.skip_ids).map(
                 |o| {
                     o.map(|mut c| {
@@ -342,11 +359,17 @@ impl Resume {
             return Ok(None);
         }
         if let Some(c) = first_choice(&mut v) {
-            let ids = c.remove("token_ids");
-            let n = match &ids {
+            if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
+                self.finished = true;
+            }
+            let mut ids = c.remove("token_ids");
+            let n = match &mut ids {
                 Some(Value::Array(ids)) => {
                     self.generated.extend(ids.iter().cloned());
-                    ids.len()
+                    let sent = self.skip_ids.min(ids.len());
+                    ids.drain(..sent);
+                    self.skip_ids -= sent;
+                    ids.len() + sent
                 }
                 _ => 0,
             };
@@ -413,6 +436,12 @@ impl Resume {
         u.insert("prompt_tokens".into(), prompt.into());
         u.insert("completion_tokens".into(), completion.into());
         u.insert("total_tokens".into(), (prompt + completion).into());
+        // The continuation's cached tokens count its longer prompt: never more than the first's.
+        if let Some(d) = u.get_mut("prompt_tokens_details").and_then(Value::as_object_mut) {
+            if d.get("cached_tokens").and_then(Value::as_u64).is_some_and(|c| c > prompt) {
+                d.insert("cached_tokens".into(), prompt.into());
+            }
+        }
     }
 }
 
@@ -607,6 +636,54 @@ mod tests {
         assert_eq!(c["choices"][0]["delta"], json!({"content": "Hi"}));
         assert_eq!(c["choices"][0]["token_ids"], json!([13, 14, 15]), "12 was sent once already");
         assert_eq!(r.generated(), 5);
+    }
+
+    #[test]
+    fn caps_follow_vllms_defaults_and_a_finished_answer_is_not_continued() {
+        let completions = route("/v1/completions");
+        let body = map(json!({"prompt": "a"}));
+        let mut r = Resume::new(completions, &body);
+        let _ = r.event(br#"{"id":"c","choices":[{"index":0,"text":"x","prompt_token_ids":[1],"token_ids":[7,8]}]}"#);
+        let next = r.continuation(completions, &body).unwrap_or_else(|| Continuation {
+            route: completions,
+            body: Map::new(),
+            needs_room: true,
+        });
+        assert_eq!(
+            (next.body["max_tokens"].clone(), next.needs_room),
+            (json!(14), false),
+            "vLLM's completions default is 16"
+        );
+        let chat = route("/v1/chat/completions");
+        let mut c = Resume::new(chat, &map(json!({"messages": []})));
+        let _ = c.event(
+            br#"{"id":"c","prompt_token_ids":[1],"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        );
+        let _ = c.event(br#"{"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"token_ids":[5]}]}"#);
+        let next = c.continuation(chat, &map(json!({"messages": []})));
+        assert!(next.as_ref().is_some_and(|n| n.needs_room && !n.body.contains_key("max_tokens")));
+        assert!(!c.finished);
+        let _ = c.event(br#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop","token_ids":[2]}]}"#);
+        assert!(c.finished);
+    }
+
+    #[test]
+    fn a_second_move_keeps_the_text_the_think_parser_holds() {
+        let chat = route("/v1/chat/completions");
+        let body = map(json!({"messages": [], "max_tokens": 50}));
+        let mut r = Resume::new(chat, &body);
+        let _ = r.event(
+            br#"{"id":"c","prompt_token_ids":[1],"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        );
+        let _ = r.event(br#"{"id":"c","choices":[{"index":0,"delta":{"reasoning":"Let"},"token_ids":[11]}]}"#);
+        let _ = r.continuation(chat, &body);
+        r.migrations = 1;
+        let _ = r.event(br#"{"id":"x","choices":[{"index":0,"text":" me<|close|> think","token_ids":[12,13,14]}]}"#);
+        let _ = r.continuation(chat, &body);
+        r.migrations = 2;
+        let c = r.event(br#"{"id":"y","choices":[{"index":0,"text":"<|sep|>Hi","token_ids":[15,16]}]}"#);
+        let c: Value = serde_json::from_slice(&c.ok().flatten().unwrap_or_default()).unwrap_or_default();
+        assert_eq!(c["choices"][0]["delta"], json!({"content": "Hi"}));
     }
 
     #[test]

@@ -49,7 +49,12 @@ struct Reader<'a> {
     buf: &'a [u8],
     at: usize,
     depth: usize,
+    /// Values decoded so far: a payload may not make more than MAX_VALUES (each costs ~40 bytes
+    /// decoded against 1 byte encoded).
+    values: usize,
 }
+
+const MAX_VALUES: usize = 4 << 20;
 
 impl Reader<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
@@ -85,6 +90,10 @@ impl Reader<'_> {
 
     fn value(&mut self) -> Result<Mp, String> {
         self.depth += 1;
+        self.values += 1;
+        if self.values > MAX_VALUES {
+            return Err("msgpack: too many values".into());
+        }
         if self.depth > 64 {
             return Err("msgpack: nested too deep".into());
         }
@@ -131,7 +140,7 @@ impl Reader<'_> {
 }
 
 pub fn decode(buf: &[u8]) -> Result<Mp, String> {
-    let mut r = Reader { buf, at: 0, depth: 0 };
+    let mut r = Reader { buf, at: 0, depth: 0, values: 0 };
     let v = r.value()?;
     if r.at != buf.len() {
         return Err("msgpack: bytes after the value".into());

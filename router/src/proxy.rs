@@ -694,7 +694,14 @@ impl App {
         n: u32,
         failed: Vec<u64>,
     ) -> Result<Upstream, Failure> {
+        let mut next = next;
         let ids = next.body.get("prompt").and_then(Value::as_array).map_or(0, Vec::len);
+        if next.needs_room {
+            let room = self.room(ids).await.ok_or_else(|| {
+                Failure::Sent("failed", "no engine said its max_model_len: the continuation's cap is unknown".into())
+            })?;
+            next.body.insert("max_tokens".into(), room.into());
+        }
         let first_token =
             self.cfg.first_token_timeout + Duration::from_secs_f64(ids as f64 / self.cfg.prefill_tokens_per_sec);
         let moved = Ctx {
@@ -723,6 +730,35 @@ impl App {
                 format!("the continuation was answered {} instead of a stream", resp.status().as_u16()),
             )),
         }
+    }
+
+    /// max_model_len minus `prompt` tokens, from a routable engine's /v1/models (vLLM's model card
+    /// carries max_model_len): the cap a chat request without one has. None if no engine says, or
+    /// there is no room left.
+    async fn room(&self, prompt: usize) -> Option<u64> {
+        let roles: &[Role] =
+            if self.cfg.mode == Mode::PrefillDecode { &[Role::Prefill, Role::Decode] } else { &[Role::Aggregated] };
+        let mut engines: Vec<String> = Vec::new();
+        for role in roles {
+            for w in self.reg.pool(*role).snapshot().iter().filter(|w| w.routable()) {
+                if !engines.contains(&w.endpoint.authority) {
+                    engines.push(w.endpoint.authority.clone());
+                }
+            }
+        }
+        // The first engine that answers (the one whose stream just failed may be among them).
+        for engine in engines.iter().take(4) {
+            let Ok((200, body)) = upstream::get(engine, "/v1/models", self.cfg.health_timeout).await else {
+                continue;
+            };
+            let max = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.pointer("/data/0/max_model_len").and_then(Value::as_u64));
+            if let Some(max) = max {
+                return max.checked_sub(prompt as u64).filter(|n| *n > 0);
+            }
+        }
+        None
     }
 
     /// A prompt's token ids for precise_prefix: a completions prompt of ids as given, else what a
@@ -1309,16 +1345,19 @@ impl RelayBody {
         if resume.migrations >= self.app.cfg.max_migrations {
             return Err("limit");
         }
+        if resume.finished {
+            return Err("finished");
+        }
         if let Some(why) = resume.blocked() {
             return Err(why);
-        }
-        if !self.app.budget.try_retry() {
-            METRICS.inc("kimik3_router_retry_budget_exhausted_total", &[]);
-            return Err("retry_budget");
         }
         let Some(next) = resume.continuation(self.route, &self.ctx.body) else {
             return Err("cap_spent");
         };
+        if !self.app.budget.try_retry() {
+            METRICS.inc("kimik3_router_retry_budget_exhausted_total", &[]);
+            return Err("retry_budget");
+        }
         resume.migrations += 1;
         let n = resume.migrations;
         crate::info!("moving a stream after {} tokens (migration {n})", resume.generated());
@@ -1351,6 +1390,13 @@ impl RelayBody {
     fn failed(&mut self, reason: &'static str, status: u16, kind: &str, message: &str) -> Option<Bytes> {
         match self.engine_failed(reason, message) {
             Ok(()) => None,
+            // The finish had gone out: the answer is whole; only the stream's end was missing.
+            Err("finished") => {
+                self.done = true;
+                METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "ok")]);
+                self.ctx.span.set("kimik3.outcome", "ok");
+                Some(Bytes::from_static(b"data: [DONE]\n\n"))
+            }
             Err(why) if why == "off" || self.refused == Some(why) => Some(self.cut(reason, status, kind, message)),
             Err(why) => Some(self.cut(reason, status, kind, &format!("{message}; the stream could not move ({why})"))),
         }

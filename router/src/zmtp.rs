@@ -12,7 +12,8 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const MAX_FRAME: u64 = 64 << 20;
+/// Larger frames end the connection (a KV event batch is kilobytes to a few megabytes).
+const MAX_FRAME: u64 = 16 << 20;
 
 pub struct Socket {
     stream: TcpStream,

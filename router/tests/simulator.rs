@@ -449,8 +449,10 @@ async fn a_completion_stream_moves_when_its_decode_drains_and_aborts_it() {
 #[tokio::test]
 async fn a_thinking_chat_stream_moves_when_its_decode_dies() {
     let prompt: String = (0..400).map(|i| format!("t{i} ")).collect();
-    let body = json!({"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}], "max_tokens": 900,
-                      "ignore_eos": true, "stream": true, "return_token_ids": true,
+    // No cap: the continuation's is the room left in the context (from the engine's /v1/models), as
+    // the chat request's own default; the answer stops by itself (200 thinking + 3 + 64 tokens).
+    let body = json!({"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}],
+                      "stream": true, "return_token_ids": true,
                       "chat_template_kwargs": {"thinking": true}, "stream_options": {"include_usage": true}});
     a_stream_moves_when_its_decode_dies("/v1/chat/completions", body, false).await;
 }
