@@ -1342,11 +1342,11 @@ impl RelayBody {
         let Some(resume) = self.sse.resume.as_mut() else {
             return Err("off");
         };
-        if resume.migrations >= self.app.cfg.max_migrations {
-            return Err("limit");
-        }
         if resume.finished {
             return Err("finished");
+        }
+        if resume.migrations >= self.app.cfg.max_migrations {
+            return Err("limit");
         }
         if let Some(why) = resume.blocked() {
             return Err(why);
