@@ -245,7 +245,9 @@ def test_slo_scaler_adds_a_decode_replica_when_itl_p90_stays_over_target(
     try:
         breach = wait_for("the ITL breach seen", lambda: role()["autoscaling"].get("breachSince"), timeout=90)
         wait_for("a decode replica added for it", lambda: _asked(namespace, decode) == 3, timeout=60)
-        scaled = role()["autoscaling"]
+        # The scale is written before the status that says why: wait for that status too.
+        scaled = wait_for("the scale recorded in status",
+                          lambda: (a := role()["autoscaling"]).get("lastScale") and a, timeout=30)
         wait_for("the new decode replica Ready", lambda: (get_json("leaderworkerset", decode, "-n", namespace)
                                                           .get("status") or {}).get("readyReplicas", 0) == 3,
                  timeout=120)

@@ -264,9 +264,22 @@ impl<T> futures_core::Stream for RecvStream<T> {
     }
 }
 
+/// Ports handed out in this process: tests run side by side, and a port that is free when one test
+/// takes it may be given by the OS to another test's bind before the first test's engine binds it
+/// (or after a test kills the engine on it, while its router still routes there).
+static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// A free loopback port never handed out before in this process.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub struct Router {
