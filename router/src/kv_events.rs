@@ -214,8 +214,7 @@ impl KvIndex {
     fn publish(&self, role: &str, authority: &str) {
         let (mut mla, mut kda) = (0usize, 0usize);
         if let Ok(all) = self.ranks.lock() {
-            for ((a, _), r) in all.iter().filter(|((a, _), _)| a == authority) {
-                let _ = a;
+            for (_, r) in all.iter().filter(|((a, _), _)| a == authority) {
                 mla += r.mla.len();
                 kda += r.kda.len();
             }

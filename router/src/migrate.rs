@@ -54,6 +54,16 @@ pub fn refusal(route: &Route, body: &Map<String, Value>) -> Option<&'static str>
     None
 }
 
+/// Why a stream that may move stops relaying its engine's events.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Halt {
+    /// A continuation needs what the router cannot parse (a tools channel): the stream is cut.
+    Refused(&'static str),
+    /// The engine ended the stream with an error event of its own (vLLM aborts what is in flight
+    /// when it drains or its engine core fails): the stream moves, as from any engine failure.
+    EngineError(String),
+}
+
 /// The last kind of text a chat stream showed (which channel a continuation starts in).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Shown {
@@ -312,13 +322,14 @@ impl Resume {
     /// One SSE event's JSON, rewritten for the client: the first response's id and created time,
     /// ids collected (and removed unless the client asked for them), usage over the whole answer
     /// once the stream has moved, a continuation's completion chunks made chat chunks. Ok(None):
-    /// nothing to send; Err: the stream cannot go on (its reason).
-    pub fn event(&mut self, json: &[u8]) -> Result<Option<Vec<u8>>, &'static str> {
+    /// nothing to send; Err: nothing more of this engine's stream is relayed (why).
+    pub fn event(&mut self, json: &[u8]) -> Result<Option<Vec<u8>>, Halt> {
         let Ok(Value::Object(mut v)) = serde_json::from_slice::<Value>(json) else {
             return Ok(Some(json.to_vec()));
         };
-        if v.contains_key("error") {
-            return Ok(Some(json.to_vec()));
+        if let Some(error) = v.get("error") {
+            let message = error.get("message").and_then(Value::as_str).unwrap_or("an error event");
+            return Err(Halt::EngineError(format!("the engine ended the stream with an error: {message}")));
         }
         if self.id.is_none() {
             self.id = v.get("id").cloned();
@@ -329,15 +340,15 @@ impl Resume {
             if first_choice(&mut v).is_some_and(|c| c.get("finish_reason").is_some_and(|f| !f.is_null())) {
                 self.finished = true;
             }
-            return chat_from_completion(parser, &mut v, &mut self.generated, self.client_ids, &mut self.skip_ids).map(
-                |o| {
+            return chat_from_completion(parser, &mut v, &mut self.generated, self.client_ids, &mut self.skip_ids)
+                .map(|o| {
                     o.map(|mut c| {
                         self.identity(&mut c);
                         self.usage(&mut c);
                         serde_json::to_vec(&c).unwrap_or_default()
                     })
-                },
-            );
+                })
+                .map_err(Halt::Refused);
         }
         let prompt = if self.chat {
             v.remove("prompt_token_ids")

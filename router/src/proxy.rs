@@ -13,7 +13,7 @@
 use crate::config::{Config, Mode, PolicyKind};
 use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
-use crate::migrate::{Continuation, Resume, refusal};
+use crate::migrate::{Continuation, Halt, Resume, refusal};
 use crate::policy::{Policy, RouteInput, session_key};
 use crate::reply::{self, Body};
 use crate::routes::Route;
@@ -307,16 +307,13 @@ struct SseRelay {
     prefill: Option<Value>,
     saw_done: bool,
     resume: Option<Resume>,
-    /// Why the stream cannot go on (a continuation opened a tools channel): nothing more is relayed.
-    stop: Option<&'static str>,
-    /// The engine ended a stream that may move with an error event of its own (vLLM aborts what is
-    /// in flight when it drains or its engine core fails): its message. Nothing after it is relayed.
-    engine_error: Option<String>,
+    /// Why nothing more of this engine's stream is relayed (migrate.rs): the relay acts on it.
+    halt: Option<Halt>,
 }
 
 impl SseRelay {
     fn new(route: &'static Route, prefill: Option<Value>, resume: Option<Resume>) -> Self {
-        Self { route, buf: Vec::new(), prefill, saw_done: false, resume, stop: None, engine_error: None }
+        Self { route, buf: Vec::new(), prefill, saw_done: false, resume, halt: None }
     }
 
     fn push(&mut self, data: Bytes) -> Option<Bytes> {
@@ -335,7 +332,7 @@ impl SseRelay {
         let complete: Vec<u8> = self.buf.drain(..end).collect();
         let mut out = Vec::with_capacity(complete.len() + 64);
         for event in complete.split_inclusive(|b| *b == b'\n').collect::<Vec<_>>().split(|l| *l == b"\n") {
-            if event.is_empty() || self.stop.is_some() || self.engine_error.is_some() {
+            if event.is_empty() || self.halt.is_some() {
                 continue;
             }
             let mut lines = Vec::with_capacity(event.len());
@@ -345,13 +342,6 @@ impl SseRelay {
                     continue;
                 };
                 let json = json.strip_suffix(b"\n").unwrap_or(json);
-                if self.resume.is_some() && json.starts_with(b"{\"error\"") {
-                    let v = serde_json::from_slice::<Value>(json).unwrap_or_default();
-                    let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("an error event");
-                    self.engine_error = Some(format!("the engine ended the stream with an error: {message}"));
-                    lines.clear();
-                    break;
-                }
                 let mut json = match self.resume.as_mut().map(|r| r.event(json)) {
                     None => json.to_vec(),
                     Some(Ok(Some(rewritten))) => rewritten,
@@ -359,8 +349,8 @@ impl SseRelay {
                         lines.clear();
                         break;
                     }
-                    Some(Err(why)) => {
-                        self.stop = Some(why);
+                    Some(Err(halt)) => {
+                        self.halt = Some(halt);
                         lines.clear();
                         break;
                     }
@@ -385,7 +375,7 @@ impl SseRelay {
             lines.iter().for_each(|l| out.extend_from_slice(l));
             out.push(b'\n');
         }
-        if out.is_empty() && self.stop.is_none() && self.engine_error.is_none() {
+        if out.is_empty() && self.halt.is_none() {
             return None;
         }
         Some(Bytes::from(out))
@@ -676,7 +666,6 @@ impl App {
             deadline: Box::pin(sleep_until(ctx.deadline.into())),
             idle_armed: false,
             done: false,
-            failing: None,
             _in_flight: in_flight,
         };
         let mut resp = Response::new(BodyExt::boxed(relay));
@@ -1295,8 +1284,6 @@ struct RelayBody {
     /// a slow client is not a stalled engine.
     idle_armed: bool,
     done: bool,
-    /// An engine's error event seen after the bytes before it were sent: handled on the next poll.
-    failing: Option<String>,
     _in_flight: InFlight,
 }
 
@@ -1412,14 +1399,12 @@ impl RelayBody {
 
     fn out(&mut self, bytes: Bytes, arrived: Instant) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.idle_armed = false;
-        if let Some(message) = self.sse.engine_error.take() {
-            self.failing = Some(message);
-            if bytes.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(bytes))));
-            }
+        // An engine's error event: what came before it goes out now, the failure on the next poll.
+        if matches!(self.sse.halt, Some(Halt::EngineError(_))) && bytes.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
         }
         METRICS.added_chunk.observe(arrived.elapsed());
-        if let Some(why) = self.sse.stop {
+        if let Some(Halt::Refused(why)) = self.sse.halt {
             let mut all = bytes.to_vec();
             let message =
                 format!("the stream moved to another engine and then needed what the router cannot parse ({why})");
@@ -1444,7 +1429,7 @@ impl hyper::body::Body for RelayBody {
             return Poll::Ready(None);
         }
         loop {
-            if let Some(message) = this.failing.take() {
+            if let Some(Halt::EngineError(message)) = this.sse.halt.take_if(|h| matches!(h, Halt::EngineError(_))) {
                 if let Some(out) = this.failed("engine_error", 502, "upstream_error", &message) {
                     return Self::data(out);
                 }

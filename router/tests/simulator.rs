@@ -430,20 +430,21 @@ fn answer(text: &str) -> Answer {
     a
 }
 
+/// A 900-token completion stream of a 400-word prompt of its own (`tag`: no prefix shared).
+fn long_completion(tag: &str) -> Value {
+    let prompt: String = (0..400).map(|i| format!("{tag}{i} ")).collect();
+    json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 900, "ignore_eos": true, "stream": true,
+           "return_token_ids": true, "stream_options": {"include_usage": true}})
+}
+
 #[tokio::test]
 async fn a_completion_stream_moves_when_its_decode_dies() {
-    let prompt: String = (0..400).map(|i| format!("m{i} ")).collect();
-    let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 900, "ignore_eos": true, "stream": true,
-                      "return_token_ids": true, "stream_options": {"include_usage": true}});
-    a_stream_moves_when_its_decode_dies("/v1/completions", body, false).await;
+    a_stream_moves_when_its_decode_dies("/v1/completions", long_completion("m"), false).await;
 }
 
 #[tokio::test]
 async fn a_completion_stream_moves_when_its_decode_drains_and_aborts_it() {
-    let prompt: String = (0..400).map(|i| format!("d{i} ")).collect();
-    let body = json!({"model": "kimi-k3", "prompt": prompt, "max_tokens": 900, "ignore_eos": true, "stream": true,
-                      "return_token_ids": true, "stream_options": {"include_usage": true}});
-    a_stream_moves_when_its_decode_dies("/v1/completions", body, true).await;
+    a_stream_moves_when_its_decode_dies("/v1/completions", long_completion("d"), true).await;
 }
 
 #[tokio::test]

@@ -32,7 +32,7 @@ from .config import MAX_PREFIX_CACHE_BLOCKS, PREFILL_BACKOFF, EngineConfig
 from .kv_events import KVEventPublisher
 from .metrics import EngineMetrics
 from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
-from .prefix_cache import PrefixCache, Retention, block_hashes
+from .prefix_cache import PrefixCache, Retention, id_block_hashes
 from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
 
@@ -169,8 +169,8 @@ class Engine:
             raise QueueFull("K3SIM_MAX_QUEUED")
         rank = sub.rank if sub.rank is not None else min(self.ranks, key=lambda r: (r.load, r.index)).index
         seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(),
-                       hashes=block_hashes(sub.tokens, self.perf.block_size,
-                                           self.config.serve.prefix_caching_hash_algo))
+                       hashes=id_block_hashes(sub.ids, self.perf.block_size,
+                                              self.config.serve.prefix_caching_hash_algo))
         if sub.handoff.kind == CONSUME and sub.handoff.params is not None:
             seq.pull = self.nixl.pull(sub.handoff.params, self.wake.set)
         self.ranks[rank].waiting.append(seq)

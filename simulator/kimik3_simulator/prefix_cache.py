@@ -72,7 +72,11 @@ def _none_hash(algo: str, seed: str | None) -> bytes:
 
 
 def block_hashes(tokens: Sequence[str], block_size: int, algo: str = "sha256_cbor") -> list[bytes]:
-    ids = [token_id(t) for t in tokens]
+    return id_block_hashes([token_id(t) for t in tokens], block_size, algo)
+
+
+def id_block_hashes(ids: Sequence[int], block_size: int, algo: str = "sha256_cbor") -> list[bytes]:
+    """The keys of a prompt's full blocks from its token ids (what the engine has already)."""
     fn = HASH_ALGOS[algo]
     out: list[bytes] = []
     parent = none_hash(algo)
