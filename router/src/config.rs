@@ -145,7 +145,7 @@ pub struct Config {
     pub balance_rel_threshold: f64,
     /// Where the router's own spans go (trace.rs), if anywhere.
     pub traces: Option<TraceExport>,
-    /// Follow the prefill engines' KV events (kv_events.rs): `--kv-events true`.
+    /// Follow the prefill engines' KV events (kv_events.rs): `--kv-events true`, or a precise_prefix policy.
     pub kv_events: bool,
     /// How long the precise_prefix policy waits for an engine's /tokenize before it routes by text.
     pub tokenize_timeout: Duration,
@@ -469,6 +469,16 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
     if !drain.is_finite() || !(0.0..=1e6).contains(&drain) {
         return Err("--drain-secs must be a number of seconds >= 0".into());
     }
+    let (prefill_policy, decode_policy, policy) =
+        (policy("prefill-policy")?, policy("decode-policy")?, policy("policy")?);
+    if decode_policy == PolicyKind::PrecisePrefix {
+        return Err("--decode-policy precise_prefix: decode engines publish no KV events the router follows; \
+                    pick a decode engine by load (e.g. cache_aware)"
+            .into());
+    }
+    let explicit = num(single, "kv-events", false).map_err(|_| "--kv-events takes true or false".to_string())?;
+    // precise_prefix routes by what the events say: it follows them whether or not --kv-events says so.
+    let kv_events = explicit || prefill_policy == PolicyKind::PrecisePrefix || policy == PolicyKind::PrecisePrefix;
     Ok(Config {
         host: single.get("host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
         port: port("port", 8001)?,
@@ -477,9 +487,9 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         mode,
         engines,
         engine_port: port("engine-port", 8000)?,
-        prefill_policy: policy("prefill-policy")?,
-        decode_policy: policy("decode-policy")?,
-        policy: policy("policy")?,
+        prefill_policy,
+        decode_policy,
+        policy,
         served_model_name,
         max_payload_size,
         max_connections,
@@ -507,7 +517,7 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         balance_abs_threshold: num(single, "balance-abs-threshold", 32)?,
         balance_rel_threshold: positive_f64(single, "balance-rel-threshold", 1.1)?,
         traces: trace_export(single)?,
-        kv_events: num(single, "kv-events", false).map_err(|_| "--kv-events takes true or false".to_string())?,
+        kv_events,
         tokenize_timeout: millis(single, "tokenize-timeout-ms", 100)?,
     })
 }
@@ -538,6 +548,21 @@ mod tests {
     }
 
     #[test]
+    fn precise_prefix_follows_the_kv_events() {
+        let base = "--served-model-name m --prefill http://a:1 --decode http://b:2";
+        for (extra, follows) in [
+            ("", false),
+            (" --prefill-policy precise_prefix", true),
+            (" --kv-events true", true),
+            (" --prefill-policy cache_aware --kv-events false", false),
+        ] {
+            let c = parse(&args(&format!("{base}{extra}"))).map_err(|e| e.to_string());
+            let Ok(c) = c else { panic!("{extra}: {c:?}") };
+            assert_eq!(c.kv_events, follows, "{extra}");
+        }
+    }
+
+    #[test]
     fn refusals_name_the_problem() {
         for (line, needle) in [
             ("--served-model-name m --bogus 1", "unknown flag --bogus"),
@@ -546,6 +571,10 @@ mod tests {
             ("--served-model-name m --prefill http://a:1 --decode http://b:2 --port x", "not a valid number"),
             ("--served-model-name m --namespace n --prefill-selector a=b", "both --prefill-selector"),
             ("--served-model-name m --prefill http://a:1 --decode http://b:2 --prefill-policy lru", "unknown policy"),
+            (
+                "--served-model-name m --prefill http://a:1 --decode http://b:2 --decode-policy precise_prefix",
+                "decode engines publish no KV events",
+            ),
             ("--prefill http://a:1 --decode http://b:2", "--served-model-name is required"),
             ("--served-model-name m --mode aggregated", "needs --selector"),
             ("--served-model-name m --prefill a:1 --decode http://b:2", "must start with http://"),

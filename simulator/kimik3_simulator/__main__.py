@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -47,7 +48,8 @@ async def serve(config: EngineConfig) -> int:
     nixl = Nixl(config, metrics)
     faults = Faults(parse_faults(config.settings.faults), config.settings.oom_cap_bytes)
     events = serve_args.kv_events
-    publisher = KVEventPublisher(events, config.ranks, serve_args.host or "") if events and events.publishes else None
+    publisher = (KVEventPublisher(events, config.ranks, serve_args.host or "", os.environ.get("VLLM_HOST_IP", ""))
+                 if events and events.publishes else None)
     engine = Engine(config, metrics, stats, nixl, publisher)
     sim = Simulator(config, engine, stats, faults)
     loop = asyncio.get_running_loop()

@@ -136,6 +136,15 @@ class KVEventsConfig:
         return dict(self.__dict__)
 
 
+EPHEMERAL = "tcp://*:0"
+"""Bind the node's IP on a port the OS picks; a port of 0 is not offset by the rank."""
+
+
+def _binds(endpoint: str) -> bool:
+    """ZmqEventPublisher._is_bind_endpoint: wildcards and ipc/inproc bind; a named host connects."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def offset(endpoint: str | None, rank: int) -> str | None:
     if not endpoint or rank == 0:
         return endpoint
@@ -146,30 +155,56 @@ def offset(endpoint: str | None, rank: int) -> str | None:
 
 
 class RankPublisher:
-    """One rank's PUB socket, its replay ROUTER and the buffer replays come from."""
+    """One rank's PUB socket, its replay ROUTER and the buffer replays come from.
 
-    def __init__(self, ctx: zmq.asyncio.Context, config: KVEventsConfig, rank: int, host: str) -> None:
-        self.config = config.for_rank(rank)
+    Sockets are set up as ZmqEventPublisher._socket_setup does (distributed/kv_events.py:437-482): a
+    PUB endpoint binds when it is a wildcard (`*`, `::`) or ipc/inproc and *connects* otherwise (a
+    named host is where a collector listens); the replay socket always binds. `tcp://*:0` binds the
+    node's IP (VLLM_HOST_IP, `node_ip` here) on a port the OS picks, and the rank's resolved config,
+    which /kv_event_sources lists, then names that address: how a router finds ranks that run on
+    other pods without a port plan. Other wildcards stay as given (a consumer supplies the host); the
+    simulator binds them on its own --host so tests stay on loopback."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, config: KVEventsConfig, rank: int, host: str,
+                 node_ip: str) -> None:
+        config = config.for_rank(rank)
         self.rank = rank
-        self.topic = self.config.topic.encode()
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=self.config.buffer_steps)
+        self.topic = config.topic.encode()
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self.seq = 0
         self.encoder = msgspec.msgpack.Encoder()
         self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.SNDHWM, self.config.hwm)
+        self.pub.setsockopt(zmq.SNDHWM, config.hwm)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(self._local(self.config.endpoint, host))
+        endpoint = config.endpoint
+        if _binds(endpoint):
+            endpoint = self._bind(self.pub, endpoint, host, node_ip)
+        else:
+            self.pub.connect(endpoint)
         self.replay: zmq.asyncio.Socket | None = None
-        if self.config.replay_endpoint:
+        replay = config.replay_endpoint
+        if replay:
             self.replay = ctx.socket(zmq.ROUTER)
-            self.replay.setsockopt(zmq.SNDHWM, 2 * (self.config.buffer_steps + 1))
+            self.replay.setsockopt(zmq.SNDHWM, 2 * (config.buffer_steps + 1))
             self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay.bind(self._local(self.config.replay_endpoint, host))
+            replay = self._bind(self.replay, replay, host, node_ip)
+        self.config = KVEventsConfig(**{**config.__dict__, "enable_kv_cache_events": True, "publisher": "zmq",
+                                        "endpoint": endpoint, "replay_endpoint": replay})
 
     @staticmethod
-    def _local(endpoint: str, host: str) -> str:
-        """A wildcard endpoint binds the simulator's own address (tests bind loopback)."""
-        return endpoint.replace("://*:", f"://{host}:") if host else endpoint
+    def _bind(sock: zmq.asyncio.Socket, endpoint: str, host: str, node_ip: str) -> str:
+        """Bind; returns the endpoint the rank's config names (ZmqEventPublisher._bind)."""
+        if endpoint != EPHEMERAL:
+            sock.bind(endpoint.replace("://*:", f"://{host}:") if host else endpoint)
+            return endpoint
+        if node_ip in ("0.0.0.0", "::"):
+            raise KVEventsError("tcp://*:0 needs a node IP; set VLLM_HOST_IP")
+        if ":" in node_ip:
+            sock.setsockopt(zmq.IPV6, 1)
+        uri = f"tcp://[{node_ip}]" if ":" in node_ip else f"tcp://{node_ip}"
+        sock.bind(f"{uri}:0")
+        port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2]
+        return f"{uri}:{port}"
 
     async def publish(self, events: list[KVCacheEvent]) -> None:
         payload = self.encoder.encode(EventBatch(ts=time.time(), events=events, data_parallel_rank=self.rank))
@@ -199,13 +234,19 @@ class RankPublisher:
                 sock.close(linger=0)
 
 
+def _node_ip(host: str) -> str:
+    """VLLM_HOST_IP unset: vLLM guesses the node's IP from its interfaces (utils/network_utils.py
+    get_ip); the simulator takes its --host when that names one, else loopback."""
+    return host if host and host not in ("0.0.0.0", "::") else "127.0.0.1"
+
+
 class KVEventPublisher:
     """Every rank's publisher; the engine hands it each step's events per rank."""
 
-    def __init__(self, config: KVEventsConfig, ranks: int, host: str = "") -> None:
+    def __init__(self, config: KVEventsConfig, ranks: int, host: str = "", node_ip: str = "") -> None:
         self.config = config
         self.ctx = zmq.asyncio.Context()
-        self.ranks = [RankPublisher(self.ctx, config, r, host) for r in range(ranks)]
+        self.ranks = [RankPublisher(self.ctx, config, r, host, node_ip or _node_ip(host)) for r in range(ranks)]
         self.tasks: list[asyncio.Task[None]] = []
         self.counts = {"batches": 0, "events": 0}
 

@@ -14,6 +14,7 @@ from typing import Any, get_args
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.router_policies import BY_NAME
 from kimik3_operator.api.spec import RouterPolicy
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner
@@ -56,7 +57,8 @@ def cases() -> dict[str, Case]:
             out[f"golden/{scenario}/{t.deployment}"] = (router_args(_owner(body), t), t)
     examples = dict(load_examples())
     for policy in get_args(RouterPolicy):
-        for example, given in (("pd-gb300-decode-b200-prefill.yaml", {"prefillPolicy": policy, "decodePolicy": policy}),
+        decode = policy if BY_NAME[policy].decode else "RoundRobin"  # spec.router's rules refuse it on decodes
+        for example, given in (("pd-gb300-decode-b200-prefill.yaml", {"prefillPolicy": policy, "decodePolicy": decode}),
                                ("gb300-aggregated-tp8.yaml", {"policy": policy})):
             body = _kimik3({**examples[example], "spec": {**examples[example]["spec"], "router": given}})
             spec = KimiK3Deployment.model_validate(body).spec

@@ -19,6 +19,7 @@ from typing import Any, get_args
 import pytest
 
 from kimik3_operator.api import KimiK3Deployment
+from kimik3_operator.api.router_policies import lacking
 from kimik3_operator.api.spec import RouterPolicy
 from kimik3_operator.planner import plan_deployment, pool_facts
 from kimik3_operator.render import Owner
@@ -47,9 +48,11 @@ def golden_cases() -> dict[str, Case]:
 
 
 def vllm_router(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with spec.router.implementation VllmRouter."""
+    """`body` with spec.router.implementation VllmRouter, and CacheAware for a policy it lacks."""
     body = copy.deepcopy(body)
-    body["spec"]["router"] = {**body["spec"].get("router", {}), "implementation": "VllmRouter"}
+    router = {k: "CacheAware" if k.endswith(("olicy", "Policy")) and v in lacking("VllmRouter") else v
+              for k, v in body["spec"].get("router", {}).items()}
+    body["spec"]["router"] = {**router, "implementation": "VllmRouter"}
     return body
 
 
@@ -68,6 +71,8 @@ def policy_cases() -> dict[str, Case]:
     examples = dict(load_examples())
     out = {}
     for policy in get_args(RouterPolicy):
+        if policy in lacking("VllmRouter"):
+            continue
         for example, router in (("pd-gb300-decode-b200-prefill.yaml", {"prefillPolicy": policy,
                                                                        "decodePolicy": policy}),
                                 ("gb300-aggregated-tp8.yaml", {"policy": policy})):
@@ -142,7 +147,8 @@ def test_the_router_accepts_rendered_args_and_reads_them_as_meant(case: str) -> 
 def test_the_contract_covers_every_scenario_policy_and_mode() -> None:
     names = sorted(cases())
     assert len([n for n in names if n.startswith("golden/")]) == len(SCENARIOS)
-    assert {n.split("/")[1] for n in names if n.startswith("policy/")} == set(get_args(RouterPolicy))
+    assert {n.split("/")[1] for n in names if n.startswith("policy/")} == set(get_args(RouterPolicy)) - set(
+        lacking("VllmRouter"))
     assert {t.plan.mode for _, t, _ in cases().values()} == {"PrefillDecode", "Aggregated"}
     assert len([n for n in names if n.startswith("mixed/")]) == 3  # two P/D revisions, one aggregated
 

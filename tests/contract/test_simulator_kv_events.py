@@ -2,7 +2,8 @@
 (tests/contract/vllm_kv_events.py, in the cached vLLM venv) subscribes to every data-parallel rank
 that GET /kv_event_sources lists, decodes every batch with vLLM's KVEventBatch, and replays from 0.
 
-What it checks: one publisher per rank at the endpoint's port + rank, sequence numbers from 0
+What it checks: one publisher per rank at the endpoint's port + rank (or, for `tcp://*:0`, at the
+address vLLM's own publisher reports for the same config), sequence numbers from 0
 without a gap, each batch's rank; BlockStored for K3's MLA group carries the sha256_cbor chain of
 the prompt's ids (the keys test_simulator_hashes.py holds to vLLM's hasher) as 64-bit event hashes,
 each run with its parent and tokens; the KDA group (`mamba`) stores only where vLLM keeps a state
@@ -30,17 +31,44 @@ def _local(endpoint: str) -> str:
     return endpoint.replace("tcp://*:", "tcp://127.0.0.1:")
 
 
-def test_kv_events_decode_with_vllms_classes_per_rank_and_replay(tmp_path: Path) -> None:
+def _vllm_resolves(config: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """What vLLM's own ZmqEventPublisher reports per rank for `config` on a node whose IP is loopback."""
+    done = subprocess.run([str(vllm_python()), str(ROOT / "tests" / "contract" / "vllm_kv_events.py"),
+                           json.dumps({"resolve": config, "ranks": ranks})], capture_output=True, text=True,
+                          timeout=300, env={"PATH": "/usr/bin:/bin", "VLLM_TARGET_DEVICE": "cpu",
+                                            "VLLM_HOST_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _port_free(sources: dict[str, Any]) -> dict[str, Any]:
+    return {r: {k: v.rpartition(":")[0] if k.endswith("endpoint") else v for k, v in c.items()}
+            for r, c in sources.items()}
+
+
+@pytest.mark.parametrize("ephemeral", [False, True], ids=["port-plan", "tcp-star-0"])
+def test_kv_events_decode_with_vllms_classes_per_rank_and_replay(tmp_path: Path, ephemeral: bool) -> None:
+    """Both ways a deployment can place the publishers: a port plan (base + rank, wildcard host: the
+    consumer supplies the host), and `tcp://*:0`, where each rank binds the node's IP on a port the OS
+    picks and /kv_event_sources names the address (what the operator renders: render/engine.py)."""
     role = role_report("b200-dep16-disaggregated", "prefill")  # TP8 x DP2: two ranks, two publishers
     base = free_port_base(4)
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base}",
               "replay_endpoint": f"tcp://*:{base + 2}", "topic": "kv"}
+    if ephemeral:
+        config = {**config, "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"}
     argv = [*role["command"], "--kv-events-config", json.dumps(config)]
-    with simulator(argv, tmp_path, {"K3SIM_GPU_PRODUCT": role["gpuProduct"]}) as sim:
+    env = {"K3SIM_GPU_PRODUCT": role["gpuProduct"], "VLLM_HOST_IP": "127.0.0.1"}
+    with simulator(argv, tmp_path, env) as sim:
         sources = sim.get("/kv_event_sources").json()
         assert sorted(sources) == ["0", "1"]
-        assert [sources[r]["endpoint"] for r in "01"] == [f"tcp://*:{base}", f"tcp://*:{base + 1}"]
-        assert [sources[r]["replay_endpoint"] for r in "01"] == [f"tcp://*:{base + 2}", f"tcp://*:{base + 3}"]
+        if ephemeral:  # every field as vLLM's publisher resolves it, the OS's ports aside
+            assert _port_free(sources) == _port_free(_vllm_resolves(config, 2))
+            ports = {int(sources[r][k].rpartition(":")[2]) for r in "01" for k in ("endpoint", "replay_endpoint")}
+            assert len(ports) == 4 and 0 not in ports
+        else:
+            assert [sources[r]["endpoint"] for r in "01"] == [f"tcp://*:{base}", f"tcp://*:{base + 1}"]
+            assert [sources[r]["replay_endpoint"] for r in "01"] == [f"tcp://*:{base + 2}", f"tcp://*:{base + 3}"]
         block = sim.stats()["engine"]["block_size"]
         publishers = {r: {**s, "endpoint": _local(s["endpoint"]), "replay_endpoint": _local(s["replay_endpoint"])}
                       for r, s in sources.items()}

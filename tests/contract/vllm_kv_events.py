@@ -8,7 +8,11 @@ then asks each rank's replay socket for everything from sequence 0, as a subscri
 batches would. Every payload is decoded with msgspec.msgpack.Decoder(vllm.distributed.kv_events.
 KVEventBatch), as vLLM's consumers decode them. Output (stdout, after `ready`): one JSON object
 {rank: {"live": [batch...], "replayed": [batch...], "end_marker": bool}}, each batch
-{"seq": int, "ts": float, "rank": int, "events": [{"type": class name, **fields}]}."""
+{"seq": int, "ts": float, "rank": int, "events": [{"type": class name, **fields}]}.
+
+argv {"resolve": {config...}, "ranks": N}: instead, start vLLM's ZmqEventPublisher for ranks 0..N-1
+with that config (as each engine core's scheduler does) and print each one's resolved
+get_publisher_config(), the value GET /kv_event_sources lists for the rank, as {rank: config}."""
 
 from __future__ import annotations
 
@@ -22,7 +26,10 @@ def main() -> int:
     import zmq
     from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 
-    publishers = json.loads(sys.argv[1])["publishers"]
+    args = json.loads(sys.argv[1])
+    if "resolve" in args:
+        return resolve(args["resolve"], args["ranks"])
+    publishers = args["publishers"]
     decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
     ctx = zmq.Context()
 
@@ -58,6 +65,21 @@ def main() -> int:
             replayed.append(batch(seq, payload))
         out[rank] = {"live": live, "replayed": replayed, "end_marker": end}
     json.dump(out, sys.stdout)
+    return 0
+
+
+def resolve(config: dict[str, object], ranks: int) -> int:
+    from dataclasses import asdict
+
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    kwargs = {k: v for k, v in config.items() if k not in ("enable_kv_cache_events", "publisher")}
+    publishers = [ZmqEventPublisher(rank, **kwargs) for rank in range(ranks)]  # type: ignore[arg-type]
+    try:
+        json.dump({str(r): asdict(p.get_publisher_config()) for r, p in enumerate(publishers)}, sys.stdout)
+    finally:
+        for p in publishers:
+            p.shutdown()
     return 0
 
 

@@ -50,7 +50,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
          "prefill": {"replicas": 1, "parallelism": {"tensor": 8, "data": 2, "expert": True}}},
         {"name": "rack-b", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.b"},
          "decode": {"replicas": 3, "parallelism": {"tensor": 8}}}],
-        engine=DSPARK),
+        engine=DSPARK, router={"prefillPolicy": "PrecisePrefix"}),  # KV events on a multi-node prefill
     "gb300-pd-one-clique": _deployment("k3-clique", [
         {"name": "rack-a", "nodeSelector": {**GB300, "nvidia.com/gpu.clique": "cluster.a"},
          "prefill": {"replicas": 2, "parallelism": {"tensor": 8, "expert": True}},

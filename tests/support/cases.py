@@ -92,6 +92,14 @@ INVALID["env sets a variable the operator owns: " + ", ".join(spec.OWNED_ENV)] =
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "0.0.0.0"}]}))
 INVALID["env sets a VLLM_* variable vLLM 0.33.0 does not know (it would refuse to start)"] = _edit(
     lambda d: d["spec"].update(engine={"env": [{"name": "VLLM_ROUTER_SERVICE_HOST", "value": "10.0.0.1"}]}))
+INVALID["decodePolicy: PrecisePrefix picks prefill and aggregated engines only (a decode's cache holds what its "
+        "prefill handed over); pick a decode engine by load, e.g. CacheAware or StickyLeastLoaded"] = _edit(
+    lambda d: d["spec"].update(router={"decodePolicy": "PrecisePrefix"}))
+INVALID["VllmRouter has no PrecisePrefix policy: use implementation KimiK3Router, or another policy"] = _edit(
+    lambda d: d["spec"].update(router={"implementation": "VllmRouter", "policy": "PrecisePrefix"}))
+INVALID["router: PrecisePrefix follows the engines' prefix caches, which engine.prefixCaching.enabled false turns "
+        "off: enable prefix caching or pick another policy"] = _edit(
+    lambda d: d["spec"].update(router={"policy": "PrecisePrefix"}, engine={"prefixCaching": {"enabled": False}}))
 INVALID["router resources: the memory request exceeds the memory limit"] = _edit(
     lambda d: d["spec"].update(router={"resources": {"requests": {"memory": "3Gi"}}}))  # the default limit is 2Gi
 INVALID["router resources: the CPU request exceeds the CPU limit"] = _edit(

@@ -82,6 +82,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--cpu-distributed-timeout-seconds": "the planner's load-time estimate (planner/timeouts.py)",
     "--block-size": _BLOCK,
+    "--kv-events-config": "router policy PrecisePrefix (each engine core publishes on its pod IP, an OS port)",
     "--kv-offloading-size": _OFFLOAD,
     "--kv-offloading-backend": _OFFLOAD,
     "--attention-backend": _KERNEL_BLOCKS, "--attention-config": _KERNEL_BLOCKS, "-ac": _KERNEL_BLOCKS,

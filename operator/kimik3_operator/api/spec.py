@@ -7,9 +7,10 @@ the operator writes is in status.py; the resource itself (kind, version, both ha
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import Field, create_model
 
@@ -967,6 +968,27 @@ class RouterGateway(SpecModel):
 RouterImplementation = Literal["KimiK3Router", "VllmRouter"]
 
 
+def _has_policies(impl: str, lacking: tuple[str, ...], r: Router) -> bool:
+    return r.implementation != impl or not {r.policy, r.prefill_policy, r.decode_policy} & set(lacking)
+
+
+def _implementation_rules() -> tuple[Rule, ...]:
+    """One rule per router implementation that lacks a policy of the table (router_policies.py)."""
+    out = []
+    for impl in get_args(RouterImplementation):
+        lacking = router_policies.lacking(impl)
+        if not lacking:
+            continue
+        out.append(Rule(
+            cel=(f"(has(self.implementation) ? self.implementation : 'KimiK3Router') != '{impl}' || "
+                 f"![self.policy, self.prefillPolicy, self.decodePolicy].exists(p, p in {list(lacking)})"),
+            message=f"{impl} has no {', '.join(lacking)} policy: use implementation KimiK3Router, or another policy",
+            check=functools.partial(_has_policies, impl, lacking),
+            field_path=".implementation",
+        ))
+    return tuple(out)
+
+
 class RouterWatchdog(SpecModel):
     """When kimik3-router gives up on an engine that took a request and does not answer: it then
     sends the request elsewhere if no token has reached the client yet, else ends the stream with
@@ -1034,6 +1056,18 @@ class Router(SpecModel):
     image: ImageRef | None = None
     """The router pods' image (the router and its HAProxy front), e.g. a mirror of the project's;
     the image of `implementation` at this operator's version when omitted."""
+
+    rules = (
+        Rule(
+            cel=f"!has(self.decodePolicy) || !(self.decodePolicy in {list(router_policies.NOT_FOR_DECODE)})",
+            message=f"decodePolicy: {', '.join(router_policies.NOT_FOR_DECODE)} picks prefill and aggregated "
+                    "engines only (a decode's cache holds what its prefill handed over); pick a decode engine by "
+                    "load, e.g. CacheAware or StickyLeastLoaded",
+            check=lambda r: r.decode_policy not in router_policies.NOT_FOR_DECODE,
+            field_path=".decodePolicy",
+        ),
+        *_implementation_rules(),
+    )
 
 
 class SelectorRequirement(SpecModel):
@@ -1312,6 +1346,17 @@ class KimiK3DeploymentSpec(SpecModel):
 
     rules = (
         *_slo_mode_rules(),
+        Rule(
+            cel=(f"!has(self.router) || ![self.router.policy, self.router.prefillPolicy, self.router.decodePolicy]"
+                 f".exists(p, p in {list(router_policies.KV_EVENTS)}) || !has(self.engine) || "
+                 "!has(self.engine.prefixCaching) || !has(self.engine.prefixCaching.enabled) || "
+                 "self.engine.prefixCaching.enabled"),
+            message=f"router: {', '.join(router_policies.KV_EVENTS)} follows the engines' prefix caches, which "
+                    "engine.prefixCaching.enabled false turns off: enable prefix caching or pick another policy",
+            check=lambda s: s.engine.prefix_caching.enabled or not (
+                {s.router.policy, s.router.prefill_policy, s.router.decode_policy} & set(router_policies.KV_EVENTS)),
+            field_path=".router",
+        ),
         Rule(
             cel="self.pools.exists(p, has(p.prefill)) == self.pools.exists(p, has(p.decode))",
             message="prefill and decode come together: a prefill role needs a decode role in the "

@@ -279,6 +279,12 @@ class Plan:
         return any((pool, role) in r.routes and BY_NAME[policy].tokenizes
                    for r in self.routers for kind, policy in r.policies if kind == role)
 
+    def publishes_kv_events(self, pool: str, role: str) -> bool:
+        """A router in front of this role follows its engines' caches by their KV events (PrecisePrefix:
+        the `kv_events` column of api/router_policies.py), so the engines publish them."""
+        return any((pool, role) in r.routes and BY_NAME[policy].kv_events
+                   for r in self.routers for kind, policy in r.policies if kind == role)
+
     @property
     def gpus(self) -> int:
         return sum(r.replicas * r.gpus_per_replica for _, r in self.role_plans())

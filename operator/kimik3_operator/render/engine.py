@@ -27,6 +27,14 @@ DP_RPC_PORT = 13345
 NIXL_SIDE_CHANNEL_BASE = 5600
 """vLLM's default; each data-parallel rank listens on base + its global rank."""
 PREFIX_HASH_ALGO = "sha256_cbor"
+KV_EVENTS_CONFIG = {"enable_kv_cache_events": True, "publisher": "zmq",
+                    "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0", "topic": "kv-events"}
+"""Each engine core's KV event publisher and its replay socket on the pod's IP (VLLM_HOST_IP) and a
+port the OS picks: the rank's entry of the leader's GET /kv_event_sources then names that address,
+so a router reaches the ranks of headless worker pods too, and no port plan can meet NIXL's side
+channel (5600 + rank) or another rank's (distributed/kv_events.py:340-381, 437-482; docs/kv-events.md).
+A wildcard with a fixed port would name no host, and a named host makes the publisher connect, not
+bind. 10,000 batches stay buffered for a subscriber's replay (vLLM's default)."""
 ENGINE_READY_TIMEOUT_S = 3600
 """Loading 1.6 TB of weights plus JIT warm-up takes far longer than vLLM's 600 s default; the plan's
 estimate (planner/timeouts.py) replaces this when it has one."""
@@ -90,9 +98,11 @@ def parallel_args(role: RolePlan, *, worker: bool) -> list[str]:
     return args
 
 
-def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_out: bool = False) -> list[str]:
+def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_out: bool = False,
+                kv_events: bool = False) -> list[str]:
     """`vllm serve` arguments for the leader (worker=False) or a headless worker; `scale_out`: the
-    leader serves token ids to a prefix-aware router (Plan.router_tokenizes)."""
+    leader serves token ids to a prefix-aware router (Plan.router_tokenizes); `kv_events`: every
+    engine core publishes its KV events to a router that follows them (Plan.publishes_kv_events)."""
     args = [
         "vllm", "serve", engine.model_path,
         "--served-model-name", literal(engine.served_name),
@@ -122,6 +132,8 @@ def engine_args(role: RolePlan, engine: EngineSettings, *, worker: bool, scale_o
                  "--prefix-caching-hash-algo", PREFIX_HASH_ALGO]
     if engine.speculative_config is not None:
         args += ["--speculative-config", _json(dict(engine.speculative_config))]
+    if kv_events:
+        args += ["--kv-events-config", _json(KV_EVENTS_CONFIG)]
     transfer = kv_transfer_config(role)
     if transfer is not None:
         args += ["--kv-transfer-config", _json(transfer)]

@@ -139,7 +139,8 @@ def container(plan: Plan, pool: PoolPlan, role: RolePlan, *, worker: bool) -> di
     out: dict[str, Any] = {
         "name": "vllm",
         "image": pool.image,
-        "command": engine_args(role, engine, worker=worker, scale_out=plan.router_tokenizes(pool.name, role.role)),
+        "command": engine_args(role, engine, worker=worker, scale_out=plan.router_tokenizes(pool.name, role.role),
+                               kv_events=plan.publishes_kv_events(pool.name, role.role)),
         "env": engine_env(role, engine, worker=worker, vendor=pool.vendor)
                + fabric_env(pool, role, taken=(name for name, _ in engine.env)),
         "resources": {"limits": dict(resources), "requests": dict(resources)},
