@@ -147,8 +147,11 @@ pub struct Config {
     pub traces: Option<TraceExport>,
     /// Follow the prefill engines' KV events (kv_events.rs): `--kv-events true`, or a precise_prefix policy.
     pub kv_events: bool,
-    /// How long the precise_prefix policy waits for an engine's /tokenize before it routes by text.
+    /// How long the precise_prefix policy waits at least for an engine's /tokenize before it routes
+    /// by text (longer for a long prompt: proxy.rs tokenize_budget).
     pub tokenize_timeout: Duration,
+    /// Tokens of chat prompts kept for precise_prefix's continuing chats (prompt_ids.rs); 0: none.
+    pub prompt_ids_cap: usize,
 }
 
 /// OTLP/HTTP export of the router's spans (JSON encoding, plain HTTP: a collector in the cluster).
@@ -267,6 +270,7 @@ const KNOWN: &[&str] = &[
     "trace-service-name",
     "kv-events",
     "tokenize-timeout-ms",
+    "prompt-ids-cap",
 ];
 
 pub fn parse(args: &[String]) -> Result<Config, String> {
@@ -519,6 +523,7 @@ fn build(single: &BTreeMap<&str, String>, multi: &BTreeMap<&str, Vec<String>>) -
         traces: trace_export(single)?,
         kv_events,
         tokenize_timeout: millis(single, "tokenize-timeout-ms", 100)?,
+        prompt_ids_cap: num(single, "prompt-ids-cap", 8 << 20)?,
     })
 }
 

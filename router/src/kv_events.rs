@@ -205,6 +205,19 @@ impl KvIndex {
             .collect()
     }
 
+    /// Blocks each (engine, rank) of `keys` holds by its events (0 when unknown): how full its cache
+    /// is, which breaks ties between equal hits (the emptiest evicts least).
+    pub fn held(&self, keys: &[(&str, u32)]) -> Vec<usize> {
+        let Ok(all) = self.ranks.lock() else {
+            return vec![0; keys.len()];
+        };
+        keys.iter()
+            .map(|(authority, rank)| {
+                all.get(&((*authority).to_string(), *rank)).map_or(0, |r| r.mla.len() + r.kda.len())
+            })
+            .collect()
+    }
+
     pub fn forget(&self, authority: &str) {
         if let Ok(mut all) = self.ranks.lock() {
             all.retain(|(a, _), _| a != authority);

@@ -11,6 +11,7 @@ mod metrics;
 mod migrate;
 mod msgpack;
 mod policy;
+mod prompt_ids;
 mod proxy;
 mod reply;
 mod routes;

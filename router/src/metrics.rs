@@ -25,6 +25,11 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "KV event batches from the prefill engines, by outcome: applied, replayed (a gap filled), gap_cleared and restart_cleared (a rank's index forgotten), disconnected, undecodable.",
     ),
     (
+        "kimik3_router_token_ids_total",
+        "counter",
+        "precise_prefix: where a prompt's token ids came from (body, continued: a chat the router saw it continue, tokenize, none: routed by text), and prefix_mismatch (a continued prompt that was not one: the continued source turns off).",
+    ),
+    (
         "kimik3_router_kv_index_blocks",
         "gauge",
         "Blocks the router knows an engine's cache holds (all ranks), by role, engine and KV cache group (mla_attention, mamba).",
@@ -197,6 +202,9 @@ fn known_series() -> BTreeMap<(&'static str, String), f64> {
     }
     for outcome in crate::kv_events::KV_EVENT_OUTCOMES {
         out.insert(("kimik3_router_kv_events_total", labels(&[("outcome", outcome)])), 0.0);
+    }
+    for source in crate::prompt_ids::SOURCES {
+        out.insert(("kimik3_router_token_ids_total", labels(&[("source", source)])), 0.0);
     }
     for outcome in MIGRATION_OUTCOMES {
         out.insert(("kimik3_router_migrations_total", labels(&[("outcome", outcome)])), 0.0);

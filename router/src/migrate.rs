@@ -247,6 +247,11 @@ impl Resume {
         }
     }
 
+    /// The prompt's token ids as the engine gave them (the stream's `prompt_token_ids`).
+    pub fn prompt_ids(&self) -> Option<Vec<u64>> {
+        self.prompt_ids.as_ref()?.iter().map(Value::as_u64).collect()
+    }
+
     pub fn generated(&self) -> usize {
         self.generated.len()
     }

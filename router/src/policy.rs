@@ -345,7 +345,7 @@ impl Policy {
     }
 
     /// The candidate (engine, rank) holding the longest true K3 hit by its KV events, the least
-    /// loaded among equals; under a load imbalance the least loaded. None when no candidate's cache
+    /// loaded and then the emptiest among equals; under a load imbalance the least loaded. None when no candidate's cache
     /// is known or the prompt's ids are not: the caller routes approximately then.
     fn precise<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
         let (kv, ids) = (input.kv?, input.ids?);
@@ -357,9 +357,13 @@ impl Policy {
         let min = loads.iter().copied().min().unwrap_or(0);
         let max = loads.iter().copied().max().unwrap_or(0);
         let imbalanced = max.saturating_sub(min) > self.balance_abs && (max as f64) > (min as f64) * self.balance_rel;
+        // Among equals the least loaded, then the emptiest cache: a miss placed on the fullest rank
+        // would evict what the next turns of other sessions need there. A rank that has published
+        // nothing yet is empty as far as anyone knows (its hit 0), not to be avoided.
+        let held = kv.held(&keys);
         let position = (0..candidates.len())
             .filter(|&i| imbalanced || best == 0 || hits.get(i).copied().flatten() == Some(best))
-            .min_by_key(|&i| (loads.get(i).copied().unwrap_or(usize::MAX), hits.get(i).copied().flatten().is_none()))?;
+            .min_by_key(|&i| (loads.get(i).copied().unwrap_or(usize::MAX), held.get(i).copied().unwrap_or(0)))?;
         let decision = if imbalanced {
             "load_imbalance"
         } else if best > 0 {
@@ -415,6 +419,7 @@ impl Policy {
 mod tests {
     use super::*;
     use crate::engines::{Endpoint, Pool, Registry};
+    use crate::kv_events::KvIndex;
 
     fn cfg() -> Config {
         let args: Vec<String> = "--served-model-name m --prefill http://a:1 --decode http://b:2"
@@ -431,6 +436,36 @@ mod tests {
             pool.insert(&Endpoint::new(format!("10.0.0.{i}:8000"), Role::Decode, None), &[None]);
         }
         pool.snapshot().to_vec()
+    }
+
+    #[test]
+    fn precise_prefix_places_a_miss_on_the_emptiest_rank_not_the_only_known_one() {
+        let c = cfg();
+        let ws = workers(3);
+        let p = Policy::new(PolicyKind::PrecisePrefix, Role::Decode, &c, 1);
+        let kv = KvIndex::default();
+        // 10.0.0.0 published and holds blocks, 10.0.0.1 published and holds fewer, 10.0.0.2 nothing yet.
+        let _ = kv.with("10.0.0.0:8000", 0, |r| {
+            r.block_size = Some(4);
+            r.mla.extend([1, 2, 3]);
+            r.kda.insert(3);
+        });
+        let _ = kv.with("10.0.0.1:8000", 0, |r| {
+            r.block_size = Some(4);
+            r.mla.insert(9);
+        });
+        let ids: Vec<u64> = (100..120).collect(); // a prompt no rank holds
+        let input = RouteInput { session: None, prefix: b"p", ids: Some(&ids), kv: Some(&kv) };
+        assert_eq!(p.select(&ws, &ws, &input).map(|w| w.endpoint.authority.clone()).as_deref(), Some("10.0.0.2:8000"));
+        // A prompt whose blocks a rank holds (with a KDA state at the end of the first) goes there.
+        let cached: Vec<u64> = (0..9).collect();
+        let chain = crate::kv_events::block_hashes(&cached, 4);
+        let _ = kv.with("10.0.0.1:8000", 0, |r| {
+            r.mla.insert(chain[0]);
+            r.kda.insert(chain[0]);
+        });
+        let input = RouteInput { session: None, prefix: b"p", ids: Some(&cached), kv: Some(&kv) };
+        assert_eq!(p.select(&ws, &ws, &input).map(|w| w.endpoint.authority.clone()).as_deref(), Some("10.0.0.1:8000"));
     }
 
     #[test]

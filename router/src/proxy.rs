@@ -15,6 +15,7 @@ use crate::engines::{Registry, Role, Worker};
 use crate::metrics::METRICS;
 use crate::migrate::{Continuation, Halt, Resume, refusal};
 use crate::policy::{Policy, RouteInput, session_key};
+use crate::prompt_ids::PromptIds;
 use crate::reply::{self, Body};
 use crate::routes::Route;
 use crate::trace::{Kind, Span};
@@ -103,6 +104,8 @@ pub struct App {
     pub in_flight: AtomicUsize,
     ids: AtomicU64,
     created: u64,
+    /// Token ids of chat prompts seen, for precise_prefix's continuing chats (prompt_ids.rs).
+    prompt_ids: PromptIds,
 }
 
 pub(crate) fn seed() -> u64 {
@@ -249,8 +252,12 @@ struct Ctx {
     /// Engines (worker ids) not to send the answer leg to: a continuation avoids the engine whose
     /// stream just failed, which may only be stalled and still look healthy.
     avoid: Vec<u64>,
-    /// The prompt's token ids, once looked for (precise_prefix: the body's, else an engine's /tokenize).
+    /// The prompt's token ids, once looked for (precise_prefix: the body's, a chat's it continues,
+    /// else an engine's /tokenize), and where they came from.
     ids: std::sync::OnceLock<Option<Vec<u64>>>,
+    ids_source: std::sync::OnceLock<&'static str>,
+    /// A chat's keys in the prompt ids the router keeps (prompt_ids.rs); empty unless precise_prefix.
+    keys: Vec<u64>,
 }
 
 enum Stop {
@@ -393,6 +400,7 @@ impl App {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             ids: AtomicU64::new(s),
+            prompt_ids: PromptIds::new(cfg.prompt_ids_cap),
             created: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs(),
             cfg,
             reg,
@@ -601,6 +609,11 @@ impl App {
                 Ok(r)
             }
         });
+        let keys = if self.precise().is_some() && route.label == "chat_completions" {
+            crate::prompt_ids::keys(&body)
+        } else {
+            Vec::new()
+        };
         let ctx = Arc::new(Ctx {
             route,
             session: session_key(&headers, &body),
@@ -619,6 +632,8 @@ impl App {
             resume: Mutex::new(resume),
             avoid: Vec::new(),
             ids: std::sync::OnceLock::new(),
+            ids_source: std::sync::OnceLock::new(),
+            keys,
         });
         let mut resp = match self.serve(&ctx).await {
             Served::Done(resp) => resp,
@@ -630,12 +645,21 @@ impl App {
         resp
     }
 
-    async fn serve(&self, ctx: &Ctx) -> Served {
+    /// The role whose engines precise_prefix picks (the first leg's), if it is the policy there.
+    fn precise(&self) -> Option<Role> {
         let role = if self.cfg.mode == Mode::PrefillDecode { Role::Prefill } else { Role::Aggregated };
-        let precise = if role == Role::Prefill { &self.prefill_policy } else { &self.aggregated_policy };
-        if precise.kind == PolicyKind::PrecisePrefix && ctx.ids.get().is_none() {
-            let ids = self.token_ids(ctx, role).await;
-            let _ = ctx.ids.set(ids);
+        let policy = if role == Role::Prefill { &self.prefill_policy } else { &self.aggregated_policy };
+        (policy.kind == PolicyKind::PrecisePrefix).then_some(role)
+    }
+
+    async fn serve(&self, ctx: &Ctx) -> Served {
+        if let Some(role) = self.precise() {
+            if ctx.ids.get().is_none() {
+                let (ids, source) = self.token_ids(ctx, role).await;
+                METRICS.inc("kimik3_router_token_ids_total", &[("source", source)]);
+                let _ = ctx.ids_source.set(source);
+                let _ = ctx.ids.set(ids);
+            }
         }
         match self.cfg.mode {
             Mode::PrefillDecode => self.pd(ctx).await,
@@ -711,6 +735,8 @@ impl App {
             resume: Mutex::new(None),
             avoid: failed,
             ids: std::sync::OnceLock::new(),
+            ids_source: std::sync::OnceLock::new(),
+            keys: Vec::new(),
         };
         match self.serve(&moved).await {
             Served::Stream(up) => Ok(up),
@@ -750,26 +776,55 @@ impl App {
         None
     }
 
-    /// A prompt's token ids for precise_prefix: a completions prompt of ids as given, else what a
-    /// routable engine of `role` answers to /tokenize (the same body's prompt or messages) within
-    /// --tokenize-timeout-ms; None (route by text) when neither works.
-    async fn token_ids(&self, ctx: &Ctx, role: Role) -> Option<Vec<u64>> {
+    /// A prompt's token ids for precise_prefix, and where they came from (docs/kv-events.md): a
+    /// completions prompt of ids as given (`body`); a chat that continues one the router has seen, the
+    /// earlier prompt's ids less its generation prompt (`continued`: a prefix, which bounds the hit it
+    /// can find, without asking anyone); else the least loaded routable engine of `role` answers
+    /// /tokenize within the budget (`tokenize`); None when none of these works (`none`: routed by text).
+    async fn token_ids(&self, ctx: &Ctx, role: Role) -> (Option<Vec<u64>>, &'static str) {
         let chat = ctx.route.label == "chat_completions";
         if !chat {
-            let prompt = ctx.body.get("prompt")?;
+            let Some(prompt) = ctx.body.get("prompt") else { return (None, "none") };
             let one = match prompt.as_array().map(Vec::as_slice) {
                 Some([Value::Array(inner)]) => Some(inner.as_slice()),
                 Some(items) if items.iter().all(Value::is_u64) => Some(items),
                 _ => None,
             };
             if let Some(items) = one {
-                return items.iter().map(Value::as_u64).collect();
+                return (items.iter().map(Value::as_u64).collect(), "body");
             }
         }
         if ctx.route.label != "completions" && !chat {
-            return None;
+            return (None, "none");
         }
-        let engine = self.reg.pool(role).snapshot().iter().find(|w| w.routable())?.endpoint.authority.clone();
+        if let Some(prefix) = self.prompt_ids.prefix(&ctx.keys) {
+            return (Some(prefix), "continued");
+        }
+        let started = Instant::now();
+        let ids = tokio::time::timeout(self.tokenize_budget(ctx), self.tokenize(ctx, role, chat)).await.ok().flatten();
+        METRICS.added_tokenize.observe(started.elapsed());
+        match ids {
+            Some(ids) => {
+                self.prompt_ids.store(&ctx.keys, &ids);
+                (Some(ids), "tokenize")
+            }
+            None => (None, "none"),
+        }
+    }
+
+    /// How long precise_prefix may wait for /tokenize: --tokenize-timeout-ms, or 5% of the prompt's
+    /// predicted prefill (body bytes / 4 at --prefill-tokens-per-sec) when that is longer: a long
+    /// prompt gains the most from a hit and takes longer to tokenize.
+    fn tokenize_budget(&self, ctx: &Ctx) -> Duration {
+        let predicted = ctx.first_token.saturating_sub(self.cfg.first_token_timeout);
+        self.cfg.tokenize_timeout.max(predicted / 20)
+    }
+
+    /// The body's prompt or messages, tokenized by the least loaded routable engine of `role`.
+    async fn tokenize(&self, ctx: &Ctx, role: Role, chat: bool) -> Option<Vec<u64>> {
+        let pool = self.reg.pool(role).snapshot();
+        let worker = pool.iter().filter(|w| w.routable()).min_by_key(|w| w.load.load(Ordering::Relaxed))?;
+        let engine = worker.endpoint.authority.clone();
         let mut ask = Map::new();
         let keys: &[&str] = if chat {
             &["model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"]
@@ -781,25 +836,33 @@ impl App {
                 ask.insert((*k).to_string(), v.clone());
             }
         }
-        let started = Instant::now();
         let body = Bytes::from(serde_json::to_vec(&Value::Object(ask)).unwrap_or_default());
         let req = Request::post("/tokenize")
             .header(http::header::HOST, engine.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .ok()?;
-        let work = async {
-            let resp = upstream::send(&engine, req, self.cfg.connect_timeout).await.ok()?;
-            if !resp.status().is_success() {
-                return None;
+        let resp = upstream::send(&engine, req, self.cfg.connect_timeout).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = upstream::read_body(resp.into_body(), ANSWER_CAP).await.ok()?;
+        let v: Value = serde_json::from_slice(&bytes).ok()?;
+        v.get("tokens")?.as_array()?.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+    }
+
+    /// A stream's engine said what its prompt's ids are: kept for the chats that continue it, and
+    /// checked against the prefix the request was routed with, if it was a continuation.
+    fn learned_prompt_ids(&self, ctx: &Ctx, ids: &[u64]) {
+        if ctx.keys.is_empty() {
+            return;
+        }
+        if ctx.ids_source.get() == Some(&"continued") {
+            if let Some(Some(prefix)) = ctx.ids.get() {
+                self.prompt_ids.check(prefix, ids);
             }
-            let bytes = upstream::read_body(resp.into_body(), ANSWER_CAP).await.ok()?;
-            let v: Value = serde_json::from_slice(&bytes).ok()?;
-            v.get("tokens")?.as_array()?.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
-        };
-        let ids = tokio::time::timeout(self.cfg.tokenize_timeout, work).await.ok().flatten();
-        METRICS.added_tokenize.observe(started.elapsed());
-        ids
+        }
+        self.prompt_ids.store(&ctx.keys, ids);
     }
 
     fn candidates(&self, role: Role, tried: &[u64]) -> (Arc<Vec<Arc<Worker>>>, Vec<Arc<Worker>>) {
@@ -1390,6 +1453,9 @@ impl RelayBody {
     }
 
     fn finished(&mut self) {
+        if let Some(ids) = self.sse.resume.as_ref().and_then(Resume::prompt_ids) {
+            self.app.learned_prompt_ids(&self.ctx, &ids);
+        }
         self.leg_outcome("ok");
         METRICS.inc("kimik3_router_requests_total", &[("route", self.route.label), ("outcome", "ok")]);
         self.leg.worker.endpoint.record_success();

@@ -80,6 +80,7 @@ fn start_sim(cmd: &[String], dir: &Path, name: &str) -> Sim {
         // The prefill's NIXL side channel (the decode reads the KV over it): on loopback, from a
         // base of its own, as tests/simulator/sims.py starts them.
         .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        .env("VLLM_HOST_IP", "127.0.0.1")
         .env("VLLM_NIXL_SIDE_CHANNEL_PORT", side_channel_base().to_string())
         .env("K3SIM_OUTPUT_TOKENS", "64")
         .env("K3SIM_THINKING_TOKENS", "200")
@@ -534,9 +535,9 @@ async fn precise_prefix_routes_to_the_rank_holding_the_true_k3_hit() {
     let (prefill_cmd, decode_cmd) = commands();
     let mut prefills = Vec::new();
     for name in ["p0", "p1"] {
-        let base = side_channel_base();
-        let config = json!({"enable_kv_cache_events": true, "endpoint": format!("tcp://*:{base}"),
-                            "replay_endpoint": format!("tcp://*:{}", base + 8)});
+        // As the operator renders it: each rank on the node's IP and a port the OS picks, which
+        // /kv_event_sources names (the other test covers a wildcard with a port plan).
+        let config = json!({"enable_kv_cache_events": true, "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"});
         let mut cmd = prefill_cmd.clone();
         cmd.extend(["--kv-events-config".to_string(), config.to_string()]);
         prefills.push(start_sim(&cmd, &dir, name));
@@ -551,8 +552,6 @@ async fn precise_prefix_routes_to_the_rank_holding_the_true_k3_hit() {
     let r = Router::start(&s(&[
         "--mode",
         "pd",
-        "--kv-events",
-        "true",
         "--prefill-policy",
         "precise_prefix",
         "--prefill",
@@ -592,5 +591,28 @@ async fn precise_prefix_routes_to_the_rank_holding_the_true_k3_hit() {
     assert_eq!(found, vec![(3 * block) as u64], "the longer prompt hit the first one's state where it was routed");
     assert_eq!(counted, (3 * block) as f64, "the router counted the engine's true hit");
     assert!(r.metric("kimik3_router_added_seconds_count", &[("stage", "tokenize")]).await >= 2.0);
+
+    // A chat's next turn: routed by the ids the router kept of its first turn, asking no engine.
+    let tokenized = r.metric("kimik3_router_added_seconds_count", &[("stage", "tokenize")]).await;
+    let turn1 = vec![json!({"role": "user", "content": words(3 * block + 40)})];
+    let (status, _, text) =
+        post(r.port, "/v1/chat/completions", &json!({"model": "kimi-k3", "messages": turn1, "max_tokens": 4})).await;
+    assert_eq!(status, 200, "{text}");
+    let answer = serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"].clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.metric("kimik3_router_kv_index_blocks", &[("group", "mamba")]).await < 2.0 {
+        assert!(Instant::now() < deadline, "the first turn's KDA state never reached the router: {}", r.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hits_before = r.metric("kimik3_router_prefix_hit_tokens_total", &[]).await;
+    let mut turn2 = turn1.clone();
+    turn2.extend([json!({"role": "assistant", "content": answer}), json!({"role": "user", "content": "and then?"})]);
+    let (status, _, text) =
+        post(r.port, "/v1/chat/completions", &json!({"model": "kimi-k3", "messages": turn2, "max_tokens": 4})).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(r.metric("kimik3_router_added_seconds_count", &[("stage", "tokenize")]).await, tokenized + 1.0);
+    assert_eq!(r.metric("kimik3_router_token_ids_total", &[("source", "continued")]).await, 1.0);
+    let counted = r.metric("kimik3_router_prefix_hit_tokens_total", &[]).await - hits_before;
+    assert_eq!(counted, (3 * block) as f64, "the second turn was routed to the first one's KDA state");
     let _ = std::fs::remove_dir_all(&dir);
 }

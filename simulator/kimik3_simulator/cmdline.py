@@ -68,6 +68,9 @@ class ServeArgs:
     otlp_traces_endpoint: str | None = None
     prefix_caching_hash_algo: str = "sha256"
     kv_events: KVEventsConfig | None = None
+    num_gpu_blocks_override: int | None = None
+    """vLLM's override of the profiled KV block count (config/cache.py): a small cache, for tests
+    and benches that need evictions."""
 
     @property
     def served_model_name(self) -> str:
@@ -182,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--otlp-traces-endpoint")
     p.add_argument("--prefix-caching-hash-algo", default="sha256", choices=sorted(HASH_ALGOS))
     p.add_argument("--kv-events-config", type=_kv_events)
+    p.add_argument("--num-gpu-blocks-override", type=int)
     return p
 
 
@@ -250,4 +254,5 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs:
         otlp_traces_endpoint=ns.otlp_traces_endpoint,
         prefix_caching_hash_algo=ns.prefix_caching_hash_algo,
         kv_events=ns.kv_events_config,
+        num_gpu_blocks_override=ns.num_gpu_blocks_override,
     )

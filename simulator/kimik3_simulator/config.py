@@ -172,6 +172,10 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
         log.warning("%s x %s leaves no memory for the KV cache; simulating one max-length sequence per rank",
                     gpu.product, layout)
         capacity = perf.sequence_bytes(max_model_len)
+    if serve.num_gpu_blocks_override is not None:
+        if serve.num_gpu_blocks_override < 1:
+            raise SettingsError(f"--num-gpu-blocks-override {serve.num_gpu_blocks_override}: at least 1 block")
+        capacity = serve.num_gpu_blocks_override * block * perf.kv_token_bytes()
     large = gpu.usable_bytes >= LARGE_GPU_BYTES
     base_id = str((serve.kv_transfer or {}).get("engine_id") or uuid.uuid4())
     budget = serve.max_num_batched_tokens or (16384 if large else 8192)
@@ -183,7 +187,7 @@ def engine_config(serve: ServeArgs, settings: SimSettings) -> EngineConfig:
         max_num_batched_tokens=budget,
         acceptance=acceptance if spec_tokens else 1.0,
         kv_capacity_bytes=capacity,
-        num_gpu_blocks=max(1, int(capacity // (block * perf.kv_token_bytes()))),
+        num_gpu_blocks=serve.num_gpu_blocks_override or max(1, int(capacity // (block * perf.kv_token_bytes()))),
         startup_seconds=(settings.startup_seconds if settings.startup_seconds is not None
                          else predicted_startup(serve, gpu, layout, budget, settings.read_bytes_per_s)),
     )

@@ -35,6 +35,7 @@ from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
 from .prefix_cache import PrefixCache, Retention, id_block_hashes
 from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
+from .vocab import token_id
 
 WAITING, TRANSFER, PREFILL, DECODE, DONE = "waiting", "transfer", "prefill", "decode", "done"
 CATCH_UP_SECONDS = 0.02
@@ -176,6 +177,12 @@ class Engine:
         self.ranks[rank].waiting.append(seq)
         self.wake.set()
         return seq
+
+    def prefix_hits(self, tokens: list[str]) -> dict[str, int]:
+        """Each rank's true hit for a prompt now (PrefixCache.hit: nothing is touched)."""
+        hashes = id_block_hashes([token_id(t) for t in tokens], self.perf.block_size,
+                                 self.config.serve.prefix_caching_hash_algo)
+        return {str(rank.index): rank.cache.hit(hashes, len(tokens)) for rank in self.ranks}
 
     def abort(self, seq: Sequence) -> None:
         if seq.phase != DONE:

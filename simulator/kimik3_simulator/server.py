@@ -75,7 +75,7 @@ class Simulator:
             web.get("/health", self.health), web.get("/ping", self.health), web.post("/ping", self.health),
             web.get("/version", self.version), web.get("/v1/models", self.models), web.get("/metrics", self.metrics),
             web.get("/sim/stats", self.sim_stats), web.post("/sim/fault", self.sim_fault),
-            web.get("/kv_event_sources", self.kv_event_sources),
+            web.get("/kv_event_sources", self.kv_event_sources), web.post("/sim/prefix_hits", self.prefix_hits),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
             web.post("/v1/responses", self.responses),
             *(web.post(path, self.frontend_route) for path in ("/tokenize", "/detokenize", *RENDER_PATHS)),
@@ -111,6 +111,19 @@ class Simulator:
         """Each rank's KV event publisher (vLLM's instrumentator route: {} when events are off)."""
         publisher = self.engine.publisher
         return web.json_response(publisher.sources() if publisher is not None else {})
+
+    async def prefix_hits(self, request: web.Request) -> web.Response:
+        """The true K3 hit a completions or chat body would get on each rank now, touching nothing:
+        what a bench's oracle reads ({"prompt_tokens": N, "prompt_fingerprint": the key its
+        /sim/stats record will carry, "hits": {rank: tokens}})."""
+        try:
+            body = await self._json(request)
+            tokens, _ = self.frontend.prompt(body, isinstance(body.get("messages"), list))
+        except (BadRequest, PromptError) as exc:
+            return _refused(exc)
+        fingerprint = f"{prompt_seed([token_id(t) for t in tokens]):016x}"  # the request's record names it too
+        return web.json_response({"prompt_tokens": len(tokens), "prompt_fingerprint": fingerprint,
+                                  "hits": self.engine.prefix_hits(tokens)})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         c = self.config

@@ -259,3 +259,35 @@ def test_a_thinking_chat_streams_reasoning_then_content_and_resumes_through_comp
     head, _, tail = raw.partition("<|close|>think<|sep|>")
     assert reasoning == "".join(c["delta"].get("reasoning") or "" for c in choices[:10]) + head
     assert tail == content
+
+
+def test_the_oracle_probe_reads_the_hit_a_request_then_gets(agg: Sim) -> None:
+    """/sim/prefix_hits (what bench/prefix_routing.py's oracle reads) says, touching nothing, the hit
+    the same body then gets: for a chat too, and 0 for a prompt never seen."""
+    block = agg.stats()["engine"]["block_size"]
+    chat = {"messages": [{"role": "system", "content": words(3 * block, "oracle-sys")},
+                         {"role": "user", "content": words(block + 7, "oracle-user")}], "max_tokens": 2}
+    unseen = agg.post("/sim/prefix_hits", chat).json()
+    assert unseen["hits"] == {"0": 0}
+    agg.post("/v1/chat/completions", chat)
+    probe = agg.post("/sim/prefix_hits", chat).json()
+    hits = agg.metric("vllm:prefix_cache_hits_total")
+    agg.post("/v1/chat/completions", chat)
+    assert probe["hits"]["0"] == agg.metric("vllm:prefix_cache_hits_total") - hits > 0
+    assert probe["hits"]["0"] == (probe["prompt_tokens"] - 1) // block * block
+    records = agg.stats()["by_request_id"].values()
+    assert sum(r["prompt_fingerprint"] == probe["prompt_fingerprint"] for r in records) == 2  # the key it joins by
+    assert agg.post("/sim/prefix_hits", {"messages": "nope"}).status_code == 400
+
+
+def test_a_small_block_override_evicts_what_vllm_would(role: dict[str, Any], tmp_path: Path) -> None:
+    """--num-gpu-blocks-override (vLLM's, config/cache.py) caps the cache: a prompt that needs more
+    blocks than the rest leaves pushes the oldest prefix out, LRU."""
+    argv = [*role["command"], "--num-gpu-blocks-override", "64"]
+    with simulator(argv, tmp_path, {"K3SIM_GPU_PRODUCT": role["gpuProduct"]}) as sim:
+        block = sim.stats()["engine"]["block_size"]
+        first = {"prompt": words(40 * block + 1, "evict-a"), "max_tokens": 1}
+        sim.post("/v1/completions", first)
+        assert sim.post("/sim/prefix_hits", first).json()["hits"]["0"] == 40 * block
+        sim.post("/v1/completions", {"prompt": words(40 * block + 1, "evict-b"), "max_tokens": 1})
+        assert sim.post("/sim/prefix_hits", first).json()["hits"]["0"] == 0
