@@ -311,14 +311,20 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+LAG_TOLERANCE = 0.05
+"""How far precise_prefix's claimed hits may exceed what the chosen ranks held at the probe before the
+run fails: a removal event still on its way when the router chose (milliseconds, more on a loaded CI
+machine). The table shows both figures as measured."""
+
+
 def problems(results: list[Result]) -> list[str]:
-    """What makes the smoke fail: a lost request, a request not joined with its probe, or a claimed hit
-    above what the chosen ranks held when the router chose them."""
+    """What makes a run fail: a lost request, a request not joined with its probe, or claimed hits above
+    what the chosen ranks held when the router chose them (beyond the events' lag)."""
     out = []
     for r in results:
         if sum(r.failed.values()) or r.unjoined:
             out.append(f"{r.router} on {r.trace} run {r.run}: {r.failed}, {r.unjoined} unjoined")
-        if r.claimed_tokens is not None and r.claimed_tokens > r.chosen_tokens:
+        if r.claimed_tokens is not None and r.claimed_tokens > r.chosen_tokens * (1 + LAG_TOLERANCE):
             out.append(f"{r.router} on {r.trace} run {r.run} claimed {r.claimed_tokens:.0f} hit tokens, "
                        f"the chosen ranks held {r.chosen_tokens}")
     return out

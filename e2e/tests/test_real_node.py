@@ -25,6 +25,7 @@ from urllib.parse import unquote
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness.kube import ROOT, apply, delete_deployments, get_json, is_ready, kubectl, wait_for
 from e2e.harness.pod_runner import PodRunner
@@ -337,7 +338,8 @@ def test_helm_upgrade_to_another_image_rolls_the_operator_and_no_serving_pod(
 
 def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
     """The P/D example with its router placed on the real node (spec.router's nodeSelector and
-    tolerations, as a user places it on a CPU pool) and sized for the node's two cores."""
+    tolerations, as a user places it on a CPU pool) and sized for the node's two cores; its prefill
+    leg routed by PrecisePrefix, so the prefill engines publish KV events the router pod follows."""
     body = yaml.safe_load(PD_EXAMPLE.read_text())
     body["metadata"] = {"name": "k3-real", "namespace": namespace}
     key, _, rest = os.environ["KIMIK3_REAL_NODE_TAINT"].partition("=")
@@ -345,6 +347,7 @@ def _router_on_the_real_node(namespace: str) -> dict[str, Any]:
                               "nodeSelector": {"kimik3.dev/e2e-node": "real"},
                               "tolerations": [{"key": key, "operator": "Exists", "effect": rest.partition(":")[2]}],
                               "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                              "prefillPolicy": "PrecisePrefix",
                               "apiKey": {"name": "clients", "key": "api-key"},
                               "admission": {"maxRequestBytes": BODY_LIMIT}}
     return body
@@ -466,6 +469,23 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
         assert paths.count("remote_prefill") >= len(answers), paths
         REPORT.append(f"real node: router pod {router['metadata']['name']} served {len(answers)}/{len(answers)} "
                       f"requests (3 to its pod IP, 3 to its Service), prefill then decode")
+        # PrecisePrefix: the router pod follows every prefill rank's KV events at the address the
+        # leader's /kv_event_sources names (tcp://*:0 resolved to the played pod's IP), and routed
+        # each prefill leg by the token ids an engine's /tokenize gave it.
+        router_metrics = lambda: {(s.name, tuple(sorted(s.labels.items()))): s.value  # noqa: E731
+                                  for f in text_string_to_metric_families(
+                                      SESSION.get(f"http://{ip}:29000/metrics", timeout=10).text) for s in f.samples}
+        blocks = wait_for("the router's KV index of the prefills", lambda: sum(
+            v for (name, labels), v in router_metrics().items()
+            if name == "kimik3_router_kv_index_blocks" and ("role", "prefill") in labels) or None, timeout=30)
+        seen = router_metrics()
+        sources = {dict(labels)["source"]: v for (name, labels), v in seen.items()
+                   if name == "kimik3_router_token_ids_total"}
+        decisions = sum(v for (name, labels), v in seen.items()
+                        if name == "kimik3_router_prefix_routing_decisions_total" and ("role", "prefill") in labels)
+        assert sources.get("tokenize", 0) >= 1 and decisions >= len(answers), (sources, decisions)
+        REPORT.append(f"real node: PrecisePrefix router followed {blocks:.0f} prefill KV blocks over ZMQ, token ids "
+                      f"from /tokenize for {sources.get('tokenize', 0):.0f} requests")
     finally:
         delete_deployments(namespace, timeout=180)
 
