@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "simulator"), str(ROOT / "bench")]
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from traffic import MODEL  # noqa: E402
+from traffic import MODEL, Conversation  # noqa: E402
 
 from e2e.harness.traffic import SESSION, Answer, post, prompt  # noqa: E402
 from kimik3_simulator.cmdline import parse_serve  # noqa: E402
@@ -85,14 +85,6 @@ TRACES = {
     "agentic": Trace(system_words=4000, user_words=2500, shared_system=True, conversations=24, turns=10,
                      max_tokens=96, cache_tokens=98_304),
 }
-
-
-@dataclass
-class Session:
-    system: str
-    tag: str
-    messages: list[dict[str, str]] = field(default_factory=list)
-    busy: bool = False
 
 
 @dataclass
@@ -178,8 +170,8 @@ def run_trace(router: Running, fleet: Fleet, trace: Trace, name: str, args: argp
     """Open loop, bounded: `args.requests` requests, one every `args.interval` s, each to a session
     not waiting for an answer; a session starts over after `trace.turns` turns."""
     shared = prompt(trace.system_words, f"{name}-tools-")
-    sessions = [Session(shared if trace.shared_system else prompt(trace.system_words, f"{name}-sys{i}-"),
-                        f"{name}-s{i}-") for i in range(trace.conversations)]
+    sessions = [Conversation(shared if trace.shared_system else prompt(trace.system_words, f"{name}-sys{i}-"),
+                             f"{name}-s{i}-") for i in range(trace.conversations)]
     lock = threading.Lock()
     answers: list[Answer] = []
 
@@ -192,8 +184,7 @@ def run_trace(router: Running, fleet: Fleet, trace: Trace, name: str, args: argp
             if len(session.messages) >= 2 * trace.turns:
                 session.messages.clear()
             session.busy = True
-            messages = [{"role": "system", "content": session.system}, *session.messages,
-                        {"role": "user", "content": prompt(trace.user_words, f"{session.tag}t{index}-")}]
+            messages = session.turn(index, trace.user_words)
         body = {"model": MODEL, "messages": messages, "max_tokens": trace.max_tokens}
         try:
             fingerprint, hits = oracle(fleet, body)

@@ -112,8 +112,10 @@ class Frontend:
 
     def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.check_model(body)
-        if isinstance(body.get("messages"), list):
+        if isinstance(body.get("messages"), list):  # rendered as a generation request renders it
             words = chat_prompt(body["messages"], body.get("tools"), self.media)
+            if thinks(body):
+                words += THINK_OPEN
         elif isinstance(body.get("prompt"), str):
             words = body["prompt"].split()
         else:

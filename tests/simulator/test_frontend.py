@@ -23,7 +23,7 @@ from kimik3_simulator.config import engine_config
 from kimik3_simulator.frontend import SCALE_OUT_DISABLED, Frontend
 from kimik3_simulator.openai_format import BadRequest
 from kimik3_simulator.settings import SettingsError, SimSettings, settings_from_env
-from kimik3_simulator.text import IMAGE_TOKEN, IMAGE_TOKENS, PromptError
+from kimik3_simulator.text import IMAGE_TOKEN, IMAGE_TOKENS, THINK_OPEN, PromptError
 from kimik3_simulator.vocab import Vocabulary, token_id
 
 from .sims import Sim, role_report, simulator, words
@@ -109,6 +109,10 @@ def test_tokenize_answers_vllms_shape_with_the_counts_the_engine_prefills(dp2: S
     answer = dp2.post("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1}).json()
     assert chat["count"] == len(chat["tokens"]) == answer["usage"]["prompt_tokens"]
     assert chat["token_strs"][:3] == ["<|system|>", "be", "brief"]
+    thinking = {"messages": CHAT, "chat_template_kwargs": {"thinking": True}}  # its prompt ends in <think>
+    counted = dp2.post("/tokenize", {"model": "kimi-k3", **thinking}).json()["count"]
+    assert counted == dp2.post("/v1/chat/completions", {**thinking, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    assert counted == chat["count"] + len(THINK_OPEN)
 
     back = dp2.post("/detokenize", {"model": "kimi-k3", "tokens": body["tokens"][:3]})
     assert back.status_code == 200 and back.json() == {"prompt": "tok0 tok1 tok2"}
