@@ -98,6 +98,16 @@ pub fn block_hashes(ids: &[u64], block: usize) -> Vec<u64> {
     out
 }
 
+/// A prompt's hit on one rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hit {
+    /// The true K3 hit: prompt tokens the engine will not compute.
+    pub tokens: usize,
+    /// The MLA blocks it holds from the start, in tokens, KDA state or not: sent there, the request
+    /// stores no second copy of them (and leaves a KDA state where its own prompt ends).
+    pub mla_tokens: usize,
+}
+
 /// What to do with a batch that arrived.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Arrival {
@@ -128,10 +138,14 @@ impl RankIndex {
     /// tokens: the longest run of cached MLA blocks from the start, within the first `N - 1` tokens,
     /// cut back to the last block end where a KDA state is cached (vLLM's hybrid rule,
     /// v1/core/kv_cache_coordinator.py); MLA blocks alone are not a hit.
-    pub fn hit(&self, hashes: &[u64], prompt_len: usize, block: usize) -> usize {
+    pub fn hit(&self, hashes: &[u64], prompt_len: usize, block: usize) -> Hit {
         let limit = prompt_len.saturating_sub(1) / block.max(1);
         let run = hashes.iter().take(limit).take_while(|h| self.mla.contains(h)).count();
-        (0..run).rev().find(|i| hashes.get(*i).is_some_and(|h| self.kda.contains(h))).map_or(0, |i| (i + 1) * block)
+        let tokens = (0..run)
+            .rev()
+            .find(|i| hashes.get(*i).is_some_and(|h| self.kda.contains(h)))
+            .map_or(0, |i| (i + 1) * block);
+        Hit { tokens, mla_tokens: run * block }
     }
 
     /// Apply one decoded EventBatch (`[ts, events, rank]`) numbered `seq`.
@@ -184,7 +198,7 @@ impl KvIndex {
 
     /// Each (engine, rank)'s K3 hit for a prompt of these ids, in tokens; None for one whose cache
     /// is not known (never followed, or no block stored yet: its block size is unknown).
-    pub fn hits(&self, keys: &[(&str, u32)], ids: &[u64]) -> Vec<Option<usize>> {
+    pub fn hits(&self, keys: &[(&str, u32)], ids: &[u64]) -> Vec<Option<Hit>> {
         let Ok(all) = self.ranks.lock() else {
             return vec![None; keys.len()];
         };
@@ -495,14 +509,19 @@ mod tests {
         let h = block_hashes(&(0..40).collect::<Vec<u64>>(), 8); // 5 blocks
         let mut r = RankIndex::default();
         r.mla.extend(h.iter().take(4));
-        assert_eq!(r.hit(&h, 40, 8), 0, "MLA blocks alone are no hit");
+        let hit = |r: &RankIndex, n| r.hit(&h, n, 8).tokens;
+        assert_eq!(r.hit(&h, 40, 8), Hit { tokens: 0, mla_tokens: 32 }, "MLA blocks alone are no hit");
         r.kda.insert(h[1]);
-        assert_eq!(r.hit(&h, 40, 8), 16);
+        assert_eq!(hit(&r, 40), 16);
         r.kda.insert(h[3]);
-        assert_eq!(r.hit(&h, 40, 8), 32);
-        assert_eq!(r.hit(&h, 32, 8), 16, "at most N - 1 tokens: the state at 32 is out of reach");
+        assert_eq!(hit(&r, 40), 32);
+        assert_eq!(hit(&r, 32), 16, "at most N - 1 tokens: the state at 32 is out of reach");
         r.mla.remove(&h[2]);
-        assert_eq!(r.hit(&h, 40, 8), 16, "the MLA run stops at the first missing block");
+        assert_eq!(
+            r.hit(&h, 40, 8),
+            Hit { tokens: 16, mla_tokens: 16 },
+            "the MLA run stops at the first missing block"
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "kimik3_router_token_ids_total",
         "counter",
-        "precise_prefix: where a prompt's token ids came from (body, continued: a chat the router saw it continue, tokenize, none: routed by text), and prefix_mismatch (a continued prompt that was not one: the continued source turns off).",
+        "precise_prefix: where a prompt's token ids came from (body, continued: a chat the router saw it continue, tokenize, none: routed by text); refreshed (a continued chat tokenized after it was sent, for the next turn); prefix_mismatch (a continued prompt that was not one: the continued source turns off).",
     ),
     (
         "kimik3_router_kv_index_blocks",

@@ -344,26 +344,35 @@ impl Policy {
         Some(w)
     }
 
-    /// The candidate (engine, rank) holding the longest true K3 hit by its KV events, the least
-    /// loaded and then the emptiest among equals; under a load imbalance the least loaded. None when no candidate's cache
-    /// is known or the prompt's ids are not: the caller routes approximately then.
+    /// The candidate (engine, rank) holding the longest true K3 hit by its KV events (ties below);
+    /// under a load imbalance the least loaded. None when no candidate's cache is known or the
+    /// prompt's ids are not: the caller routes approximately then.
     fn precise<'a>(&self, candidates: &'a [Arc<Worker>], input: &RouteInput<'_>) -> Option<&'a Arc<Worker>> {
         let (kv, ids) = (input.kv?, input.ids?);
         let keys: Vec<(&str, u32)> =
             candidates.iter().map(|w| (w.endpoint.authority.as_str(), w.rank.unwrap_or(0))).collect();
         let hits = kv.hits(&keys, ids);
-        let best = hits.iter().flatten().copied().max()?;
+        let best = hits.iter().flatten().map(|h| h.tokens).max()?;
         let loads: Vec<usize> = candidates.iter().map(|w| w.load.load(Ordering::Relaxed)).collect();
         let min = loads.iter().copied().min().unwrap_or(0);
         let max = loads.iter().copied().max().unwrap_or(0);
         let imbalanced = max.saturating_sub(min) > self.balance_abs && (max as f64) > (min as f64) * self.balance_rel;
-        // Among equals the least loaded, then the emptiest cache: a miss placed on the fullest rank
-        // would evict what the next turns of other sessions need there. A rank that has published
-        // nothing yet is empty as far as anyone knows (its hit 0), not to be avoided.
+        // Among equal K3 hits: the least loaded; then the rank already holding most of the prompt's
+        // MLA blocks (sent elsewhere, they would be stored a second time and push out what other
+        // sessions need next: a session whose KDA state was evicted goes back to its blocks); then
+        // the emptiest cache. A rank that has published nothing yet is empty as far as anyone knows.
+        // Full caches all hold about as many blocks: what is still tied goes round, or every new
+        // session would land on the first candidate and thrash its cache.
         let held = kv.held(&keys);
-        let position = (0..candidates.len())
-            .filter(|&i| imbalanced || best == 0 || hits.get(i).copied().flatten() == Some(best))
-            .min_by_key(|&i| (loads.get(i).copied().unwrap_or(usize::MAX), held.get(i).copied().unwrap_or(0)))?;
+        let hit = |i: usize| hits.get(i).copied().flatten().unwrap_or_default();
+        let order = |i: usize| {
+            let load = loads.get(i).copied().unwrap_or(usize::MAX);
+            (load, std::cmp::Reverse(hit(i).mla_tokens), held.get(i).copied().unwrap_or(0))
+        };
+        let eligible: Vec<usize> = (0..candidates.len()).filter(|&i| imbalanced || hit(i).tokens == best).collect();
+        let first = eligible.iter().map(|&i| order(i)).min()?;
+        let tied: Vec<usize> = eligible.into_iter().filter(|&i| order(i) == first).collect();
+        let position = *tied.get(self.counter.fetch_add(1, Ordering::Relaxed) % tied.len())?;
         let decision = if imbalanced {
             "load_imbalance"
         } else if best > 0 {
@@ -375,7 +384,7 @@ impl Policy {
             .inc("kimik3_router_prefix_routing_decisions_total", &[("role", self.role.name()), ("decision", decision)]);
         let chosen = candidates.get(position)?;
         if let Some(hit) = hits.get(position).copied().flatten() {
-            METRICS.add("kimik3_router_prefix_hit_tokens_total", &[("role", self.role.name())], hit as f64);
+            METRICS.add("kimik3_router_prefix_hit_tokens_total", &[("role", self.role.name())], hit.tokens as f64);
         }
         METRICS.add("kimik3_router_prefix_prompt_tokens_total", &[("role", self.role.name())], ids.len() as f64);
         Some(chosen)
@@ -439,7 +448,7 @@ mod tests {
     }
 
     #[test]
-    fn precise_prefix_places_a_miss_on_the_emptiest_rank_not_the_only_known_one() {
+    fn precise_prefix_breaks_ties_by_the_prompts_blocks_then_the_emptiest_rank() {
         let c = cfg();
         let ws = workers(3);
         let p = Policy::new(PolicyKind::PrecisePrefix, Role::Decode, &c, 1);
@@ -466,6 +475,13 @@ mod tests {
         });
         let input = RouteInput { session: None, prefix: b"p", ids: Some(&cached), kv: Some(&kv) };
         assert_eq!(p.select(&ws, &ws, &input).map(|w| w.endpoint.authority.clone()).as_deref(), Some("10.0.0.1:8000"));
+        // No K3 hit anywhere, but one rank holds the prompt's MLA blocks (its KDA state was evicted):
+        // there, not to the emptiest, so the blocks are not stored twice.
+        let other: Vec<u64> = (200..209).collect();
+        let chain = crate::kv_events::block_hashes(&other, 4);
+        let _ = kv.with("10.0.0.0:8000", 0, |r| r.mla.extend(chain.iter().take(2)));
+        let input = RouteInput { session: None, prefix: b"p", ids: Some(&other), kv: Some(&kv) };
+        assert_eq!(p.select(&ws, &ws, &input).map(|w| w.endpoint.authority.clone()).as_deref(), Some("10.0.0.0:8000"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! A request's keys are rolling hashes of its template fields (model, tools, ...) and each prefix of
 //! its messages. The ids of a prompt are stored under the key of all its messages, from the engine's
-//! /tokenize answer or from the `prompt_token_ids` of its stream. A later request whose messages
+//! /tokenize answer or from the `prompt_token_ids` of its stream (a continued chat that gets neither
+//! is tokenized after it was sent, off its path: `refreshed`). A later request whose messages
 //! begin with those takes the stored ids, less the last `MARGIN` tokens (the generation prompt the
 //! next request renders as the start of the assistant's turn), as a prefix of its own.
 //!
@@ -30,7 +31,7 @@ use crate::policy::fnv;
 pub const MARGIN: usize = 16;
 
 /// The values of `kimik3_router_token_ids_total{source}` (proxy.rs token_ids, and `check` here).
-pub const SOURCES: &[&str] = &["body", "continued", "tokenize", "none", "prefix_mismatch"];
+pub const SOURCES: &[&str] = &["body", "continued", "tokenize", "none", "refreshed", "prefix_mismatch"];
 
 /// The request fields a chat template renders besides the messages.
 const TEMPLATE_KEYS: &[&str] =

@@ -609,6 +609,8 @@ impl App {
                 Ok(r)
             }
         });
+        // A stream that may move asks its engines for the prompt's ids: they come back with it.
+        let learns_ids = matches!(resume, Some(Ok(_)));
         let keys = if self.precise().is_some() && route.label == "chat_completions" {
             crate::prompt_ids::keys(&body)
         } else {
@@ -639,6 +641,9 @@ impl App {
             Served::Done(resp) => resp,
             Served::Stream(up) => self.relay(&ctx, up, in_flight),
         };
+        if ctx.ids_source.get() == Some(&"continued") && !learns_ids {
+            self.refresh_prompt_ids(&ctx);
+        }
         if let Some(v) = &ctx.client_request_id {
             resp.headers_mut().insert("x-request-id", v.clone());
         }
@@ -801,7 +806,8 @@ impl App {
             return (Some(prefix), "continued");
         }
         let started = Instant::now();
-        let ids = tokio::time::timeout(self.tokenize_budget(ctx), self.tokenize(ctx, role, chat)).await.ok().flatten();
+        let ask = Self::tokenize_body(&ctx.body, chat);
+        let ids = tokio::time::timeout(self.tokenize_budget(ctx), self.tokenize(ask, role)).await.ok().flatten();
         METRICS.added_tokenize.observe(started.elapsed());
         match ids {
             Some(ids) => {
@@ -820,22 +826,22 @@ impl App {
         self.cfg.tokenize_timeout.max(predicted / 20)
     }
 
-    /// The body's prompt or messages, tokenized by the least loaded routable engine of `role`.
-    async fn tokenize(&self, ctx: &Ctx, role: Role, chat: bool) -> Option<Vec<u64>> {
-        let pool = self.reg.pool(role).snapshot();
-        let worker = pool.iter().filter(|w| w.routable()).min_by_key(|w| w.load.load(Ordering::Relaxed))?;
-        let engine = worker.endpoint.authority.clone();
-        let mut ask = Map::new();
+    /// What /tokenize is asked for a request's prompt: its prompt, or its messages and what the
+    /// chat template renders beside them.
+    fn tokenize_body(body: &Map<String, Value>, chat: bool) -> Map<String, Value> {
         let keys: &[&str] = if chat {
             &["model", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"]
         } else {
             &["model", "prompt"]
         };
-        for k in keys {
-            if let Some(v) = ctx.body.get(*k) {
-                ask.insert((*k).to_string(), v.clone());
-            }
-        }
+        keys.iter().filter_map(|k| body.get(*k).map(|v| ((*k).to_string(), v.clone()))).collect()
+    }
+
+    /// `ask` (tokenize_body), tokenized by the least loaded routable engine of `role`.
+    async fn tokenize(&self, ask: Map<String, Value>, role: Role) -> Option<Vec<u64>> {
+        let pool = self.reg.pool(role).snapshot();
+        let worker = pool.iter().filter(|w| w.routable()).min_by_key(|w| w.load.load(Ordering::Relaxed))?;
+        let engine = worker.endpoint.authority.clone();
         let body = Bytes::from(serde_json::to_vec(&Value::Object(ask)).unwrap_or_default());
         let req = Request::post("/tokenize")
             .header(http::header::HOST, engine.as_str())
@@ -849,6 +855,20 @@ impl App {
         let bytes = upstream::read_body(resp.into_body(), ANSWER_CAP).await.ok()?;
         let v: Value = serde_json::from_slice(&bytes).ok()?;
         v.get("tokens")?.as_array()?.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+    }
+
+    /// A continued chat whose engine will not say what its prompt's ids are (a whole answer, or a
+    /// stream that may not move): an engine tokenizes it after the request went, off its path, so
+    /// the next turn continues from this one and not from an older one.
+    fn refresh_prompt_ids(self: &Arc<Self>, ctx: &Ctx) {
+        let (Some(role), app) = (self.precise(), self.clone()) else { return };
+        let (ask, keys) = (Self::tokenize_body(&ctx.body, true), ctx.keys.clone());
+        tokio::spawn(async move {
+            if let Ok(Some(ids)) = tokio::time::timeout(Duration::from_secs(10), app.tokenize(ask, role)).await {
+                METRICS.inc("kimik3_router_token_ids_total", &[("source", "refreshed")]);
+                app.prompt_ids.store(&keys, &ids);
+            }
+        });
     }
 
     /// A stream's engine said what its prompt's ids are: kept for the chats that continue it, and

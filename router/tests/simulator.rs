@@ -614,5 +614,19 @@ async fn precise_prefix_routes_to_the_rank_holding_the_true_k3_hit() {
     assert_eq!(r.metric("kimik3_router_token_ids_total", &[("source", "continued")]).await, 1.0);
     let counted = r.metric("kimik3_router_prefix_hit_tokens_total", &[]).await - hits_before;
     assert_eq!(counted, (3 * block) as f64, "the second turn was routed to the first one's KDA state");
+    // A whole answer tells no ids: the second turn is tokenized after it went, for the third.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.metric("kimik3_router_token_ids_total", &[("source", "refreshed")]).await < 1.0 {
+        assert!(Instant::now() < deadline, "the second turn was never tokenized: {}", r.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["message"]["content"].clone();
+    let mut turn3 = turn2.clone();
+    turn3.extend([json!({"role": "assistant", "content": answer}), json!({"role": "user", "content": "more"})]);
+    let (status, _, text) =
+        post(r.port, "/v1/chat/completions", &json!({"model": "kimi-k3", "messages": turn3, "max_tokens": 4})).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(r.metric("kimik3_router_token_ids_total", &[("source", "continued")]).await, 2.0);
+    assert_eq!(r.metric("kimik3_router_token_ids_total", &[("source", "prefix_mismatch")]).await, 0.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
