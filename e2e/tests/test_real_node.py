@@ -470,22 +470,37 @@ def test_the_router_runs_as_a_real_pod_from_its_image_and_serves_the_played_engi
         REPORT.append(f"real node: router pod {router['metadata']['name']} served {len(answers)}/{len(answers)} "
                       f"requests (3 to its pod IP, 3 to its Service), prefill then decode")
         # PrecisePrefix: the router pod follows every prefill rank's KV events at the address the
-        # leader's /kv_event_sources names (tcp://*:0 resolved to the played pod's IP), and routed
-        # each prefill leg by the token ids an engine's /tokenize gave it.
+        # leader's /kv_event_sources names (tcp://*:0 resolved to the played pod's IP), and routes
+        # each prefill leg by the token ids an engine's /tokenize gave it. A prompt of a few blocks
+        # (the engine stores only whole blocks: 1,536 tokens here), sent twice: the second time to
+        # the rank whose cache holds it.
+        long = {"model": "kimi-k3", "max_tokens": 4, "messages": [{"role": "user", "content": prompt(4000, "kv-")}]}
+        for _ in range(2):
+            again = post(f"http://{ip}:8000", "/v1/chat/completions", long, timeout=60,
+                         headers={"Authorization": f"Bearer {API_KEY}"})
+            assert again.status == 200 and again.done, again
+            time.sleep(1)  # the first prompt's KV events reach the router
         router_metrics = lambda: {(s.name, tuple(sorted(s.labels.items()))): s.value  # noqa: E731
                                   for f in text_string_to_metric_families(
                                       SESSION.get(f"http://{ip}:29000/metrics", timeout=10).text) for s in f.samples}
-        blocks = wait_for("the router's KV index of the prefills", lambda: sum(
-            v for (name, labels), v in router_metrics().items()
-            if name == "kimik3_router_kv_index_blocks" and ("role", "prefill") in labels) or None, timeout=30)
+        try:
+            blocks = wait_for("the router's KV index of the prefills", lambda: sum(
+                v for (name, labels), v in router_metrics().items()
+                if name == "kimik3_router_kv_index_blocks" and ("role", "prefill") in labels) or None, timeout=30)
+        except AssertionError as missing:
+            log = kubectl("-n", namespace, "logs", router["metadata"]["name"], "-c", "router", check=False).stdout
+            raise AssertionError(f"{missing}\nthe router's log:\n{log[-4000:]}") from None
         seen = router_metrics()
         sources = {dict(labels)["source"]: v for (name, labels), v in seen.items()
                    if name == "kimik3_router_token_ids_total"}
         decisions = sum(v for (name, labels), v in seen.items()
                         if name == "kimik3_router_prefix_routing_decisions_total" and ("role", "prefill") in labels)
+        hit = sum(v for (name, labels), v in seen.items()
+                  if name == "kimik3_router_prefix_hit_tokens_total" and ("role", "prefill") in labels)
         assert sources.get("tokenize", 0) >= 1 and decisions >= len(answers), (sources, decisions)
-        REPORT.append(f"real node: PrecisePrefix router followed {blocks:.0f} prefill KV blocks over ZMQ, token ids "
-                      f"from /tokenize for {sources.get('tokenize', 0):.0f} requests")
+        assert hit > 0, "the long prompt's second send was not routed to the rank holding it"
+        REPORT.append(f"real node: PrecisePrefix router followed {blocks:.0f} prefill KV blocks over ZMQ; a repeated "
+                      f"prompt routed to a {hit:.0f}-token hit; token ids {dict(sources)}")
     finally:
         delete_deployments(namespace, timeout=180)
 
