@@ -47,14 +47,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "simulator"), str(ROOT / "bench")]
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from traffic import MODEL, Conversation  # noqa: E402
 
-from e2e.harness.traffic import SESSION, Answer, post, prompt  # noqa: E402
+from e2e.harness.traffic import SESSION, Answer, metric, post, prompt  # noqa: E402
 from kimik3_simulator.cmdline import parse_serve  # noqa: E402
 from kimik3_simulator.config import engine_config  # noqa: E402
 from kimik3_simulator.settings import settings_from_env  # noqa: E402
-from router import PRECISE, ROUTERS, Fleet, Running, added_buckets, quantile, start_router  # noqa: E402
+from router import PRECISE, ROUTERS, Fleet, Running, added_buckets, failure_of, quantile, start_router  # noqa: E402
 from tests.simulator import sims  # noqa: E402
 
 SCENARIO = "b200-dep16-disaggregated"
@@ -217,15 +216,6 @@ def run_trace(router: Running, fleet: Fleet, trace: Trace, name: str, args: argp
     return answers
 
 
-def counter(metrics_url: str, name: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(SESSION.get(metrics_url, timeout=5).text):
-        for s in family.samples:
-            if s.name == name:
-                total += s.value
-    return total
-
-
 def run_one(router_name: str, trace_name: str, run: int, args: argparse.Namespace, tmp: Path) -> Result:
     trace = TRACES[trace_name]
     result = Result(router_name, trace_name, run)
@@ -238,16 +228,12 @@ def run_one(router_name: str, trace_name: str, run: int, args: argparse.Namespac
         time.sleep(1.0)  # the router subscribes to every rank's events (ZMQ's slow joiner)
         answers = run_trace(router, fleet, trace, f"{trace_name}{run}{router_name.split()[-1]}", args, result)
         for answer in answers:
-            if answer.status == 200 and answer.done and not answer.error:
-                continue
-            kind = (f"HTTP {answer.status}" if answer.status not in (0, 200)
-                    else f"stream: {answer.error[:50] or 'no [DONE]'}" if answer.status == 200
-                    else f"no answer: {answer.error[:50]}")
-            result.failed[kind] = result.failed.get(kind, 0) + 1
+            if (kind := failure_of(answer)) is not None:
+                result.failed[kind] = result.failed.get(kind, 0) + 1
         result.join({sim.url: list(sim.stats()["by_request_id"].values()) for sim in fleet.prefills})
         if kimik3:
             if router_name == PRECISE:
-                result.claimed_tokens = counter(router.metrics_url, "kimik3_router_prefix_hit_tokens_total")
+                result.claimed_tokens = metric(router.metrics_url, "kimik3_router_prefix_hit_tokens_total")
             after = added_buckets(router.metrics_url)
             for stage, buckets in after.items():
                 count = buckets.get(float("inf"), 0.0) - before.get(stage, {}).get(float("inf"), 0.0)

@@ -235,7 +235,7 @@ class Result:
     """CPU seconds per relayed chunk over long streams, where relaying is nearly all the router does."""
 
 
-def _failure(answer: Answer) -> str | None:
+def failure_of(answer: Answer) -> str | None:
     if answer.status == 200 and answer.done and not answer.error:
         return None
     if answer.status == 0:
@@ -264,7 +264,7 @@ def run_one(name: str, run: int, args: argparse.Namespace, tmp: Path) -> Result:
         answers = [o.answer for o in load.outcomes]
         result.sent = load._sent
         for answer in answers:
-            if (kind := _failure(answer)) is not None:
+            if (kind := failure_of(answer)) is not None:
                 result.failed[kind] = result.failed.get(kind, 0) + 1
         unanswered = result.sent - len(answers)
         if unanswered:

@@ -35,7 +35,6 @@ from .nixl import CONSUME, LEASED, PRODUCE, Handoff, Nixl, Pull, produced_params
 from .prefix_cache import PrefixCache, Retention, id_block_hashes
 from .stats import LOCAL, PRODUCED, RECOMPUTED, REMOTE, SimStats
 from .timing import KV_POST_SECONDS
-from .vocab import token_id
 
 WAITING, TRANSFER, PREFILL, DECODE, DONE = "waiting", "transfer", "prefill", "decode", "done"
 CATCH_UP_SECONDS = 0.02
@@ -169,20 +168,21 @@ class Engine:
         if queued >= self.config.settings.max_queued:
             raise QueueFull("K3SIM_MAX_QUEUED")
         rank = sub.rank if sub.rank is not None else min(self.ranks, key=lambda r: (r.load, r.index)).index
-        seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(),
-                       hashes=id_block_hashes(sub.ids, self.perf.block_size,
-                                              self.config.serve.prefix_caching_hash_algo))
+        seq = Sequence(sub=sub, rank=rank, arrival=asyncio.get_running_loop().time(), hashes=self._hashes(sub.ids))
         if sub.handoff.kind == CONSUME and sub.handoff.params is not None:
             seq.pull = self.nixl.pull(sub.handoff.params, self.wake.set)
         self.ranks[rank].waiting.append(seq)
         self.wake.set()
         return seq
 
-    def prefix_hits(self, tokens: list[str]) -> dict[str, int]:
-        """Each rank's true hit for a prompt now (PrefixCache.hit: nothing is touched)."""
-        hashes = id_block_hashes([token_id(t) for t in tokens], self.perf.block_size,
-                                 self.config.serve.prefix_caching_hash_algo)
-        return {str(rank.index): rank.cache.hit(hashes, len(tokens)) for rank in self.ranks}
+    def _hashes(self, ids: list[int]) -> list[bytes]:
+        """A prompt's block keys, as this engine's cache keys them."""
+        return id_block_hashes(ids, self.perf.block_size, self.config.serve.prefix_caching_hash_algo)
+
+    def prefix_hits(self, ids: list[int]) -> dict[str, int]:
+        """Each rank's true hit for a prompt of these ids now (PrefixCache.hit: nothing is touched)."""
+        hashes = self._hashes(ids)
+        return {str(rank.index): rank.cache.hit(hashes, len(ids)) for rank in self.ranks}
 
     def abort(self, seq: Sequence) -> None:
         if seq.phase != DONE:

@@ -121,9 +121,10 @@ class Simulator:
             tokens, _ = self.frontend.prompt(body, isinstance(body.get("messages"), list))
         except (BadRequest, PromptError) as exc:
             return _refused(exc)
-        fingerprint = f"{prompt_seed([token_id(t) for t in tokens]):016x}"  # the request's record names it too
-        return web.json_response({"prompt_tokens": len(tokens), "prompt_fingerprint": fingerprint,
-                                  "hits": self.engine.prefix_hits(tokens)})
+        ids = [token_id(t) for t in tokens]
+        return web.json_response({"prompt_tokens": len(ids),
+                                  "prompt_fingerprint": f"{prompt_seed(ids):016x}",  # its record's key too
+                                  "hits": self.engine.prefix_hits(ids)})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         c = self.config
